@@ -1,0 +1,136 @@
+"""Compile the mainloop with an epilogue program for sm_90a without a GPU.
+
+Used by CI to catch, before any GPU time is spent, a configuration that does
+not compile, does not use wgmma (``HGMMA``) or TMA (``UTMALDG``), or spills
+registers to local memory. Tools come from triton's own package (ptxas,
+cuobjdump).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .mainloop import gemm_kernel
+from .program import Epilogue, Kind
+from .tuning import Config
+
+_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass
+class Report:
+    name: str
+    n_regs: int
+    stack_bytes: int
+    shared: int
+    local_bytes: int
+    has_hgmma: bool
+    has_tma_load: bool
+    has_tma_store: bool
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.has_hgmma:
+            out.append("no HGMMA (wgmma) in the SASS")
+        if not self.has_tma_load:
+            out.append("no UTMALDG (TMA load) in the SASS")
+        if self.stack_bytes or self.local_bytes:
+            out.append(f"spills: {self.stack_bytes} B stack frame, {self.local_bytes} B local memory")
+        return out
+
+
+def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
+    tys = []
+    for op in ep.inputs + ep.outputs:
+        if op.kind is Kind.TILE:
+            ty = _TY[op.dtype] if op.dtype is not None else _TY[dtype]
+            tys.append(f"tensordesc<{ty}[{cfg.block_m}, {cfg.sub_n}]>")
+        elif op.kind is Kind.SCALAR:
+            tys.append("fp32")
+        else:
+            ty = _TY[op.dtype] if op.dtype is not None else "fp32"
+            tys.append(f"*{ty}")
+    return tuple(tys)
+
+
+def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t=False, num_sms=132):
+    """Compile one kernel variant for sm_90a; return triton's compiled kernel."""
+    t = _TY[dtype]
+    a_block = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
+    b_block = [cfg.block_k, cfg.block_n] if b_t else [cfg.block_n, cfg.block_k]
+    signature = {
+        "a_desc": f"tensordesc<{t}[{a_block[0]}, {a_block[1]}]>",
+        "b_desc": f"tensordesc<{t}[{b_block[0]}, {b_block[1]}]>",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "ops": _operand_types(ep, dtype, cfg),
+    }
+    constexprs = {
+        "EPI_APPLY": ep.apply,
+        "EPI_INIT": ep.init,
+        "EPI_FINISH": ep.finish,
+        "A_T": a_t,
+        "B_T": b_t,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "GROUP_M": cfg.group_m,
+        "EPI_SPLIT": cfg.epi_split,
+        "NUM_SMS": num_sms,
+        "FLATTEN": cfg.flatten,
+        "WARP_SPECIALIZE": cfg.warp_specialize,
+        "IEEE": dtype == torch.float32,
+    }
+    for k in constexprs:
+        signature[k] = "constexpr"
+    src = ASTSource(gemm_kernel, signature, constexprs)
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+    )
+
+
+def _tool(name: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def inspect(kernel, name: str) -> Report:
+    """Disassemble a compiled kernel and read its resource use."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run(
+            [_tool("cuobjdump"), "--dump-sass", path], capture_output=True, text=True, check=True
+        ).stdout
+        res = subprocess.run(
+            [_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True, check=True
+        ).stdout
+    def field(key):
+        m = re.search(key + r":(\d+)", res)
+        if m is None:
+            raise RuntimeError(f"cuobjdump reported no {key} for {name}:\n{res}")
+        return int(m.group(1))
+
+    return Report(
+        name=name,
+        n_regs=field("REG"),
+        stack_bytes=field("STACK"),
+        shared=kernel.metadata.shared,
+        local_bytes=field("LOCAL"),
+        has_hgmma="HGMMA" in sass,
+        has_tma_load="UTMALDG" in sass,
+        has_tma_store="UTMASTG" in sass,
+    )

@@ -1,0 +1,260 @@
+"""The launcher: validate, allocate, pick a config, build descriptors, launch.
+
+``gemm(a, weight, epilogue=..., **operands)`` computes ``acc = a @ weight.T``
+in fp32 and runs the epilogue program on it. ``a`` [M, K] and ``weight``
+[N, K] may each be a transposed view of a contiguous tensor (stride 1 in the
+first dimension): the backward products ``dY @ W`` (``gemm(dy, w.t())``) and
+``dY^T @ X`` (``gemm(dy.t(), x.t())``) run on the same mainloop that way.
+
+On CUDA the Triton kernel runs. On CPU with ``TRITON_INTERPRET=1`` set before
+import, the same kernel runs through the Triton interpreter; on CPU without
+it, the program's PyTorch reference runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import tuning
+from .mainloop import gemm_kernel
+from .program import Epilogue, Kind, Layout, Operand
+
+# Tests set this to fill every output with NaN before a launch, so an element
+# the kernel fails to write cannot pass.
+POISON_OUTPUTS = False
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when the Triton kernels run through the interpreter (set before import)."""
+    return isinstance(gemm_kernel, InterpretedFunction)
+
+
+def _check_matrix(name: str, t, dim_names: str) -> str:
+    """Validate a 2-D GEMM operand; return 'n' (rows contiguous) or 't' (a transposed view)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [{dim_names}], got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
+    es = t.element_size()
+    if t.stride(1) == 1 or t.shape[1] == 1:
+        order, lead = "n", t.stride(0)
+    elif t.stride(0) == 1 or t.shape[0] == 1:
+        order, lead = "t", t.stride(1)
+    else:
+        raise ValueError(
+            f"{name} must have unit stride in one dimension (contiguous or a transposed view), "
+            f"got strides {t.stride()}; call .contiguous() first"
+        )
+    if (lead * es) % 16 or t.data_ptr() % 16:
+        raise ValueError(
+            f"{name}: rows must start on 16-byte boundaries for TMA; shape {tuple(t.shape)}, "
+            f"strides {t.stride()}, {t.dtype} (for 2-byte dtypes the contiguous dimension "
+            "must be a multiple of 8)"
+        )
+    return order
+
+
+def _check_operand(ep: Epilogue, op: Operand, value, ref: torch.Tensor, M: int, N: int):
+    where = f"epilogue {ep.name!r} operand {op.name!r}"
+    if op.kind is Kind.SCALAR:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where} must be a Python int or float, got {type(value).__name__}")
+        return value
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+    if value.device != ref.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {ref.device}")
+    want = {Kind.TILE: (M, N), Kind.ROW: (N,), Kind.COL: (M,)}[op.kind]
+    if tuple(value.shape) != want:
+        raise ValueError(f"{where} must have shape {want} ({op.kind.value}), got {tuple(value.shape)}")
+    if op.kind is Kind.TILE:
+        if value.dtype not in _DTYPES:
+            raise TypeError(f"{where} must be bfloat16, float16 or float32, got {value.dtype}")
+        if value.stride(1) != 1 or (value.stride(0) * value.element_size()) % 16 or value.data_ptr() % 16:
+            raise ValueError(
+                f"{where} must be row-contiguous with 16-byte aligned rows, got strides {value.stride()}"
+            )
+    elif value.dim() == 1 and value.numel() > 1 and value.stride(0) != 1:
+        raise ValueError(f"{where} must be contiguous, got stride {value.stride()}")
+    return value
+
+
+def _alloc(shape, dtype, device):
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _alloc_outputs(ep: Epilogue, M: int, N: int, in_dtype, device, lay: Layout) -> list:
+    outs = []
+    for op in ep.outputs:
+        dtype = op.dtype or (in_dtype if op.kind is Kind.TILE else torch.float32)
+        shape = {
+            Kind.TILE: (M, N),
+            Kind.COL: (M,),
+            Kind.ROW_PARTIAL: (M, triton.cdiv(N, lay.sub_n)),
+            Kind.TILE_ROW_PARTIAL: (M, triton.cdiv(N, lay.block_n)),
+            Kind.COL_PARTIAL: (triton.cdiv(M, lay.block_m), N),
+        }[op.kind]
+        outs.append(_alloc(shape, dtype, device))
+    return outs
+
+
+def _kernel_arg(op: Operand, t, cfg: tuning.Config):
+    if op.kind is Kind.TILE:
+        return TensorDescriptor.from_tensor(t, [cfg.block_m, cfg.sub_n])
+    return t
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Config):
+    if a_order == "t":
+        a_desc = TensorDescriptor(a, [K, M], [a.stride(1), 1], [cfg.block_k, cfg.block_m])
+    else:
+        a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+    if w_order == "t":
+        b_desc = TensorDescriptor(w, [K, N], [w.stride(1), 1], [cfg.block_k, cfg.block_n])
+    else:
+        b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [cfg.block_n, cfg.block_k])
+    ops = tuple(_kernel_arg(op, t, cfg) for op, t in zip(ep.inputs + ep.outputs, inputs + outputs))
+    num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    gemm_kernel[(min(num_sms, tiles),)](
+        a_desc, b_desc, M, N, K, ops,
+        EPI_APPLY=ep.apply, EPI_INIT=ep.init, EPI_FINISH=ep.finish,
+        A_T=a_order == "t", B_T=w_order == "t",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, EPI_SPLIT=cfg.epi_split, NUM_SMS=num_sms,
+        FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
+        IEEE=a.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def _tune_cache(device_index: int) -> tuning.TuneCache:
+    from .. import __version__
+
+    identity = {
+        "gpu": torch.cuda.get_device_name(device_index),
+        "triton": triton.__version__,
+        "codetta": __version__,
+    }
+    return tuning.TuneCache(tuning.default_cache_path(), identity)
+
+
+def _bench(fn) -> float:
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+
+
+def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
+    """The GPU configurations the tuner tries for a program."""
+    if ep.configs is not None:
+        return list(ep.configs)
+    return tuning.gpu_candidates(sum(op.kind is Kind.TILE for op in ep.inputs + ep.outputs))
+
+
+def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
+    if interpreting():
+        return tuning.INTERPRETER_CONFIG
+    key = "|".join(
+        [ep.name, str(a.dtype).removeprefix("torch."), a_order + w_order]
+        + [str(tuning.shape_bucket(x)) for x in (M, N, K)]
+    )
+    candidates = candidate_configs(ep)
+    if os.environ.get("CODETTA_AUTOTUNE", "1") == "0":
+        return candidates[0]
+    cache = _tune_cache(a.device.index or 0)
+    cfg = cache.get(key)
+    if cfg is None:
+
+        def prepare(c):
+            outs = _alloc_outputs(ep, M, N, a.dtype, a.device, Layout(c.block_m, c.block_n, c.sub_n))
+            return lambda: _launch(a, w, a_order, w_order, ep, inputs, outs, M, N, K, c)
+
+        cfg = tuning.tune(key, candidates, prepare, _bench)
+        cache.put(key, cfg)
+    return cfg
+
+
+def _reference(ep: Epilogue, a, w, inputs, outputs, cfg: tuning.Config):
+    acc = a.double() @ w.double().t()
+    lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
+    kwargs = {op.name: v for op, v in zip(ep.inputs, inputs)}
+    got = ep.reference(acc.float(), lay, **kwargs)
+    for op, out in zip(ep.outputs, outputs):
+        out.copy_(got[op.name])
+
+
+def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = None, config=None, **operands):
+    """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
+
+    Returns the program's single output, or a named tuple of its outputs.
+    ``config`` (a :class:`codetta.kernels.tuning.Config`) pins the kernel
+    configuration instead of the tuned one.
+    """
+    from ..programs.basic import STORE
+
+    ep = epilogue if epilogue is not None else STORE
+    if not isinstance(ep, Epilogue):
+        raise TypeError(f"epilogue must be a codetta Epilogue, got {type(ep).__name__}")
+    a_order = _check_matrix("a", a, "M, K")
+    w_order = _check_matrix("weight", weight, "N, K")
+    if a.dtype != weight.dtype:
+        raise TypeError(f"a and weight must share a dtype, got {a.dtype} and {weight.dtype}")
+    if a.device != weight.device:
+        raise ValueError(f"a is on {a.device}, weight on {weight.device}")
+    if a.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"a: device {a.device} is not supported (cuda, or cpu)")
+    M, K = a.shape
+    N, K2 = weight.shape
+    if K != K2:
+        raise ValueError(f"a is [M={M}, K={K}] but weight is [N={N}, K={K2}]: K must match")
+    if N == 0 or K == 0:
+        raise ValueError(f"N and K must be >= 1, got N={N}, K={K}")
+    names = {op.name for op in ep.inputs}
+    unknown = set(operands) - names
+    if unknown:
+        raise TypeError(f"epilogue {ep.name!r} takes no operand(s) {sorted(unknown)}; it takes {sorted(names)}")
+    missing = [op.name for op in ep.inputs if op.name not in operands]
+    if missing:
+        raise TypeError(f"epilogue {ep.name!r} needs operand(s) {missing}")
+    inputs = [_check_operand(ep, op, operands[op.name], a, M, N) for op in ep.inputs]
+    if config is not None and not isinstance(config, tuning.Config):
+        raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
+
+    on_cpu = a.device.type == "cpu"
+    if M == 0:
+        cfg = config or tuning.INTERPRETER_CONFIG
+    elif on_cpu and not interpreting():
+        cfg = config or tuning.INTERPRETER_CONFIG
+    else:
+        cfg = config or _pick_config(ep, a, weight, a_order, w_order, inputs, M, N, K)
+    lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
+    outputs = _alloc_outputs(ep, M, N, a.dtype, a.device, lay)
+    if M > 0:
+        if on_cpu and not interpreting():
+            _reference(ep, a, weight, inputs, outputs, cfg)
+        else:
+            _launch(a, weight, a_order, w_order, ep, inputs, outputs, M, N, K, cfg)
+    if len(outputs) == 1:
+        return outputs[0]
+    return ep.result(*outputs)
+
+
+__all__ = ["gemm", "interpreting"]

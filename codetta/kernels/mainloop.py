@@ -1,0 +1,118 @@
+"""The one GEMM mainloop: ``acc = A @ B^T`` handed to an epilogue program.
+
+Persistent grid (one program per SM), host TMA tensor descriptors, grouped
+tile order. The mainloop never writes memory itself: every store, including
+the plain output, belongs to the epilogue program it is given.
+
+Layouts (all served by this one kernel):
+  A_T = False: A is stored [M, K];  A_T = True: A is stored [K, M] (a transposed view)
+  B_T = False: B is stored [N, K] (nn.Linear weight);  B_T = True: B is stored [K, N]
+
+The program is called once per epilogue sub-tile (the accumulator split into
+``EPI_SPLIT`` column blocks) with ``(acc, off_m, off_n, M, N, ops, state)``
+and returns its state; ``EPI_INIT`` makes the state for a tile and
+``EPI_FINISH`` consumes it after the tile's last sub-tile.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # grouped order: GROUP_M row-tiles share each column sweep, so W tiles stay in L2
+    num_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_in_group
+    first_m = group_id * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % group_rows)
+    pid_n = (tile_id % num_in_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _split_cols(x, PARTS: tl.constexpr):
+    """Split [BM, BN] into its left and right halves (PARTS must be 2)."""
+    BM: tl.constexpr = x.shape[0]
+    BN: tl.constexpr = x.shape[1]
+    x = tl.reshape(x, (BM, 2, BN // PARTS))
+    x = tl.permute(x, (0, 2, 1))
+    return tl.split(x)
+
+
+@triton.jit
+def gemm_kernel(
+    a_desc,
+    b_desc,
+    M,
+    N,
+    K,
+    ops,
+    EPI_APPLY: tl.constexpr,
+    EPI_INIT: tl.constexpr,
+    EPI_FINISH: tl.constexpr,
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    start_pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
+    # a separate counter for the epilogue lets the compiler pipeline the next
+    # tile's loads across this tile's epilogue when the loops are flattened
+    tile_id_c = start_pid - NUM_SMS
+
+    for tile_id in tl.range(
+        start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_am = pid_m * BLOCK_M
+        off_bn = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_T:
+                a = a_desc.load([off_k, off_am]).T  # [BM, BK]
+            else:
+                a = a_desc.load([off_am, off_k])  # [BM, BK]
+            if B_T:
+                b = b_desc.load([off_k, off_bn])  # [BK, BN]
+            else:
+                b = b_desc.load([off_bn, off_k]).T  # [BK, BN]
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = (pid_m * BLOCK_M).to(tl.int32)
+        off_n = (pid_n * BLOCK_N).to(tl.int32)
+        state = EPI_INIT(BLOCK_M)
+        if EPI_SPLIT == 1:
+            state = EPI_APPLY(acc, off_m, off_n, M, N, ops, state)
+        elif EPI_SPLIT == 2:
+            acc0, acc1 = _split_cols(acc, 2)
+            state = EPI_APPLY(acc0, off_m, off_n, M, N, ops, state)
+            state = EPI_APPLY(acc1, off_m, off_n + SUB_N, M, N, ops, state)
+        else:
+            tl.static_assert(EPI_SPLIT == 4, "EPI_SPLIT must be 1, 2 or 4")
+            left, right = _split_cols(acc, 2)
+            acc0, acc1 = _split_cols(left, 2)
+            acc2, acc3 = _split_cols(right, 2)
+            state = EPI_APPLY(acc0, off_m, off_n, M, N, ops, state)
+            state = EPI_APPLY(acc1, off_m, off_n + SUB_N, M, N, ops, state)
+            state = EPI_APPLY(acc2, off_m, off_n + 2 * SUB_N, M, N, ops, state)
+            state = EPI_APPLY(acc3, off_m, off_n + 3 * SUB_N, M, N, ops, state)
+        EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)

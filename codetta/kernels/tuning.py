@@ -1,0 +1,196 @@
+"""Kernel configurations, the autotuner and its on-disk cache.
+
+The cache is one JSON file of plain data (no code, no pickles) keyed by GPU
+name, triton version and codetta version. A file that does not parse, holds
+values outside the known configuration space, or was written for another GPU
+or version is ignored with a warning and overwritten on the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    epi_split: int = 2
+    num_stages: int = 3
+    num_warps: int = 8
+    flatten: bool = False
+    warp_specialize: bool = False
+
+    @property
+    def sub_n(self) -> int:
+        return self.block_n // self.epi_split
+
+    def short(self) -> str:
+        flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
+            f"e{self.epi_split}g{self.group_m}{flags}"
+        )
+
+
+_ALLOWED = {
+    "block_m": {16, 32, 64, 128, 256},
+    "block_n": {16, 32, 64, 128, 256},
+    "block_k": {16, 32, 64, 128},
+    "group_m": {1, 2, 4, 8, 16},
+    "epi_split": {1, 2, 4},
+    "num_stages": {1, 2, 3, 4, 5, 6},
+    "num_warps": {4, 8},
+    "flatten": {True, False},
+    "warp_specialize": {True, False},
+}
+
+
+def config_from_dict(d: dict) -> Config:
+    """Build a Config from untrusted plain data; raise ValueError if it is off."""
+    if not isinstance(d, dict) or set(d) != {f.name for f in fields(Config)}:
+        raise ValueError(f"not a config: {d!r}")
+    for k, v in d.items():
+        if type(v) not in (int, bool) or v not in _ALLOWED[k]:
+            raise ValueError(f"config field {k}={v!r} is outside the known space")
+    cfg = Config(**d)
+    if cfg.block_n % cfg.epi_split or cfg.sub_n < 16:
+        raise ValueError(f"config {cfg} splits its tile too finely")
+    return cfg
+
+
+# Configurations the interpreter uses: small tiles so that CPU tests at sizes in
+# the low hundreds still cover many tiles, several per persistent program, and
+# every epilogue split.
+INTERPRETER_CONFIG = Config(
+    block_m=32, block_n=32, block_k=32, group_m=2, epi_split=2, num_stages=1, num_warps=4
+)
+INTERPRETER_NUM_SMS = 3
+
+
+SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may use
+
+
+def _grid(tiles, splits, flattens=(False, True)):
+    return [
+        Config(bm, bn, 64, 8, split, stages, warps, flatten, False)
+        for bm, bn, stages, warps in tiles
+        for split in splits
+        for flatten in flattens
+    ]
+
+
+# Plain stores: the tile shapes the persistent TMA GEMM is known to like on Hopper.
+PLAIN_CANDIDATES = _grid(((128, 256, 3, 8), (128, 128, 4, 8), (128, 128, 4, 4)), (1, 2)) + _grid(
+    ((128, 256, 4, 8),), (2,)
+)
+
+# Programs that stream extra tiles through shared memory: their TMA buffers are
+# per sub-tile, so they split the epilogue finer.
+STREAMING_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,)) + _grid(
+    ((128, 128, 4, 8),), (2,)
+)
+
+
+def gpu_candidates(n_tile_operands: int) -> list[Config]:
+    """The small Hopper search space for a program with that many tile operands."""
+    return list(PLAIN_CANDIDATES if n_tile_operands <= 1 else STREAMING_CANDIDATES)
+
+
+def shape_bucket(x: int) -> int:
+    """Round up to a power of two, so nearby shapes share a tuned config."""
+    return 1 << max(0, (x - 1).bit_length())
+
+
+class TuneCache:
+    """Plain-data cache of tuned configs, persisted as JSON between processes."""
+
+    def __init__(self, path: Path, identity: dict):
+        self.path = path
+        self.identity = identity
+        self.entries: dict[str, Config] = {}
+        self._load()
+
+    def _load(self):
+        if not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+                raise ValueError("unknown format")
+            if data.get("identity") != self.identity:
+                warnings.warn(
+                    f"codetta: tuning cache {self.path} was written for {data.get('identity')}, "
+                    f"not {self.identity}; ignoring it",
+                    stacklevel=3,
+                )
+                return
+            entries = data.get("entries")
+            if not isinstance(entries, dict):
+                raise ValueError("entries is not a mapping")
+            self.entries = {str(k): config_from_dict(v) for k, v in entries.items()}
+        except (ValueError, TypeError, OSError) as exc:
+            self.entries = {}
+            warnings.warn(
+                f"codetta: ignoring unreadable tuning cache {self.path}: {exc}", stacklevel=3
+            )
+
+    def get(self, key: str) -> Config | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, cfg: Config) -> None:
+        self.entries[key] = cfg
+        data = {
+            "format": CACHE_FORMAT,
+            "identity": self.identity,
+            "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            warnings.warn(f"codetta: could not save tuning cache {self.path}: {exc}", stacklevel=3)
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("CODETTA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetta"
+    )
+    return Path(root) / "tuning.json"
+
+
+def tune(key: str, candidates: list[Config], prepare, bench) -> Config:
+    """Time each candidate's launch ``prepare(cfg)()`` with ``bench``; return the fastest.
+
+    A candidate that fails to compile or launch (shared memory, registers) is
+    skipped; if none runs, the error of the first is raised.
+    """
+    print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
+    best, best_ms, first_err = None, float("inf"), None
+    for cfg in candidates:
+        try:
+            fn = prepare(cfg)
+            fn()
+            ms = bench(fn)
+        except Exception as exc:  # noqa: BLE001 - out-of-resources is expected for some configs
+            first_err = first_err or exc
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
+    print(f"codetta: tuned {key}: {best.short()} ({best_ms:.3f} ms)", file=sys.stderr, flush=True)
+    return best

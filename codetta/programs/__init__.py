@@ -1,0 +1,8 @@
+"""Epilogue programs: each a few lines over the primitives of codetta.kernels.primitives."""
+
+from .basic import MUL_COLSUM, ROW_SCALE, STORE
+from .lse import TILE_LSE
+from .norm import RESIDUAL_RMS
+from .rope import ROTATE_PAIRS
+
+__all__ = ["STORE", "ROW_SCALE", "MUL_COLSUM", "RESIDUAL_RMS", "TILE_LSE", "ROTATE_PAIRS"]

@@ -1,0 +1,62 @@
+"""Basic epilogue programs: plain store, row scaling, a column-sum partial."""
+
+import triton
+import triton.language as tl
+
+from .. import reference as ref
+from ..kernels import primitives as P
+from ..kernels.program import Epilogue, Kind, Operand
+
+
+@triton.jit
+def _store(acc, off_m, off_n, M, N, ops, state):
+    """out = acc."""
+    (out,) = ops
+    P.store_tile(out, acc, off_m, off_n)
+    return state
+
+
+STORE = Epilogue(
+    "store",
+    _store,
+    outputs=(Operand("out", Kind.TILE),),
+    reference=lambda acc, lay: {"out": acc},
+)
+
+
+@triton.jit
+def _row_scale(acc, off_m, off_n, M, N, ops, state):
+    """out = acc * scale[m]  (scale: one value per output row)."""
+    scale, out = ops
+    P.store_tile(out, acc * P.load_col_vector(scale, acc, off_m, M), off_m, off_n)
+    return state
+
+
+ROW_SCALE = Epilogue(
+    "row_scale",
+    _row_scale,
+    inputs=(Operand("scale", Kind.COL),),
+    outputs=(Operand("out", Kind.TILE),),
+    reference=lambda acc, lay, scale: {"out": acc * scale.float()[:, None]},
+)
+
+
+@triton.jit
+def _mul_colsum(acc, off_m, off_n, M, N, ops, state):
+    """out = acc; colsum[i, n] = sum over the rows m of M-tile i of acc * other."""
+    other, out, colsum = ops
+    P.store_tile(out, acc, off_m, off_n)
+    P.store_col_partial(colsum, acc * P.load_tile(other, off_m, off_n), off_m, off_n, M, N)
+    return state
+
+
+MUL_COLSUM = Epilogue(
+    "mul_colsum",
+    _mul_colsum,
+    inputs=(Operand("other", Kind.TILE),),
+    outputs=(Operand("out", Kind.TILE), Operand("colsum", Kind.COL_PARTIAL)),
+    reference=lambda acc, lay, other: {
+        "out": acc,
+        "colsum": ref.col_partials(acc * other.float(), lay.block_m),
+    },
+)

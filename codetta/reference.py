@@ -1,0 +1,59 @@
+"""Readable PyTorch references: the test oracle and the documentation of the math.
+
+Nothing here imports the rest of codetta. Functions take and return float
+tensors; callers choose the precision (the tests use float64).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to ``dtype`` and back to x's dtype (what a store then load does)."""
+    return x.to(dtype).to(x.dtype)
+
+
+def _pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
+    pad = (-x.shape[1]) % width
+    return F.pad(x, (0, pad), value=value) if pad else x
+
+
+def row_partials(x: torch.Tensor, width: int) -> torch.Tensor:
+    """[M, N] -> [M, cdiv(N, width)]: row sums over each block of ``width`` columns."""
+    xp = _pad_cols(x, width)
+    return xp.reshape(x.shape[0], -1, width).sum(-1)
+
+
+def col_partials(x: torch.Tensor, height: int) -> torch.Tensor:
+    """[M, N] -> [cdiv(M, height), N]: column sums over each block of ``height`` rows."""
+    return row_partials(x.t(), height).t()
+
+
+def row_partial_lse(x: torch.Tensor, width: int) -> torch.Tensor:
+    """[M, N] -> [M, cdiv(N, width)]: log-sum-exp of each row over each column block."""
+    xp = _pad_cols(x, width, value=-math.inf)
+    return torch.logsumexp(xp.reshape(x.shape[0], -1, width), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """Rotate each adjacent column pair (a, b) of row m by angle[m]."""
+    a, b = x[:, 0::2], x[:, 1::2]
+    c, s = torch.cos(angle)[:, None], torch.sin(angle)[:, None]
+    out = torch.empty_like(x)
+    out[:, 0::2] = a * c - b * s
+    out[:, 1::2] = b * c + a * s
+    return out
+
+
+def rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """n = x * rsqrt(mean(x^2) + eps) * gamma, over the last dimension."""
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * r * gamma
+
+
+def residual_rms_chain(y, w, residual, gamma):
+    """The unfused K1 chain: x = residual + y @ w.T;  h = x * gamma;  sumsq = sum x^2 per row."""
+    x = residual + y @ w.t()
+    return x, x * gamma, (x * x).sum(-1)

@@ -1,0 +1,58 @@
+"""Test setup: the real kernels run through the Triton interpreter on CPU.
+
+TRITON_INTERPRET must be set before triton decorates the kernels, so it is set
+here, before any test module imports codetta. On a machine with CUDA the same
+tests run on the GPU in bf16 at larger shapes.
+"""
+
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+# tests pin configurations where it matters; tuning every test shape would be slow
+os.environ.setdefault("CODETTA_AUTOTUNE", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
+    config.addinivalue_line("markers", "slow: compiles many kernels")
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    """Every output the launcher allocates starts as NaN, so unwritten elements fail."""
+    from codetta.kernels import launch
+
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def device():
+    return "cuda" if ON_GPU else "cpu"
+
+
+DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]
+
+
+@pytest.fixture(params=DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def seed(request):
+    # a different seed per test: fresh data, reproducible
+    torch.manual_seed(hash(request.node.nodeid) % (2**31))

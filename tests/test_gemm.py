@@ -1,0 +1,130 @@
+"""The mainloop: plain GEMM in every layout, odd shapes, determinism, bad input."""
+
+import pytest
+import torch
+from util import SHAPES, assert_within, rand
+
+import codetta
+from codetta.kernels import launch, tuning
+
+LAYOUTS = ["nn", "tn", "nt", "tt"]  # a, weight: n = row-contiguous, t = transposed view
+
+
+def _make(M, N, K, dtype, device, layout):
+    a = rand(M, K, dtype=dtype, device=device)
+    w = rand(N, K, dtype=dtype, device=device)
+    if layout[0] == "t":
+        a = a.t().contiguous().t()
+    if layout[1] == "t":
+        w = w.t().contiguous().t()
+    return a, w
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=lambda s: str(s))
+def test_plain_gemm(M, N, K, layout, dtype, device):
+    if layout[0] == "t" and (M * torch.finfo(dtype).bits // 8) % 16:
+        pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
+    a, w = _make(M, N, K, dtype, device, layout)
+    out = codetta.gemm(a, w)
+    ref = a.double() @ w.double().t()
+    assert out.dtype == dtype and out.shape == (M, N)
+    assert_within("out", out, ref, a @ w.t())
+
+
+def test_backward_layouts(dtype, device):
+    """dX = dY @ W and dW = dY^T @ X through transposed views, no copies."""
+    M, N, K = SHAPES[-1]
+    x = rand(M, K, dtype=dtype, device=device)
+    w = rand(N, K, dtype=dtype, device=device)
+    dy = rand(M, N, dtype=dtype, device=device)
+    dx = codetta.gemm(dy, w.t())
+    dw = codetta.gemm(dy.t(), x.t())
+    assert_within("dx", dx, dy.double() @ w.double(), dy @ w)
+    assert_within("dw", dw, dy.double().t() @ x.double(), dy.t() @ x)
+
+
+def test_deterministic(dtype, device):
+    M, N, K = SHAPES[-1]
+    a, w = _make(M, N, K, dtype, device, "nn")
+    assert torch.equal(codetta.gemm(a, w), codetta.gemm(a, w))
+
+
+def test_config_invariance(device):
+    """The result does not depend on the tile configuration (beyond fp32 rounding)."""
+    dtype = torch.float16
+    M, N, K = SHAPES[-1]
+    a, w = _make(M, N, K, dtype, device, "nn")
+    ref = a.double() @ w.double().t()
+    if device == "cpu":
+        cfgs = [tuning.INTERPRETER_CONFIG, tuning.Config(16, 64, 16, 1, 4, 1, 4), tuning.Config(64, 32, 64, 4, 1, 1, 4)]
+    else:
+        cfgs = tuning.PLAIN_CANDIDATES
+    for cfg in cfgs:
+        assert_within(cfg.short(), codetta.gemm(a, w, config=cfg), ref, a @ w.t())
+
+
+def test_m_zero(device):
+    a = torch.empty(0, 64, dtype=torch.float16, device=device)
+    w = rand(32, 64, dtype=torch.float16, device=device)
+    assert codetta.gemm(a, w).shape == (0, 32)
+
+
+def test_reference_path_matches_kernel(device, monkeypatch):
+    """CPU without the interpreter runs the PyTorch reference; both agree."""
+    M, N, K = SHAPES[1]
+    a, w = _make(M, N, K, torch.float16, device, "nn")
+    kernel = codetta.gemm(a, w)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    ref_path = codetta.gemm(a.cpu(), w.cpu())
+    assert_within("reference path", ref_path, a.double().cpu() @ w.double().cpu().t(), kernel.cpu())
+
+
+@pytest.mark.parametrize(
+    "case,exc,match",
+    [
+        ("dtype_mix", TypeError, "share a dtype"),
+        ("int_dtype", TypeError, "a must be bfloat16"),
+        ("k_mismatch", ValueError, "K must match"),
+        ("one_dim", ValueError, "a must be 2-D"),
+        ("misaligned_k", ValueError, "a: rows must start on 16-byte"),
+        ("strided", ValueError, "a must have unit stride"),
+        ("not_tensor", TypeError, "weight must be a torch.Tensor"),
+        ("bad_epilogue", TypeError, "epilogue must be"),
+        ("unknown_operand", TypeError, "takes no operand"),
+    ],
+)
+def test_bad_input(case, exc, match, device):
+    a = rand(16, 64, dtype=torch.float16, device=device)
+    w = rand(32, 64, dtype=torch.float16, device=device)
+    kwargs = {}
+    if case == "dtype_mix":
+        w = w.float()
+    elif case == "int_dtype":
+        a = a.to(torch.int32)
+    elif case == "k_mismatch":
+        w = rand(32, 48, dtype=torch.float16, device=device)
+    elif case == "one_dim":
+        a = a[0]
+    elif case == "misaligned_k":
+        a, w = a[:, :60], w[:, :60].contiguous()
+        a = a.contiguous()
+    elif case == "strided":
+        a = rand(16, 128, dtype=torch.float16, device=device)[:, ::2]
+    elif case == "not_tensor":
+        w = w.tolist()
+    elif case == "bad_epilogue":
+        kwargs["epilogue"] = "relu"
+    elif case == "unknown_operand":
+        kwargs["bias"] = torch.zeros(32)
+    with pytest.raises(exc, match=match):
+        codetta.gemm(a, w, **kwargs)
+
+
+def test_bad_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device to mix devices")
+    a = rand(16, 64, dtype=torch.float16, device="cuda")
+    w = rand(32, 64, dtype=torch.float16, device="cpu")
+    with pytest.raises(ValueError, match="weight on cpu"):
+        codetta.gemm(a, w)

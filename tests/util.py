@@ -1,0 +1,33 @@
+"""Error bounds relative to PyTorch's own error in the same dtype."""
+
+import torch
+
+from conftest import ON_GPU
+
+# (M, N, K): odd M, N and K that are not tile multiples (tiles are 32 on CPU, 128+ on GPU)
+SHAPES = (
+    [(1, 64, 64), (77, 96, 40), (300, 72, 136), (200, 56, 72)]
+    if not ON_GPU
+    else [(1, 1024, 512), (77, 2048, 1024), (1000, 1536, 2056), (4096, 4096, 4096)]
+)
+
+
+def err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs error against an fp64 reference; NaN anywhere counts as infinite."""
+    x = x.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return (x - ref.double()).abs().max().item() if x.numel() else 0.0
+
+
+def assert_within(name: str, ours: torch.Tensor, ref64: torch.Tensor, torch_same_dtype: torch.Tensor):
+    """err(ours) <= 2 * err(PyTorch in the same dtype) + a tiny absolute term."""
+    assert ours.shape == ref64.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
+    e_ours = err(ours, ref64)
+    e_torch = err(torch_same_dtype, ref64)
+    tiny = 1e-6 * max(ref64.abs().max().item(), 1.0)
+    assert e_ours <= 2 * e_torch + tiny, f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e} + {tiny:.1e}"
+
+
+def rand(*shape, dtype, device, scale=1.0):
+    return (torch.randn(*shape, dtype=torch.float32, device=device) * scale).to(dtype)
