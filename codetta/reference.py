@@ -37,10 +37,10 @@ def row_partial_lse(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.logsumexp(xp.reshape(x.shape[0], -1, width), dim=-1)
 
 
-def rotate_pairs(x: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
-    """Rotate each adjacent column pair (a, b) of row m by angle[m]."""
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each adjacent column pair (a, b) of row m by the angle with cos[m], sin[m]."""
     a, b = x[:, 0::2], x[:, 1::2]
-    c, s = torch.cos(angle)[:, None], torch.sin(angle)[:, None]
+    c, s = cos[:, None], sin[:, None]
     out = torch.empty_like(x)
     out[:, 0::2] = a * c - b * s
     out[:, 1::2] = b * c + a * s

@@ -134,3 +134,41 @@ def inspect(kernel, name: str) -> Report:
         has_tma_load="UTMALDG" in sass,
         has_tma_store="UTMASTG" in sass,
     )
+
+
+def check_all(programs, layouts=((False, False), (True, False), (False, True), (True, True))) -> list[str]:
+    """Compile every candidate config of every program (bf16), and every layout of
+    the plain store in bf16 and fp16; return one line per problem found."""
+    from ..programs import STORE
+    from .launch import candidate_configs
+    from .tuning import SMEM_LIMIT
+
+    jobs = [(ep, cfg, torch.bfloat16, False, False) for ep in programs for cfg in candidate_configs(ep)]
+    cfg0 = candidate_configs(STORE)[0]
+    jobs += [(STORE, cfg0, dt, a_t, b_t) for dt in (torch.bfloat16, torch.float16) for a_t, b_t in layouts]
+    problems = []
+    for ep, cfg, dtype, a_t, b_t in jobs:
+        name = f"{ep.name} {cfg.short()} {_TY[dtype]} {'t' if a_t else 'n'}{'t' if b_t else 'n'}"
+        try:
+            rep = inspect(compile_sm90(ep, cfg, dtype, a_t, b_t), name)
+        except Exception as exc:  # noqa: BLE001 - any compile failure is a finding
+            problems.append(f"{name}: does not compile: {str(exc).splitlines()[-1][:300]}")
+            continue
+        found = rep.problems()
+        if rep.shared > SMEM_LIMIT:
+            found.append(f"{rep.shared} B shared memory > {SMEM_LIMIT}")
+        print(f"{name}: {rep.n_regs} regs, {rep.shared} B smem, {'; '.join(found) or 'ok'}", flush=True)
+        problems += [f"{name}: {p}" for p in found]
+    return problems
+
+
+if __name__ == "__main__":
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("unset TRITON_INTERPRET: the sm_90a compiler needs the real JIT functions")
+    from .. import programs as pg
+
+    bad = check_all([getattr(pg, n) for n in pg.__all__])
+    print("\n".join(bad) if bad else "all sm_90a kernels: HGMMA + TMA, no spills, shared memory fits")
+    sys.exit(1 if bad else 0)

@@ -227,6 +227,8 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
         raise ValueError(f"a is [M={M}, K={K}] but weight is [N={N}, K={K2}]: K must match")
     if N == 0 or K == 0:
         raise ValueError(f"N and K must be >= 1, got N={N}, K={K}")
+    if ep.check is not None:
+        ep.check(M, N)
     names = {op.name for op in ep.inputs}
     unknown = set(operands) - names
     if unknown:

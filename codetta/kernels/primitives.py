@@ -129,9 +129,11 @@ def row_sum(val, off_n, N):
 
 @triton.jit
 def store_row_partial(ptr, part, off_m, M, j, T):
-    """Store ``part`` [BM] as column j of a row-major [M, T] fp32 partials buffer."""
+    """Store ``part`` [BM] as column j of a row-major [M, T] fp32 partials buffer.
+
+    A sub-tile that lies wholly past column N has j >= T and stores nothing."""
     rows = off_m + tl.arange(0, part.shape[0])
-    tl.store(ptr + rows.to(tl.int64) * T + j, part, mask=rows < M)
+    tl.store(ptr + rows.to(tl.int64) * T + j, part, mask=(rows < M) & (j < T))
 
 
 @triton.jit

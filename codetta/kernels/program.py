@@ -62,6 +62,7 @@ class Epilogue:
     math in PyTorch on the fp32 product ``acc`` [M, N]: the CPU path and the
     documentation of what the program stores. ``configs`` overrides the GPU
     configurations the tuner tries (default: by the number of tile operands).
+    ``check(M, N)`` raises ValueError for output shapes the program cannot serve.
     """
 
     name: str
@@ -72,6 +73,7 @@ class Epilogue:
     init: Any = primitives.no_state
     finish: Any = primitives.no_finish
     configs: tuple | None = None
+    check: Callable[[int, int], None] | None = None
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -1,0 +1,131 @@
+"""Every primitive kind through a program: results against fp64 references."""
+
+import pytest
+import torch
+from util import SHAPES, assert_within, rand
+
+import codetta
+from codetta import programs as pg
+from codetta import reference as ref
+from codetta.kernels import tuning
+
+CFG = tuning.INTERPRETER_CONFIG if not torch.cuda.is_available() else None
+
+
+def _inputs(M, N, K, dtype, device):
+    return rand(M, K, dtype=dtype, device=device), rand(N, K, dtype=dtype, device=device, scale=K**-0.5)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_residual_rms(M, N, K, dtype, device):
+    """K1: tile load + tile stores + row vector + row partial reduction."""
+    y, w = _inputs(M, N, K, dtype, device)
+    res = rand(M, N, dtype=dtype, device=device)
+    gamma = rand(N, dtype=torch.float32, device=device)
+    out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma)
+    x64, h64, ss64 = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
+    # PyTorch in the same dtype: the unfused chain, the norm statistics in fp32
+    x_t = res + y @ w.t()
+    h_t = (x_t.float() * gamma).to(dtype)
+    assert_within("x", out.x, x64, x_t)
+    assert_within("h", out.h, h64, h_t)
+    # sumsq is the sum of squares of the stream as stored (out.x), summed in fp32
+    assert out.sumsq.dtype == torch.float32
+    ss_ref = out.x.double().pow(2).sum(-1)
+    assert_within("sumsq", out.sumsq.sum(1), ss_ref, out.x.float().pow(2).sum(-1))
+    assert torch.allclose(ss_ref, ss64, rtol=0.05), "the stored stream is far from the exact one"
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_row_scale(M, N, K, dtype, device):
+    """Column-vector load: out = acc * scale[m]."""
+    y, w = _inputs(M, N, K, dtype, device)
+    scale = torch.rand(M, device=device) + 0.5
+    out = codetta.gemm(y, w, epilogue=pg.ROW_SCALE, scale=scale)
+    want = (y.double() @ w.double().t()) * scale.double()[:, None]
+    assert_within("out", out, want, ((y @ w.t()).float() * scale[:, None]).to(dtype))
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_mul_colsum(M, N, K, dtype, device):
+    """Column partial reduction over M-tiles, finished by a sum."""
+    y, w = _inputs(M, N, K, dtype, device)
+    other = rand(M, N, dtype=dtype, device=device)
+    out = codetta.gemm(y, w, epilogue=pg.MUL_COLSUM, other=other)
+    acc64 = y.double() @ w.double().t()
+    assert_within("out", out.out, acc64, y @ w.t())
+    torch_cs = ((y @ w.t()).float() * other.float()).sum(0)
+    assert_within("colsum", out.colsum.sum(0), (acc64 * other.double()).sum(0), torch_cs)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_tile_lse(M, N, K, dtype, device):
+    """Stateful online max / sum-exp across sub-tiles, finished across N-tiles."""
+    y, w = _inputs(M, N, K, dtype, device)
+    scale = 3.0
+    out = codetta.gemm(y, w, epilogue=pg.TILE_LSE, scale=scale)
+    want = torch.logsumexp((y.double() @ w.double().t()) * scale, dim=1)
+    torch_same = torch.logsumexp((y @ w.t()).float() * scale, dim=1)
+    assert_within("lse", torch.logsumexp(out, dim=1), want, torch_same)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_rotate_pairs(M, N, K, dtype, device):
+    """Pairwise transform of adjacent columns, with a per-row angle."""
+    y, w = _inputs(M, N, K, dtype, device)
+    angle = torch.rand(M, device=device, dtype=torch.float64) * 6.28
+    cos, sin = angle.cos().float(), angle.sin().float()
+    out = codetta.gemm(y, w, epilogue=pg.ROTATE_PAIRS, cos=cos, sin=sin)
+    want = ref.rotate_pairs(y.double() @ w.double().t(), cos.double(), sin.double())
+    torch_same = ref.rotate_pairs((y @ w.t()).float(), cos, sin).to(dtype)
+    assert_within("out", out, want, torch_same)
+
+
+def test_programs_deterministic(device):
+    M, N, K = SHAPES[-1]
+    y, w = _inputs(M, N, K, torch.float16, device)
+    res = rand(M, N, dtype=torch.float16, device=device)
+    gamma = rand(N, dtype=torch.float32, device=device)
+    a = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma)
+    b = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma)
+    for name in a._fields:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize(
+    "operands,exc,match",
+    [
+        ({"gamma": "g"}, TypeError, "needs operand"),
+        ({"residual": "r", "gamma": "g"}, TypeError, "'residual' must be a torch.Tensor"),
+        ({"residual": "short", "gamma": "g"}, ValueError, "'residual' must have shape"),
+        ({"residual": "ok", "gamma": "long"}, ValueError, "'gamma' must have shape"),
+        ({"residual": "strided", "gamma": "g"}, ValueError, "'residual' must be row-contiguous"),
+    ],
+)
+def test_bad_operands(operands, exc, match, device):
+    M, N, K = 16, 32, 64
+    y, w = _inputs(M, N, K, torch.float16, device)
+    vals = {
+        "g": torch.ones(N, device=device),
+        "long": torch.ones(N + 1, device=device),
+        "ok": rand(M, N, dtype=torch.float16, device=device),
+        "short": rand(M - 1, N, dtype=torch.float16, device=device),
+        "strided": rand(M, 2 * N, dtype=torch.float16, device=device)[:, ::2],
+        "r": 1.0,
+    }
+    kwargs = {k: vals[v] for k, v in operands.items()}
+    with pytest.raises(exc, match=match):
+        codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, **kwargs)
+
+
+def test_scalar_operand_type(device):
+    y, w = _inputs(8, 32, 64, torch.float16, device)
+    with pytest.raises(TypeError, match="'scale' must be a Python int or float"):
+        codetta.gemm(y, w, epilogue=pg.TILE_LSE, scale=torch.tensor(1.0))
+
+
+def test_rotate_pairs_odd_n(device):
+    y, w = _inputs(8, 24, 64, torch.float16, device)
+    cs = torch.ones(8, device=device)
+    with pytest.raises(ValueError, match="N must be even"):
+        codetta.gemm(y, w[:23], epilogue=pg.ROTATE_PAIRS, cos=cs, sin=cs)

@@ -1,0 +1,82 @@
+"""The tuning cache is plain data: corrupt, stale or foreign files are ignored."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from codetta.kernels import tuning
+
+IDENT = {"gpu": "NVIDIA H200", "triton": "3.6.0", "codetta": "0.1.0"}
+
+
+def _write(path, data):
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def test_roundtrip(tmp_path):
+    path = tmp_path / "t.json"
+    cache = tuning.TuneCache(path, IDENT)
+    cfg = tuning.PLAIN_CANDIDATES[3]
+    cache.put("store|bfloat16|nn|16384|2048|2048", cfg)
+    again = tuning.TuneCache(path, IDENT)
+    assert again.get("store|bfloat16|nn|16384|2048|2048") == cfg
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("{not json", "unreadable"),
+        ({"format": 99, "identity": IDENT, "entries": {}}, "unreadable"),
+        ({"format": 1, "identity": IDENT, "entries": []}, "unreadable"),
+        ({"format": 1, "identity": IDENT, "entries": {"k": {"block_m": 3}}}, "unreadable"),
+        ({"format": 1, "identity": {**IDENT, "gpu": "other"}, "entries": {}}, "written for"),
+        ({"format": 1, "identity": {**IDENT, "codetta": "0.0.1"}, "entries": {}}, "written for"),
+    ],
+    ids=["not-json", "format", "entries-type", "bad-config", "other-gpu", "stale-version"],
+)
+def test_bad_cache_is_ignored(tmp_path, content, match):
+    path = tmp_path / "t.json"
+    _write(path, content)
+    with pytest.warns(UserWarning, match=match):
+        cache = tuning.TuneCache(path, IDENT)
+    assert cache.entries == {}
+
+
+def test_values_outside_space_rejected():
+    good = asdict(tuning.PLAIN_CANDIDATES[0])
+    assert tuning.config_from_dict(good) == tuning.PLAIN_CANDIDATES[0]
+    for field, bad in [("num_warps", 7), ("block_n", "256"), ("flatten", 1.0), ("epi_split", 3)]:
+        with pytest.raises(ValueError):
+            tuning.config_from_dict({**good, field: bad})
+    with pytest.raises(ValueError):
+        tuning.config_from_dict({**good, "extra": 1})
+
+
+def test_tune_picks_fastest_and_skips_failures():
+    cands = tuning.PLAIN_CANDIDATES[:3]
+    times = {cands[0]: 2.0, cands[2]: 1.0}
+
+    def prepare(cfg):
+        if cfg not in times:
+            raise RuntimeError("out of resources")
+
+        def fn():
+            pass
+
+        fn.cfg = cfg
+        return fn
+
+    assert tuning.tune("k", cands, prepare, lambda fn: times[fn.cfg]) == cands[2]
+
+
+def test_tune_all_fail():
+    def prepare(cfg):
+        raise RuntimeError("nope")
+
+    with pytest.raises(RuntimeError, match="no configuration"):
+        tuning.tune("k", tuning.PLAIN_CANDIDATES[:2], prepare, lambda fn: 1.0)
+
+
+def test_shape_bucket():
+    assert [tuning.shape_bucket(x) for x in (1, 2, 3, 16384, 16385)] == [1, 2, 4, 16384, 32768]
