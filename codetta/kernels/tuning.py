@@ -188,6 +188,8 @@ def tune(key: str, candidates: list[Config], prepare, bench) -> Config:
         except Exception as exc:  # noqa: BLE001 - out-of-resources is expected for some configs
             first_err = first_err or exc
             continue
+        if os.environ.get("CODETTA_TUNE_VERBOSE") == "1":
+            print(f"codetta:   {cfg.short():<28} {ms:.4f} ms", file=sys.stderr, flush=True)
         if ms < best_ms:
             best, best_ms = cfg, ms
     if best is None:

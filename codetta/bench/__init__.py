@@ -1,0 +1,1 @@
+"""Benchmarks: one shared harness, one small module per operator or pattern."""

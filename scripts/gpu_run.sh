@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: GPU tests in bf16, then the benchmark; everything lands in $OUT.
+# Usage (repo root, on the GPU machine): bash scripts/gpu_run.sh [bench parts...]
+set -o pipefail
+OUT=${OUT:-/tmp/codetta-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=/tmp/codetta-cache CODETTA_TUNE_VERBOSE=1
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git log -1 --oneline 2>/dev/null || echo "commit: ${CODETTA_COMMIT:-unknown}"
+} 2>&1 | tee "$OUT/env.txt"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 300 python3 -m pytest -q -x -m "not slow" tests 2>&1 | tail -30 | tee "$OUT/tests.txt"
+fi
+python3 -m codetta bench --out results/gpu "${@:+--parts}" "$@" 2>&1 | tee "$OUT/bench.txt"
+tar czf "$OUT/results.tgz" results/gpu
+cp /tmp/codetta-cache/tuning.json "$OUT/" 2>/dev/null || true
