@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .mainloop import gemm_kernel
+from .mainloop import MAX_OPERANDS, gemm_kernel
 from .program import Epilogue, Kind
 from .tuning import Config
 
@@ -74,9 +74,13 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
         "M": "i32",
         "N": "i32",
         "K": "i32",
-        "ops": _operand_types(ep, dtype, cfg),
     }
-    constexprs = {
+    tys = _operand_types(ep, dtype, cfg)
+    for i in range(MAX_OPERANDS):
+        signature[f"o{i}"] = tys[i] if i < len(tys) else "constexpr"
+    constexprs = {f"o{i}": None for i in range(len(tys), MAX_OPERANDS)}
+    constexprs.update({
+        "NUM_OPS": len(tys),
         "EPI_APPLY": ep.apply,
         "EPI_INIT": ep.init,
         "EPI_FINISH": ep.finish,
@@ -91,7 +95,7 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
         "FLATTEN": cfg.flatten,
         "WARP_SPECIALIZE": cfg.warp_specialize,
         "IEEE": dtype == torch.float32,
-    }
+    })
     for k in constexprs:
         signature[k] = "constexpr"
     src = ASTSource(gemm_kernel, signature, constexprs)

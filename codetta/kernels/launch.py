@@ -22,7 +22,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import tuning
-from .mainloop import gemm_kernel
+from .mainloop import MAX_OPERANDS, gemm_kernel
 from .program import Epilogue, Kind, Layout, Operand
 
 # Tests set this to fill every output with NaN before a launch, so an element
@@ -133,8 +133,9 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     ops = tuple(_kernel_arg(op, t, cfg) for op, t in zip(ep.inputs + ep.outputs, inputs + outputs))
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    slots = list(ops) + [None] * (MAX_OPERANDS - len(ops))
     gemm_kernel[(min(num_sms, tiles),)](
-        a_desc, b_desc, M, N, K, ops,
+        a_desc, b_desc, M, N, K, *slots, NUM_OPS=len(ops),
         EPI_APPLY=ep.apply, EPI_INIT=ep.init, EPI_FINISH=ep.finish,
         A_T=a_order == "t", B_T=w_order == "t",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

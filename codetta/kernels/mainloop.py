@@ -40,6 +40,41 @@ def _split_cols(x, PARTS: tl.constexpr):
     return tl.split(x)
 
 
+MAX_OPERANDS = 12
+
+
+@triton.jit
+def _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.constexpr):
+    # Triton's launcher cannot pass TMA descriptors inside a tuple argument, so
+    # operands arrive as separate slots and are packed into one tuple here.
+    if NUM_OPS == 1:
+        ops = (o0,)
+    elif NUM_OPS == 2:
+        ops = (o0, o1)
+    elif NUM_OPS == 3:
+        ops = (o0, o1, o2)
+    elif NUM_OPS == 4:
+        ops = (o0, o1, o2, o3)
+    elif NUM_OPS == 5:
+        ops = (o0, o1, o2, o3, o4)
+    elif NUM_OPS == 6:
+        ops = (o0, o1, o2, o3, o4, o5)
+    elif NUM_OPS == 7:
+        ops = (o0, o1, o2, o3, o4, o5, o6)
+    elif NUM_OPS == 8:
+        ops = (o0, o1, o2, o3, o4, o5, o6, o7)
+    elif NUM_OPS == 9:
+        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8)
+    elif NUM_OPS == 10:
+        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9)
+    elif NUM_OPS == 11:
+        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10)
+    else:
+        tl.static_assert(NUM_OPS == 12, "at most 12 epilogue operands")
+        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11)
+    return ops
+
+
 @triton.jit
 def gemm_kernel(
     a_desc,
@@ -47,7 +82,19 @@ def gemm_kernel(
     M,
     N,
     K,
-    ops,
+    o0,
+    o1,
+    o2,
+    o3,
+    o4,
+    o5,
+    o6,
+    o7,
+    o8,
+    o9,
+    o10,
+    o11,
+    NUM_OPS: tl.constexpr,
     EPI_APPLY: tl.constexpr,
     EPI_INIT: tl.constexpr,
     EPI_FINISH: tl.constexpr,
@@ -63,6 +110,7 @@ def gemm_kernel(
     WARP_SPECIALIZE: tl.constexpr,
     IEEE: tl.constexpr,
 ):
+    ops = _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)

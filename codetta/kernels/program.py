@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import primitives
+from .mainloop import MAX_OPERANDS
 
 
 class Kind(enum.Enum):
@@ -88,6 +89,8 @@ class Epilogue:
         for op in self.outputs:
             if op.kind not in OUTPUT_KINDS:
                 raise ValueError(f"epilogue {self.name!r}: output {op.name!r} cannot be {op.kind}")
+        if len(names) > MAX_OPERANDS:
+            raise ValueError(f"epilogue {self.name!r}: at most {MAX_OPERANDS} operands, got {len(names)}")
         if not self.outputs:
             raise ValueError(f"epilogue {self.name!r} has no outputs")
         result = collections.namedtuple(f"{self.name}_result", [op.name for op in self.outputs])
