@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")
     b.add_argument("--out", default="results", help="folder for CSV/JSON/PNG results")
-    b.add_argument("--parts", nargs="+", default=["plain", "k1", "backward"], choices=["plain", "k1", "backward"])
+    b.add_argument("--parts", nargs="+", default=["overhead", "plain", "k1", "backward"],
+                   choices=["overhead", "plain", "k1", "backward"])
     args = p.parse_args(argv)
     return {"demo": _demo, "bench": _bench}[args.cmd](args)
 

@@ -1,13 +1,19 @@
 """Issue 'foundation' benchmark: plain GEMM, the K1 program and the backward
-layouts against cuBLAS (and torch.compile / eager for K1), M = 16384 tokens."""
+layouts against cuBLAS (and torch.compile / eager for K1), M = 16384 tokens.
+
+Every case times its variants interleaved in one run (harness.compare)."""
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import gemm
+from ..kernels import primitives as P
+from ..kernels.program import Epilogue, Kind, Operand
 from ..programs import RESIDUAL_RMS
-from .harness import Results, Row, peak_memory_gb, time_ms
+from .harness import Results, Row, compare, cpu_overhead_us, peak_memory_gb
 
 M = 16384
 PLAIN_SHAPES = [(2048, 2048), (16384, 2048), (2048, 8192), (6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
@@ -25,15 +31,18 @@ def _check(name, ours, ref):
         raise AssertionError(f"{name}: relative error {err:.2e} against cuBLAS")
 
 
+def _add_all(res, case, flops, times, mem=None):
+    base = times["cublas"]
+    for name, ms in times.items():
+        res.add(Row(case, name, ms, flops, base, (mem or {}).get(name, float("nan"))))
+
+
 def plain(res: Results, shapes=PLAIN_SHAPES):
     for N, K in shapes:
         a, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
         case = f"plain {M}x{N}x{K}"
-        flops = 2 * M * N * K
         _check(case, gemm(a, w), a @ w.t())
-        t_ref = time_ms(lambda: a @ w.t())
-        res.add(Row(case, "cublas", t_ref, flops, t_ref))
-        res.add(Row(case, "codetta", time_ms(lambda: gemm(a, w)), flops, t_ref))
+        _add_all(res, case, 2 * M * N * K, compare({"cublas": lambda: a @ w.t(), "codetta": lambda: gemm(a, w)}))
         del a, w
         torch.cuda.empty_cache()
 
@@ -44,14 +53,12 @@ def backward(res: Results, shapes=PLAIN_SHAPES):
         flops = 2 * M * N * K
         case = f"dX=dY@W {M}x{N}x{K}"
         _check(case, gemm(dy, w.t()), dy @ w)
-        t_ref = time_ms(lambda: dy @ w)
-        res.add(Row(case, "cublas", t_ref, flops, t_ref))
-        res.add(Row(case, "codetta", time_ms(lambda: gemm(dy, w.t())), flops, t_ref))
+        _add_all(res, case, flops, compare({"cublas": lambda: dy @ w, "codetta": lambda: gemm(dy, w.t())}))
         case = f"dW=dY^T@X {M}x{N}x{K}"
         _check(case, gemm(dy.t(), x.t()), dy.t() @ x)
-        t_ref = time_ms(lambda: dy.t() @ x)
-        res.add(Row(case, "cublas", t_ref, flops, t_ref))
-        res.add(Row(case, "codetta", time_ms(lambda: gemm(dy.t(), x.t())), flops, t_ref))
+        _add_all(
+            res, case, flops, compare({"cublas": lambda: dy.t() @ x, "codetta": lambda: gemm(dy.t(), x.t())})
+        )
         del x, w, dy
         torch.cuda.empty_cache()
 
@@ -64,36 +71,69 @@ def _k1_chain(y, w, residual, gamma):
 _k1_compiled = torch.compile(_k1_chain)
 
 
+@triton.jit
+def _residual_rms_loaded(acc, off_m, off_n, M, N, ops, state):
+    """The first K1 variant: the residual is read in the epilogue, per sub-tile."""
+    residual, gamma, x_out, h_out, sumsq = ops
+    x = (P.load_tile(residual, off_m, off_n) + acc).to(x_out.dtype).to(tl.float32)
+    P.store_tile(x_out, x, off_m, off_n)
+    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
+    P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
+    return state
+
+
+RESIDUAL_RMS_LOADED = Epilogue(
+    "residual_rms_loaded", _residual_rms_loaded, inputs=RESIDUAL_RMS.inputs, outputs=RESIDUAL_RMS.outputs
+)
+
+
 def k1(res: Results, shapes=K1_SHAPES):
     for N, K in shapes:
         y, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
         r, g = _rand(M, N), torch.rand(N, device="cuda") + 0.5
         case = f"K1 {M}x{N}x{K}"
-        flops = 2 * M * N * K
-        out = gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)
         xr, hr, ssr = _k1_chain(y, w, r, g)
-        _check(case + " x", out.x, xr)
-        _check(case + " h", out.h, hr)
-        _check(case + " sumsq", out.sumsq.sum(1), ssr)
-        t_ref = time_ms(lambda: y @ w.t())
-        res.add(Row(case, "cublas", t_ref, flops, t_ref))
+        for ep in (RESIDUAL_RMS, RESIDUAL_RMS_LOADED):
+            out = gemm(y, w, epilogue=ep, residual=r, gamma=g)
+            _check(f"{case} {ep.name} x", out.x, xr)
+            _check(f"{case} {ep.name} h", out.h, hr)
+            _check(f"{case} {ep.name} sumsq", out.sumsq.sum(1), ssr)
         fns = {
+            "cublas": lambda: y @ w.t(),
             "eager": lambda: _k1_chain(y, w, r, g),
             "torch.compile": lambda: _k1_compiled(y, w, r, g),
             "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
+            "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
         }
-        for name, fn in fns.items():
-            res.add(Row(case, name, time_ms(fn), flops, t_ref, peak_memory_gb(fn)))
+        mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
+        _add_all(res, case, 2 * M * N * K, compare(fns), mem)
         del y, w, r, g
         torch.cuda.empty_cache()
 
 
-def run(out_dir: str, parts=("plain", "k1", "backward")) -> list[Results]:
+def overhead(res: Results):
+    """Host time per call at a tiny shape: what the launcher adds on top of the GPU time."""
+    a, w = _rand(64, 256), _rand(256, 256)
+    r, g = _rand(64, 256), torch.rand(256, device="cuda")
+    fns = {
+        "cublas": lambda: a @ w.t(),
+        "codetta": lambda: gemm(a, w),
+        "codetta-k1": lambda: gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
+    }
+    us = {name: cpu_overhead_us(fn) for name, fn in fns.items()}
+    for name, t in us.items():
+        res.add(Row("host us/call 64x256x256", name, t / 1e3, 2 * 64 * 256 * 256, us["cublas"] / 1e3))
+
+
+PARTS = {"plain": plain, "k1": k1, "backward": backward, "overhead": overhead}
+
+
+def run(out_dir: str, parts=("overhead", "plain", "k1", "backward")) -> list[Results]:
     done = []
     for part in parts:
         res = Results(f"foundation_{part}")
         print(f"== {part}", flush=True)
-        {"plain": plain, "k1": k1, "backward": backward}[part](res)
+        PARTS[part](res)
         res.write(out_dir)
         done.append(res)
     for res in done:

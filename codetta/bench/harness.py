@@ -68,6 +68,33 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def compare(fns: dict, rounds: int = 3, rep_ms: float = 60) -> dict:
+    """Time several variants of one case interleaved over ``rounds`` rounds, so
+    clock and thermal drift hit all of them alike; median of the round medians."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_ms(fn, warmup_ms=10, rep_ms=rep_ms))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def cpu_overhead_us(fn, calls: int = 300) -> float:
+    """Host time per call of fn when the GPU is not the bottleneck (tiny problem)."""
+    import time
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
 def peak_memory_gb(fn) -> float:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -51,10 +51,11 @@ class Report:
 
 def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
     tys = []
-    for op in ep.inputs + ep.outputs:
+    for i, op in enumerate(ep.inputs + ep.outputs):
         if op.kind is Kind.TILE:
             ty = _TY[op.dtype] if op.dtype is not None else _TY[dtype]
-            tys.append(f"tensordesc<{ty}[{cfg.block_m}, {cfg.sub_n}]>")
+            width = cfg.block_n if i == ep.acc_init_index else cfg.sub_n
+            tys.append(f"tensordesc<{ty}[{cfg.block_m}, {width}]>")
         elif op.kind is Kind.SCALAR:
             tys.append("fp32")
         else:
@@ -81,6 +82,7 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
     constexprs = {f"o{i}": None for i in range(len(tys), MAX_OPERANDS)}
     constexprs.update({
         "NUM_OPS": len(tys),
+        "ACC_INIT": ep.acc_init_index,
         "EPI_APPLY": ep.apply,
         "EPI_INIT": ep.init,
         "EPI_FINISH": ep.finish,

@@ -110,9 +110,9 @@ def _alloc_outputs(ep: Epilogue, M: int, N: int, in_dtype, device, lay: Layout) 
     return outs
 
 
-def _kernel_arg(op: Operand, t, cfg: tuning.Config):
+def _kernel_arg(op: Operand, t, cfg: tuning.Config, whole_tile: bool):
     if op.kind is Kind.TILE:
-        return TensorDescriptor.from_tensor(t, [cfg.block_m, cfg.sub_n])
+        return TensorDescriptor.from_tensor(t, [cfg.block_m, cfg.block_n if whole_tile else cfg.sub_n])
     return t
 
 
@@ -130,12 +130,15 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         b_desc = TensorDescriptor(w, [K, N], [w.stride(1), 1], [cfg.block_k, cfg.block_n])
     else:
         b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [cfg.block_n, cfg.block_k])
-    ops = tuple(_kernel_arg(op, t, cfg) for op, t in zip(ep.inputs + ep.outputs, inputs + outputs))
+    init = ep.acc_init_index
+    ops = tuple(
+        _kernel_arg(op, t, cfg, i == init) for i, (op, t) in enumerate(zip(ep.inputs + ep.outputs, inputs + outputs))
+    )
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     slots = list(ops) + [None] * (MAX_OPERANDS - len(ops))
     gemm_kernel[(min(num_sms, tiles),)](
-        a_desc, b_desc, M, N, K, *slots, NUM_OPS=len(ops),
+        a_desc, b_desc, M, N, K, *slots, NUM_OPS=len(ops), ACC_INIT=init,
         EPI_APPLY=ep.apply, EPI_INIT=ep.init, EPI_FINISH=ep.finish,
         A_T=a_order == "t", B_T=w_order == "t",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -160,7 +163,7 @@ def _tune_cache(device_index: int) -> tuning.TuneCache:
 
 def _bench(fn) -> float:
     torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
 def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
@@ -197,6 +200,8 @@ def _reference(ep: Epilogue, a, w, inputs, outputs, cfg: tuning.Config):
     acc = a.double() @ w.double().t()
     lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
     kwargs = {op.name: v for op, v in zip(ep.inputs, inputs)}
+    if ep.acc_init is not None:
+        acc = acc + kwargs[ep.acc_init].double()
     got = ep.reference(acc.float(), lay, **kwargs)
     for op, out in zip(ep.outputs, outputs):
         out.copy_(got[op.name])

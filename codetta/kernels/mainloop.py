@@ -95,6 +95,7 @@ def gemm_kernel(
     o10,
     o11,
     NUM_OPS: tl.constexpr,
+    ACC_INIT: tl.constexpr,
     EPI_APPLY: tl.constexpr,
     EPI_INIT: tl.constexpr,
     EPI_FINISH: tl.constexpr,
@@ -127,7 +128,11 @@ def gemm_kernel(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if ACC_INIT >= 0:
+            # C = init + A @ B^T: the init tile (e.g. a residual) seeds the accumulator
+            acc = ops[ACC_INIT].load([off_am, off_bn]).to(tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
             if A_T:

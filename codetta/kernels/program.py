@@ -64,6 +64,10 @@ class Epilogue:
     documentation of what the program stores. ``configs`` overrides the GPU
     configurations the tuner tries (default: by the number of tile operands).
     ``check(M, N)`` raises ValueError for output shapes the program cannot serve.
+    ``acc_init`` names a tile input that seeds the accumulator (``acc = init +
+    A @ B^T``, like a GEMM's beta = 1): it is read once per tile, before the
+    K loop, and costs the epilogue nothing; ``apply`` and ``reference`` then
+    see the sum.
     """
 
     name: str
@@ -75,6 +79,7 @@ class Epilogue:
     finish: Any = primitives.no_finish
     configs: tuple | None = None
     check: Callable[[int, int], None] | None = None
+    acc_init: str | None = None
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -91,10 +96,20 @@ class Epilogue:
                 raise ValueError(f"epilogue {self.name!r}: output {op.name!r} cannot be {op.kind}")
         if len(names) > MAX_OPERANDS:
             raise ValueError(f"epilogue {self.name!r}: at most {MAX_OPERANDS} operands, got {len(names)}")
+        if self.acc_init is not None and self.acc_init not in [
+            op.name for op in self.inputs if op.kind is Kind.TILE
+        ]:
+            raise ValueError(f"epilogue {self.name!r}: acc_init {self.acc_init!r} is not a tile input")
         if not self.outputs:
             raise ValueError(f"epilogue {self.name!r} has no outputs")
         result = collections.namedtuple(f"{self.name}_result", [op.name for op in self.outputs])
         object.__setattr__(self, "result", result)
+
+    @property
+    def acc_init_index(self) -> int:
+        """Position of the accumulator-seeding operand in ``ops``, or -1."""
+        names = [op.name for op in self.inputs]
+        return names.index(self.acc_init) if self.acc_init is not None else -1
 
     def __hash__(self):
         return hash(self.name)

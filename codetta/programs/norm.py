@@ -10,14 +10,14 @@ from ..kernels.program import Epilogue, Kind, Operand
 
 @triton.jit
 def _residual_rms(acc, off_m, off_n, M, N, ops, state):
-    """x = residual + acc;  h = x * gamma[n];  sumsq[m, j] = sum over sub-tile j of x^2.
+    """x = acc (= residual + y W^T: the residual seeds the accumulator);
+    h = x * gamma[n];  sumsq[m, j] = sum over sub-tile j of x^2.
 
     x is rounded to the stream dtype before h and sumsq are formed, so the
     norm is that of the residual stream as stored.
     """
     residual, gamma, x_out, h_out, sumsq = ops
-    x = P.load_tile(residual, off_m, off_n) + acc
-    x = x.to(x_out.dtype).to(tl.float32)
+    x = acc.to(x_out.dtype).to(tl.float32)
     P.store_tile(x_out, x, off_m, off_n)
     P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
     P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
@@ -25,7 +25,7 @@ def _residual_rms(acc, off_m, off_n, M, N, ops, state):
 
 
 def _residual_rms_ref(acc, lay, residual, gamma):
-    x = ref.round_to(residual.float() + acc, residual.dtype)
+    x = ref.round_to(acc, residual.dtype)
     return {"x": x, "h": x * gamma.float(), "sumsq": ref.row_partials(x * x, lay.sub_n)}
 
 
@@ -35,4 +35,5 @@ RESIDUAL_RMS = Epilogue(
     inputs=(Operand("residual", Kind.TILE), Operand("gamma", Kind.ROW)),
     outputs=(Operand("x", Kind.TILE), Operand("h", Kind.TILE), Operand("sumsq", Kind.ROW_PARTIAL)),
     reference=_residual_rms_ref,
+    acc_init="residual",
 )
