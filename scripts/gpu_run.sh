@@ -10,9 +10,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=/tmp/co
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git log -1 --oneline 2>/dev/null || echo "commit: ${CODETTA_COMMIT:-unknown}"
 } 2>&1 | tee "$OUT/env.txt"
+nvidia-smi dmon -s pc -d 1 > "$OUT/dmon.txt" 2>&1 &
+DMON=$!
+if [ -n "${PROFILE:-}" ]; then
+  python3 scripts/profile_launch.py 2>&1 | head -70 | tee "$OUT/profile.txt"
+fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 300 python3 -m pytest -q -x -m "not slow" tests 2>&1 | tail -30 | tee "$OUT/tests.txt"
 fi
 python3 -m codetta bench --out results/gpu "${@:+--parts}" "$@" 2>&1 | tee "$OUT/bench.txt"
+kill $DMON 2>/dev/null
 tar czf "$OUT/results.tgz" results/gpu
 cp /tmp/codetta-cache/tuning.json "$OUT/" 2>/dev/null || true

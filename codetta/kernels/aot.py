@@ -93,7 +93,7 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
         "BLOCK_K": cfg.block_k,
         "GROUP_M": cfg.group_m,
         "EPI_SPLIT": cfg.epi_split,
-        "NUM_SMS": num_sms,
+        "NUM_SMS": num_sms * cfg.occupancy,
         "FLATTEN": cfg.flatten,
         "WARP_SPECIALIZE": cfg.warp_specialize,
         "IEEE": dtype == torch.float32,
@@ -147,7 +147,7 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     the plain store in bf16 and fp16; return one line per problem found."""
     from ..programs import STORE
     from .launch import candidate_configs
-    from .tuning import SMEM_LIMIT
+    from .tuning import fits
 
     jobs = [(ep, cfg, torch.bfloat16, False, False) for ep in programs for cfg in candidate_configs(ep)]
     cfg0 = candidate_configs(STORE)[0]
@@ -161,8 +161,8 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
             problems.append(f"{name}: does not compile: {str(exc).splitlines()[-1][:300]}")
             continue
         found = rep.problems()
-        if rep.shared > SMEM_LIMIT:
-            found.append(f"{rep.shared} B shared memory > {SMEM_LIMIT}")
+        if not fits(cfg, rep.shared, rep.n_regs):
+            found.append(f"{cfg.occupancy} block(s) of {rep.shared} B shared, {rep.n_regs} regs do not fit an SM")
         print(f"{name}: {rep.n_regs} regs, {rep.shared} B smem, {'; '.join(found) or 'ok'}", flush=True)
         problems += [f"{name}: {p}" for p in found]
     return problems

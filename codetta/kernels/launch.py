@@ -134,7 +134,7 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     ops = tuple(
         _kernel_arg(op, t, cfg, i == init) for i, (op, t) in enumerate(zip(ep.inputs + ep.outputs, inputs + outputs))
     )
-    num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0)
+    num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0) * cfg.occupancy
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     slots = list(ops) + [None] * (MAX_OPERANDS - len(ops))
     gemm_kernel[(min(num_sms, tiles),)](

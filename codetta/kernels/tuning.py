@@ -30,6 +30,7 @@ class Config:
     num_warps: int = 8
     flatten: bool = False
     warp_specialize: bool = False
+    occupancy: int = 1  # persistent programs per SM: 2 lets one's epilogue overlap the other's mainloop
 
     @property
     def sub_n(self) -> int:
@@ -37,6 +38,7 @@ class Config:
 
     def short(self) -> str:
         flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
+        flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
             f"e{self.epi_split}g{self.group_m}{flags}"
@@ -53,6 +55,7 @@ _ALLOWED = {
     "num_warps": {4, 8},
     "flatten": {True, False},
     "warp_specialize": {True, False},
+    "occupancy": {1, 2},
 }
 
 
@@ -79,26 +82,51 @@ INTERPRETER_NUM_SMS = 3
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may use
+SMEM_PER_SM = 233472  # bytes per SM; each resident block also reserves 1 KB
+REGS_PER_SM = 65536
 
 
-def _grid(tiles, splits, flattens=(False, True)):
+def fits(cfg: Config, shared: int, regs: int) -> bool:
+    """Whether ``cfg.occupancy`` blocks of this kernel fit on one SM together."""
+    occ = cfg.occupancy
+    return (
+        shared <= SMEM_LIMIT
+        and occ * (shared + 1024) <= SMEM_PER_SM
+        and occ * regs * 32 * cfg.num_warps <= REGS_PER_SM
+    )
+
+
+def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
     return [
-        Config(bm, bn, 64, 8, split, stages, warps, flatten, False)
+        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy)
         for bm, bn, stages, warps in tiles
         for split in splits
         for flatten in flattens
     ]
 
 
-# Plain stores: the tile shapes the persistent TMA GEMM is known to like on Hopper.
-PLAIN_CANDIDATES = _grid(((128, 256, 3, 8), (128, 128, 4, 8), (128, 128, 4, 4)), (1, 2)) + _grid(
-    ((128, 256, 4, 8),), (2,)
+# Plain stores: the tile shapes the persistent TMA GEMM is known to like on Hopper,
+# plus two programs per SM on 128x128 tiles.
+PLAIN_CANDIDATES = (
+    _grid(((128, 256, 3, 8), (128, 128, 4, 8), (128, 128, 4, 4)), (1, 2))
+    + _grid(((128, 256, 4, 8),), (2,))
+    + _grid(((128, 128, 3, 4), (128, 128, 2, 4)), (2,), (False,), occupancy=2)
 )
 
 # Programs that stream extra tiles through shared memory: their TMA buffers are
 # per sub-tile, so they split the epilogue finer.
 STREAMING_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,)) + _grid(
     ((128, 128, 4, 8),), (2,)
+)
+
+
+# Programs whose accumulator is seeded from a tile (acc_init): flattening the
+# loops defeats the pipelining there (measured 2x slower), so none is flattened.
+SEEDED_CANDIDATES = (
+    _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,), (False,))
+    + _grid(((128, 128, 4, 8),), (2,), (False,))
+    + _grid(((128, 128, 2, 4), (128, 128, 3, 4), (64, 256, 2, 4)), (2,), (False,), occupancy=2)
+    + _grid(((128, 128, 4, 4),), (2,), (False,), block_k=32, occupancy=2)
 )
 
 

@@ -6,6 +6,7 @@ import triton.language as tl
 from .. import reference as ref
 from ..kernels import primitives as P
 from ..kernels.program import Epilogue, Kind, Operand
+from ..kernels.tuning import SEEDED_CANDIDATES
 
 
 @triton.jit
@@ -36,4 +37,5 @@ RESIDUAL_RMS = Epilogue(
     outputs=(Operand("x", Kind.TILE), Operand("h", Kind.TILE), Operand("sumsq", Kind.ROW_PARTIAL)),
     reference=_residual_rms_ref,
     acc_init="residual",
+    configs=tuple(SEEDED_CANDIDATES),
 )

@@ -1,0 +1,32 @@
+"""Where the host time of one codetta.gemm call goes (GPU machine)."""
+
+import cProfile
+import pstats
+import time
+
+import torch
+
+import codetta
+from codetta.programs import RESIDUAL_RMS
+
+a = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+r = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+g = torch.rand(256, device="cuda")
+for _ in range(20):
+    codetta.gemm(a, w)
+    codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)
+torch.cuda.synchronize()
+for name, fn in [("cublas", lambda: a @ w.t()), ("store", lambda: codetta.gemm(a, w)),
+                 ("k1", lambda: codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g))]:
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{name}: {(time.perf_counter() - t0) * 1e3:.1f} us/call")
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(1000):
+    codetta.gemm(a, w)
+prof.disable()
+pstats.Stats(prof).sort_stats("tottime").print_stats(25)
