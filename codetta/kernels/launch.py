@@ -95,19 +95,27 @@ def _alloc(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _output_shape(kind: Kind, M: int, N: int, lay: Layout) -> tuple:
+    if kind is Kind.TILE:
+        return (M, N)
+    if kind is Kind.COL:
+        return (M,)
+    if kind is Kind.ROW_PARTIAL:
+        return (M, -(-N // lay.sub_n))
+    if kind is Kind.TILE_ROW_PARTIAL:
+        return (M, -(-N // lay.block_n))
+    return (-(-M // lay.block_m), N)  # COL_PARTIAL
+
+
 def _alloc_outputs(ep: Epilogue, M: int, N: int, in_dtype, device, lay: Layout) -> list:
-    outs = []
-    for op in ep.outputs:
-        dtype = op.dtype or (in_dtype if op.kind is Kind.TILE else torch.float32)
-        shape = {
-            Kind.TILE: (M, N),
-            Kind.COL: (M,),
-            Kind.ROW_PARTIAL: (M, triton.cdiv(N, lay.sub_n)),
-            Kind.TILE_ROW_PARTIAL: (M, triton.cdiv(N, lay.block_n)),
-            Kind.COL_PARTIAL: (triton.cdiv(M, lay.block_m), N),
-        }[op.kind]
-        outs.append(_alloc(shape, dtype, device))
-    return outs
+    return [
+        _alloc(
+            _output_shape(op.kind, M, N, lay),
+            op.dtype or (in_dtype if op.kind is Kind.TILE else torch.float32),
+            device,
+        )
+        for op in ep.outputs
+    ]
 
 
 def _kernel_arg(op: Operand, t, cfg: tuning.Config, whole_tile: bool):
@@ -163,7 +171,7 @@ def _tune_cache(device_index: int) -> tuning.TuneCache:
 
 def _bench(fn) -> float:
     torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
 
 
 def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
@@ -173,9 +181,20 @@ def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
     return tuning.gpu_candidates(sum(op.kind is Kind.TILE for op in ep.inputs + ep.outputs))
 
 
+_CHOSEN: dict = {}
+
+
 def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     if interpreting():
         return tuning.INTERPRETER_CONFIG
+    exact = (ep.name, a.dtype, a_order, w_order, M, N, K, a.device.index)
+    cfg = _CHOSEN.get(exact)
+    if cfg is None:
+        cfg = _CHOSEN[exact] = _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K)
+    return cfg
+
+
+def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     key = "|".join(
         [ep.name, str(a.dtype).removeprefix("torch."), a_order + w_order]
         + [str(tuning.shape_bucket(x)) for x in (M, N, K)]
@@ -207,6 +226,13 @@ def _reference(ep: Epilogue, a, w, inputs, outputs, cfg: tuning.Config):
         out.copy_(got[op.name])
 
 
+@functools.lru_cache(maxsize=1)
+def _default_epilogue() -> Epilogue:
+    from ..programs.basic import STORE
+
+    return STORE
+
+
 def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = None, config=None, **operands):
     """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
 
@@ -214,9 +240,7 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
     ``config`` (a :class:`codetta.kernels.tuning.Config`) pins the kernel
     configuration instead of the tuned one.
     """
-    from ..programs.basic import STORE
-
-    ep = epilogue if epilogue is not None else STORE
+    ep = epilogue if epilogue is not None else _default_epilogue()
     if not isinstance(ep, Epilogue):
         raise TypeError(f"epilogue must be a codetta Epilogue, got {type(ep).__name__}")
     a_order = _check_matrix("a", a, "M, K")
