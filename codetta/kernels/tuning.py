@@ -114,6 +114,14 @@ PLAIN_CANDIDATES = (
     + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
 )
 
+# Programs that stream extra tiles through shared memory in the epilogue: their
+# TMA buffers are per sub-tile, so they split the epilogue finer.
+STREAMING_CANDIDATES = (
+    _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,))
+    + _grid(((256, 128, 3, 8),), (2,))
+    + _grid(((128, 128, 4, 8),), (2,))
+)
+
 # Programs whose accumulator is seeded from a tile (acc_init): flattening the
 # loops defeats the pipelining there (measured 2x slower), so none is flattened.
 SEEDED_CANDIDATES = (
