@@ -1,4 +1,5 @@
-"""Command line: ``python -m codetta demo`` (any machine) and ``python -m codetta bench`` (GPU)."""
+"""Command line: ``python -m codetta`` runs the benchmark on a GPU and the
+interpreter demo on a CPU; ``demo`` and ``bench`` pick one."""
 
 from __future__ import annotations
 
@@ -62,13 +63,17 @@ def _bench(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="codetta", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")
     b.add_argument("--out", default="results", help="folder for CSV/JSON/PNG results")
     b.add_argument("--parts", nargs="+", default=["overhead", "plain", "k1", "backward"],
                    choices=["overhead", "plain", "k1", "backward"])
     args = p.parse_args(argv)
+    if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
+        import torch
+
+        args = p.parse_args(["bench" if torch.cuda.is_available() else "demo"])
     return {"demo": _demo, "bench": _bench}[args.cmd](args)
 
 
