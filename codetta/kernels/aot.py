@@ -149,7 +149,12 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     from .launch import candidate_configs
     from .tuning import fits
 
-    jobs = [(ep, cfg, torch.bfloat16, False, False) for ep in programs for cfg in candidate_configs(ep)]
+    jobs = [
+        (ep, cfg, torch.bfloat16, a_t, b_t)
+        for ep in programs
+        for cfg in candidate_configs(ep)
+        for a_t, b_t in ep.layouts
+    ]
     cfg0 = candidate_configs(STORE)[0]
     jobs += [(STORE, cfg0, dt, a_t, b_t) for dt in (torch.bfloat16, torch.float16) for a_t, b_t in layouts]
     problems = []

@@ -67,7 +67,8 @@ class Epilogue:
     ``acc_init`` names a tile input that seeds the accumulator (``acc = init +
     A @ B^T``, like a GEMM's beta = 1): it is read once per tile, before the
     K loop, and costs the epilogue nothing; ``apply`` and ``reference`` then
-    see the sum.
+    see the sum. ``layouts`` lists the (A transposed, B transposed) layouts
+    the program is used with, for the sm_90a compile check.
     """
 
     name: str
@@ -80,6 +81,7 @@ class Epilogue:
     configs: tuple | None = None
     check: Callable[[int, int], None] | None = None
     acc_init: str | None = None
+    layouts: tuple = ((False, False),)
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -132,6 +132,13 @@ SEEDED_CANDIDATES = (
 )
 
 
+# The RMSNorm backward program (two tile loads, two tile stores, three vectors):
+# only these fit its registers without spilling.
+BACKWARD_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,), (True,)) + _grid(
+    ((128, 128, 4, 8),), (2,)
+)
+
+
 def gpu_candidates(n_tile_operands: int) -> list[Config]:
     """The small Hopper search space for a program with that many tile operands."""
     return list(PLAIN_CANDIDATES if n_tile_operands <= 1 else STREAMING_CANDIDATES)

@@ -6,7 +6,7 @@ import triton.language as tl
 from .. import reference as ref
 from ..kernels import primitives as P
 from ..kernels.program import Epilogue, Kind, Operand
-from ..kernels.tuning import SEEDED_CANDIDATES
+from ..kernels.tuning import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 
 
 @triton.jit
@@ -38,4 +38,49 @@ RESIDUAL_RMS = Epilogue(
     reference=_residual_rms_ref,
     acc_init="residual",
     configs=tuple(SEEDED_CANDIDATES),
+)
+
+
+@triton.jit
+def _rms_backward(acc, off_m, off_n, M, N, ops, state):
+    """RMSNorm backward on the dX GEMM: acc = dn = dz W (over the norm's d columns).
+
+    dx = r (gamma dn - x r zeta / d) + dres;  n = x r gamma (stored for dW);
+    dgamma[i, k] = sum over the rows m of M-tile i of dn x r.
+    """
+    x, dres, rstd, zeta, gamma, inv_d, dx_out, n_out, dgamma = ops
+    xt = P.load_tile(x, off_m, off_n)
+    r = P.load_col_vector(rstd, acc, off_m, M)  # [BM, 1]
+    zt = P.load_col_vector(zeta, acc, off_m, M)
+    g = P.load_row_vector(gamma, acc, off_n, N)  # [1, BNs]
+    xr = xt * r
+    dx = r * (g * acc - xr * zt * inv_d) + P.load_tile(dres, off_m, off_n)
+    P.store_tile(dx_out, dx, off_m, off_n)
+    P.store_tile(n_out, xr * g, off_m, off_n)
+    P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
+    return state
+
+
+def _rms_backward_ref(acc, lay, x, dres, rstd, zeta, gamma, inv_d):
+    xr = x.float() * rstd.float()[:, None]
+    g = gamma.float()
+    dx = rstd.float()[:, None] * (g * acc - xr * zeta.float()[:, None] * inv_d) + dres.float()
+    return {"dx": dx, "n": xr * g, "dgamma": ref.col_partials(acc * xr, lay.block_m)}
+
+
+RMS_BACKWARD = Epilogue(
+    "rms_backward",
+    _rms_backward,
+    inputs=(
+        Operand("x", Kind.TILE),
+        Operand("dres", Kind.TILE),
+        Operand("rstd", Kind.COL),
+        Operand("zeta", Kind.COL),
+        Operand("gamma", Kind.ROW),
+        Operand("inv_d", Kind.SCALAR),
+    ),
+    outputs=(Operand("dx", Kind.TILE), Operand("n", Kind.TILE), Operand("dgamma", Kind.COL_PARTIAL)),
+    reference=_rms_backward_ref,
+    configs=tuple(BACKWARD_CANDIDATES),
+    layouts=((False, True),),  # dz @ W: the weight enters as a transposed view
 )

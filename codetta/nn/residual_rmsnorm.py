@@ -1,0 +1,38 @@
+"""``ResidualRMSNormLinear``: o-proj GEMM + residual + RMSNorm + next GEMM as one module."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..ops import residual_rmsnorm_linear
+
+
+class ResidualRMSNormLinear(nn.Module):
+    """``x = residual + y @ proj.T``;  ``z = RMSNorm(x) @ weight.T``;  ``forward(y, residual) -> (x, z)``.
+
+    The parameters are those of ``nn.Linear(in_features, hidden, bias=False)``
+    (``proj``), ``nn.RMSNorm(hidden, eps)`` (``norm_weight``) and
+    ``nn.Linear(hidden, out_features, bias=False)`` (``weight``), so existing
+    weights load by copying. ``norm_dtype`` may be float32 (default) or the
+    activation dtype.
+    """
+
+    def __init__(self, in_features, hidden, out_features, eps=None, device=None, dtype=None, norm_dtype=None):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.eps = eps
+        self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))
+        self.norm_weight = nn.Parameter(torch.ones(hidden, device=device, dtype=norm_dtype or torch.float32))
+        self.weight = nn.Parameter(torch.empty(out_features, hidden, **kw))
+        nn.init.kaiming_uniform_(self.proj, a=math.sqrt(5))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor):
+        return residual_rmsnorm_linear(y, self.proj, residual, self.norm_weight, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        h, k = self.proj.shape
+        return f"in_features={k}, hidden={h}, out_features={self.weight.shape[0]}, eps={self.eps}"

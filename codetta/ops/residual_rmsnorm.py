@@ -1,0 +1,149 @@
+"""Residual add + RMSNorm folded into GEMM epilogues (DESIGN.md 2.1, 2.2), forward and backward.
+
+    x = residual + y @ w_o^T          (the residual stream, returned)
+    z = RMSNorm(x; gamma, eps) @ w^T  (the next GEMM)
+
+Forward: K1 (o-proj GEMM; residual seeds the accumulator; stores x, h = x*gamma
+and partial sums of x^2) -> r = rsqrt(mean x^2 + eps) -> z = r * (h @ w^T)
+(row-scale epilogue). The normalized n is never written.
+
+Backward, given dx (gradient of the stream from downstream) and dz:
+zeta = rowsum(dz * z); the dX GEMM dz @ w carries the RMSNorm backward in its
+epilogue (dx_total = r (gamma dn - x r zeta / d) + dx, n for dW, dgamma
+partials); then dW = dz^T n, dy = dx_total @ w_o, dW_o = dx_total^T y, and
+the residual's gradient is dx_total.
+
+Registered as torch.library custom ops with fake implementations, so
+torch.compile(fullgraph=True) traces through them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.launch import gemm
+from ..kernels.rowdot import rowdot
+from ..programs import RESIDUAL_RMS, RMS_BACKWARD, ROW_SCALE
+
+
+@torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())
+def _forward(
+    y: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+    d = residual.shape[1]
+    rstd = torch.rsqrt(k1.sumsq.sum(1) / d + eps)
+    z = gemm(k1.h, w, epilogue=ROW_SCALE, scale=rstd)
+    return k1.x, z, rstd
+
+
+@_forward.register_fake
+def _(y, w_o, residual, gamma, w, eps):
+    M = y.shape[0]
+    return (
+        residual.new_empty(residual.shape),
+        y.new_empty((M, w.shape[0])),
+        y.new_empty((M,), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
+def _backward(
+    dx: torch.Tensor,
+    dz: torch.Tensor,
+    y: torch.Tensor,
+    w_o: torch.Tensor,
+    gamma: torch.Tensor,
+    w: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = x.shape[1]
+    zeta = rowdot(dz, z)
+    bw = gemm(
+        dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, rstd=rstd, zeta=zeta, gamma=gamma, inv_d=1.0 / d
+    )
+    dgamma = bw.dgamma.sum(0).to(gamma.dtype)
+    dw = gemm(dz.t(), bw.n.t())
+    dy = gemm(bw.dx, w_o.t())
+    dw_o = gemm(bw.dx.t(), y.t())
+    return dy, dw_o, bw.dx, dgamma, dw
+
+
+@_backward.register_fake
+def _(dx, dz, y, w_o, gamma, w, x, z, rstd):
+    return (
+        y.new_empty(y.shape),
+        w_o.new_empty(w_o.shape),
+        x.new_empty(x.shape),
+        gamma.new_empty(gamma.shape),
+        w.new_empty(w.shape),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    y, w_o, residual, gamma, w, eps = inputs
+    x, z, rstd = output
+    ctx.save_for_backward(y, w_o, gamma, w, x, z, rstd)
+
+
+def _autograd_backward(ctx, dx, dz, drstd):
+    y, w_o, gamma, w, x, z, rstd = ctx.saved_tensors
+    dx = torch.zeros_like(x) if dx is None else dx.contiguous()
+    dz = torch.zeros_like(z) if dz is None else dz.contiguous()
+    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd)
+    return dy, dw_o, dres, dgamma, dw, None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def _check(y, w_o, residual, gamma, w):
+    for name, t in (("y", y), ("w_o", w_o), ("residual", residual), ("gamma", gamma), ("weight", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if residual.shape[-1] != w_o.shape[0]:
+        raise ValueError(
+            f"residual has {residual.shape[-1]} features but w_o produces {w_o.shape[0]} (w_o is [d, K])"
+        )
+    if y.shape[-1] != w_o.shape[1]:
+        raise ValueError(f"y has {y.shape[-1]} features but w_o expects {w_o.shape[1]}")
+    if y.shape[:-1] != residual.shape[:-1]:
+        raise ValueError(f"y {tuple(y.shape)} and residual {tuple(residual.shape)} must share leading dims")
+    if gamma.shape != (residual.shape[-1],):
+        raise ValueError(f"gamma must have shape ({residual.shape[-1]},), got {tuple(gamma.shape)}")
+    if w.dim() != 2 or w.shape[1] != residual.shape[-1]:
+        raise ValueError(f"weight must be [N, {residual.shape[-1]}], got {tuple(w.shape)}")
+    if residual.dtype != y.dtype:
+        raise TypeError(f"residual ({residual.dtype}) and y ({y.dtype}) must share a dtype")
+    if gamma.dtype not in (torch.float32, y.dtype):
+        raise TypeError(f"gamma must be float32 or {y.dtype}, got {gamma.dtype}")
+
+
+def residual_rmsnorm_linear(
+    y: torch.Tensor,
+    w_o: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
+
+    y [..., K], w_o [d, K], residual [..., d], gamma [d] (float32 or the input
+    dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
+    ``torch.nn.RMSNorm``. Differentiable in every tensor argument.
+    """
+    _check(y, w_o, residual, gamma, weight)
+    lead = residual.shape[:-1]
+    eps = torch.finfo(residual.dtype).eps if eps is None else float(eps)
+    x, z, _ = _forward(
+        y.reshape(-1, y.shape[-1]).contiguous(),
+        w_o,
+        residual.reshape(-1, residual.shape[-1]).contiguous(),
+        gamma,
+        weight,
+        eps,
+    )
+    return x.reshape(*lead, x.shape[-1]), z.reshape(*lead, z.shape[-1])

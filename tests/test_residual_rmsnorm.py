@@ -1,0 +1,145 @@
+"""Operators I: residual add + RMSNorm folded into GEMM epilogues, forward and backward."""
+
+import pytest
+import torch
+from conftest import ON_GPU
+from util import assert_within, rand
+
+import codetta
+from codetta.nn import ResidualRMSNormLinear
+from codetta.ops import residual_rmsnorm_linear
+
+# (tokens, K of the o-proj, d = hidden, N of the next GEMM)
+SHAPES = [(77, 64, 96, 40), (128, 48, 64, 136)] if not ON_GPU else [(1000, 2048, 2048, 8192), (333, 4096, 4096, 1024)]
+EPS = 1e-6
+
+
+def _chain(y, w_o, res, g, w, eps, dtype):
+    """The unfused chain in ``dtype`` (the norm statistics in fp32, as torch.nn.RMSNorm on CUDA)."""
+    x = res + y @ w_o.t()
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g.float()).to(dtype)
+    return x, n @ w.t()
+
+
+def _leaves(M, K, d, N, dtype, device, gamma_dtype=torch.float32):
+    return [
+        rand(M, K, dtype=dtype, device=device),
+        rand(d, K, dtype=dtype, device=device, scale=K**-0.5),
+        rand(M, d, dtype=dtype, device=device),
+        (torch.rand(d, device=device) + 0.5).to(gamma_dtype),
+        rand(N, d, dtype=dtype, device=device, scale=d**-0.5),
+    ]
+
+
+def _run(fn, leaves, dx, dz):
+    ts = [t.detach().clone().requires_grad_() for t in leaves]
+    x, z = fn(*ts)
+    ((x.double() * dx.double()).sum() + (z.double() * dz.double()).sum()).backward()
+    return x, z, [t.grad for t in ts]
+
+
+@pytest.mark.parametrize("gamma_dtype", ["fp32", "act"])
+@pytest.mark.parametrize("M,K,d,N", SHAPES, ids=str)
+def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype):
+    gdt = torch.float32 if gamma_dtype == "fp32" else dtype
+    leaves = _leaves(M, K, d, N, dtype, device, gdt)
+    dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
+    ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS), leaves, dx, dz)
+    ref = _run(lambda *t: _chain(*t, EPS, torch.float64), [t.double() for t in leaves], dx, dz)
+    torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
+    assert_within("x", ours[0], ref[0], torch_same[0])
+    assert_within("z", ours[1], ref[1], torch_same[1])
+    for name, g_ours, g_ref, g_torch in zip(["dy", "dw_o", "dresidual", "dgamma", "dweight"], ours[2], ref[2], torch_same[2]):
+        assert g_ours.dtype == g_torch.dtype, name
+        assert_within(name, g_ours, g_ref, g_torch)
+
+
+def test_3d_input_and_default_eps(device):
+    dtype = torch.float16
+    B, T, K, d, N = 2, 37, 32, 64, 48
+    y = rand(B, T, K, dtype=dtype, device=device)
+    res = rand(B, T, d, dtype=dtype, device=device)
+    w_o = rand(d, K, dtype=dtype, device=device, scale=K**-0.5)
+    w = rand(N, d, dtype=dtype, device=device, scale=d**-0.5)
+    g = torch.rand(d, device=device) + 0.5
+    x, z = residual_rmsnorm_linear(y, w_o, res, g, w)
+    assert x.shape == (B, T, d) and z.shape == (B, T, N)
+    eps = torch.finfo(dtype).eps
+    x2, z2 = residual_rmsnorm_linear(y.reshape(-1, K), w_o, res.reshape(-1, d), g, w, eps)
+    assert torch.equal(x.reshape(-1, d), x2) and torch.equal(z.reshape(-1, N), z2)
+
+
+def test_module_matches_functional(device):
+    torch.manual_seed(1)
+    mod = ResidualRMSNormLinear(32, 64, 48, eps=1e-5, device=device, dtype=torch.float16)
+    y = rand(50, 32, dtype=torch.float16, device=device)
+    res = rand(50, 64, dtype=torch.float16, device=device)
+    x, z = mod(y, res)
+    x2, z2 = residual_rmsnorm_linear(y, mod.proj, res, mod.norm_weight, mod.weight, 1e-5)
+    assert torch.equal(x, x2) and torch.equal(z, z2)
+    z.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in mod.parameters())
+    assert "hidden=64" in repr(mod)
+
+
+def test_compile_fullgraph(device):
+    """torch.compile traces through the custom ops (fake implementations) without graph breaks."""
+    M, K, d, N = 64, 32, 64, 48
+    leaves = _leaves(M, K, d, N, torch.float16, device)
+
+    def f(*t):
+        x, z = residual_rmsnorm_linear(*t, EPS)
+        return (x.float().sum() + z.float().pow(2).sum())
+
+    backend = "inductor" if ON_GPU else "aot_eager"
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    a = [t.detach().clone().requires_grad_() for t in leaves]
+    b = [t.detach().clone().requires_grad_() for t in leaves]
+    out_c, out_e = compiled(*a), f(*b)
+    out_c.backward()
+    out_e.backward()
+    assert torch.allclose(out_c, out_e, rtol=1e-3)
+    for ta, tb in zip(a, b):
+        assert torch.equal(ta.grad, tb.grad)
+
+
+def test_opcheck(device):
+    """torch.library's own consistency checks of the custom op registration."""
+    leaves = _leaves(32, 32, 64, 48, torch.float16, device)
+    leaves = [t.requires_grad_() for t in leaves]
+    torch.library.opcheck(
+        torch.ops.codetta.residual_rmsnorm_linear.default,
+        (*leaves, EPS),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
+
+
+@pytest.mark.parametrize(
+    "case,exc,match",
+    [
+        ("gamma_shape", ValueError, "gamma must have shape"),
+        ("weight_shape", ValueError, "weight must be"),
+        ("dtype_mix", TypeError, "must share a dtype"),
+        ("lead_dims", ValueError, "leading dims"),
+        ("gamma_int", TypeError, "gamma must be float32"),
+    ],
+)
+def test_bad_input(case, exc, match, device):
+    y, w_o, res, g, w = _leaves(16, 32, 64, 48, torch.float16, device)
+    if case == "gamma_shape":
+        g = g[:10]
+    elif case == "weight_shape":
+        w = w[:, :10]
+    elif case == "dtype_mix":
+        res = res.float()
+    elif case == "lead_dims":
+        res = res[:8]
+    elif case == "gamma_int":
+        g = g.to(torch.int32)
+    with pytest.raises(exc, match=match):
+        residual_rmsnorm_linear(y, w_o, res, g, w)
+
+
+def test_public_api():
+    assert codetta.ops.residual_rmsnorm_linear is residual_rmsnorm_linear
