@@ -55,9 +55,13 @@ def _bench(args) -> int:
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU; on a CPU run `python -m codetta demo`", file=sys.stderr)
         return 2
-    from codetta.bench import foundation
+    from codetta.bench import foundation, residual_norm
 
-    foundation.run(args.out, parts=args.parts)
+    fparts = [p for p in args.parts if p in foundation.PARTS]
+    if fparts:
+        foundation.run(args.out, parts=fparts)
+    if "residual_norm" in args.parts:
+        residual_norm.run(args.out)
     return 0
 
 
@@ -67,8 +71,8 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")
     b.add_argument("--out", default="results", help="folder for CSV/JSON/PNG results")
-    b.add_argument("--parts", nargs="+", default=["overhead", "plain", "k1", "backward"],
-                   choices=["overhead", "plain", "k1", "backward"])
+    b.add_argument("--parts", nargs="+", default=["overhead", "plain", "k1", "backward", "residual_norm"],
+                   choices=["overhead", "plain", "k1", "backward", "residual_norm"])
     args = p.parse_args(argv)
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
         import torch

@@ -4,6 +4,9 @@
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
 mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # baselines carried as wheels (liger-kernel)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=/tmp/codetta-cache CODETTA_TUNE_VERBOSE=1
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
