@@ -23,9 +23,15 @@ def _demo(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     M, N, K = (4096, 4096, 4096) if device == "cuda" else (200, 96, 128)
-    mode = "GPU" if device == "cuda" else ("Triton interpreter" if codetta.interpreting() else "PyTorch reference")
-    print(f"codetta {codetta.__version__} demo: K1 program (residual + RMSNorm statistics) on {mode}, "
-          f"M={M} N={N} K={K} {str(dtype).removeprefix('torch.')}")
+    mode = (
+        "GPU"
+        if device == "cuda"
+        else ("Triton interpreter" if codetta.interpreting() else "PyTorch reference")
+    )
+    print(
+        f"codetta {codetta.__version__} demo: K1 program (residual + RMSNorm statistics) on {mode}, "
+        f"M={M} N={N} K={K} {str(dtype).removeprefix('torch.')}"
+    )
     torch.manual_seed(0)
     y = torch.randn(M, K, device=device).to(dtype)
     w = (torch.randn(N, K, device=device) * K**-0.5).to(dtype)
@@ -44,7 +50,10 @@ def _demo(args) -> int:
         e_torch = (theirs.double() - want).abs().max().item()
         good = e_ours <= 2 * e_torch + 1e-6 * want.abs().max().item()
         ok &= good
-        print(f"  {name:<6} max error vs fp64: codetta {e_ours:.2e}, PyTorch {e_torch:.2e}  {'ok' if good else 'FAIL'}")
+        print(
+            f"  {name:<6} max error vs fp64: codetta {e_ours:.2e}, PyTorch {e_torch:.2e}  "
+            + ("ok" if good else "FAIL")
+        )
     print("demo passed" if ok else "demo FAILED")
     return 0 if ok else 1
 
@@ -71,8 +80,12 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")
     b.add_argument("--out", default="results", help="folder for CSV/JSON/PNG results")
-    b.add_argument("--parts", nargs="+", default=["overhead", "plain", "k1", "backward", "residual_norm"],
-                   choices=["overhead", "plain", "k1", "backward", "residual_norm"])
+    b.add_argument(
+        "--parts",
+        nargs="+",
+        default=["overhead", "plain", "k1", "backward", "residual_norm"],
+        choices=["overhead", "plain", "k1", "backward", "residual_norm"],
+    )
     args = p.parse_args(argv)
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
         import torch

@@ -17,8 +17,11 @@ for _ in range(20):
     codetta.gemm(a, w)
     codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)
 torch.cuda.synchronize()
-for name, fn in [("cublas", lambda: a @ w.t()), ("store", lambda: codetta.gemm(a, w)),
-                 ("k1", lambda: codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g))]:
+for name, fn in [
+    ("cublas", lambda: a @ w.t()),
+    ("store", lambda: codetta.gemm(a, w)),
+    ("k1", lambda: codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)),
+]:
     t0 = time.perf_counter()
     for _ in range(1000):
         fn()

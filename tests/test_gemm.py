@@ -57,7 +57,11 @@ def test_config_invariance(device):
     a, w = _make(M, N, K, dtype, device, "nn")
     ref = a.double() @ w.double().t()
     if device == "cpu":
-        cfgs = [tuning.INTERPRETER_CONFIG, tuning.Config(16, 64, 16, 1, 4, 1, 4), tuning.Config(64, 32, 64, 4, 1, 1, 4)]
+        cfgs = [
+            tuning.INTERPRETER_CONFIG,
+            tuning.Config(16, 64, 16, 1, 4, 1, 4),
+            tuning.Config(64, 32, 64, 4, 1, 1, 4),
+        ]
     else:
         cfgs = tuning.PLAIN_CANDIDATES
     for cfg in cfgs:

@@ -10,7 +10,11 @@ from codetta.nn import ResidualRMSNormLinear
 from codetta.ops import residual_rmsnorm_linear
 
 # (tokens, K of the o-proj, d = hidden, N of the next GEMM)
-SHAPES = [(77, 64, 96, 40), (128, 48, 64, 136)] if not ON_GPU else [(1000, 2048, 2048, 8192), (333, 4096, 4096, 1024)]
+SHAPES = (
+    [(77, 64, 96, 40), (128, 48, 64, 136)]
+    if not ON_GPU
+    else [(1000, 2048, 2048, 8192), (333, 4096, 4096, 1024)]
+)
 EPS = 1e-6
 
 
@@ -50,7 +54,9 @@ def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype):
     torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
     assert_within("x", ours[0], ref[0], torch_same[0])
     assert_within("z", ours[1], ref[1], torch_same[1])
-    for name, g_ours, g_ref, g_torch in zip(["dy", "dw_o", "dresidual", "dgamma", "dweight"], ours[2], ref[2], torch_same[2]):
+    for name, g_ours, g_ref, g_torch in zip(
+        ["dy", "dw_o", "dresidual", "dgamma", "dweight"], ours[2], ref[2], torch_same[2]
+    ):
         assert g_ours.dtype == g_torch.dtype, name
         assert_within(name, g_ours, g_ref, g_torch)
 
@@ -90,7 +96,7 @@ def test_compile_fullgraph(device):
 
     def f(*t):
         x, z = residual_rmsnorm_linear(*t, EPS)
-        return (x.float().sum() + z.float().pow(2).sum())
+        return x.float().sum() + z.float().pow(2).sum()
 
     backend = "inductor" if ON_GPU else "aot_eager"
     compiled = torch.compile(f, fullgraph=True, backend=backend)

@@ -1,7 +1,6 @@
 """Error bounds relative to PyTorch's own error in the same dtype."""
 
 import torch
-
 from conftest import ON_GPU
 
 # (M, N, K): odd M, N and K that are not tile multiples (tiles are 32 on CPU, 128+ on GPU)
@@ -26,7 +25,9 @@ def assert_within(name: str, ours: torch.Tensor, ref64: torch.Tensor, torch_same
     e_ours = err(ours, ref64)
     e_torch = err(torch_same_dtype, ref64)
     tiny = 1e-6 * max(ref64.abs().max().item(), 1.0)
-    assert e_ours <= 2 * e_torch + tiny, f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e} + {tiny:.1e}"
+    assert e_ours <= 2 * e_torch + tiny, (
+        f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e} + {tiny:.1e}"
+    )
 
 
 def rand(*shape, dtype, device, scale=1.0):

@@ -11,12 +11,20 @@ import triton.language as tl
 
 from .. import gemm
 from ..kernels import primitives as P
-from ..kernels.program import Epilogue, Kind, Operand
+from ..kernels.program import Epilogue
 from ..programs import RESIDUAL_RMS
 from .harness import Results, Row, compare, cpu_overhead_us, peak_memory_gb
 
 M = 16384
-PLAIN_SHAPES = [(2048, 2048), (16384, 2048), (2048, 8192), (6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
+PLAIN_SHAPES = [
+    (2048, 2048),
+    (16384, 2048),
+    (2048, 8192),
+    (6144, 4096),
+    (28672, 4096),
+    (4096, 14336),
+    (128256, 4096),
+]
 K1_SHAPES = [(2048, 2048), (4096, 4096), (2048, 8192), (4096, 14336)]
 
 
@@ -37,29 +45,35 @@ def _add_all(res, case, flops, times, mem=None):
         res.add(Row(case, name, ms, flops, base, (mem or {}).get(name, float("nan"))))
 
 
+def _plain_case(res: Results, N: int, K: int):
+    a, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
+    case = f"plain {M}x{N}x{K}"
+    _check(case, gemm(a, w), a @ w.t())
+    times = compare({"cublas": lambda: a @ w.t(), "codetta": lambda: gemm(a, w)})
+    _add_all(res, case, 2 * M * N * K, times)
+
+
+def _backward_case(res: Results, N: int, K: int):
+    x, w, dy = _rand(M, K), _rand(N, K, scale=K**-0.5), _rand(M, N)
+    flops = 2 * M * N * K
+    case = f"dX=dY@W {M}x{N}x{K}"
+    _check(case, gemm(dy, w.t()), dy @ w)
+    _add_all(res, case, flops, compare({"cublas": lambda: dy @ w, "codetta": lambda: gemm(dy, w.t())}))
+    case = f"dW=dY^T@X {M}x{N}x{K}"
+    _check(case, gemm(dy.t(), x.t()), dy.t() @ x)
+    times = compare({"cublas": lambda: dy.t() @ x, "codetta": lambda: gemm(dy.t(), x.t())})
+    _add_all(res, case, flops, times)
+
+
 def plain(res: Results, shapes=PLAIN_SHAPES):
     for N, K in shapes:
-        a, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
-        case = f"plain {M}x{N}x{K}"
-        _check(case, gemm(a, w), a @ w.t())
-        _add_all(res, case, 2 * M * N * K, compare({"cublas": lambda: a @ w.t(), "codetta": lambda: gemm(a, w)}))
-        del a, w
+        _plain_case(res, N, K)
         torch.cuda.empty_cache()
 
 
 def backward(res: Results, shapes=PLAIN_SHAPES):
     for N, K in shapes:
-        x, w, dy = _rand(M, K), _rand(N, K, scale=K**-0.5), _rand(M, N)
-        flops = 2 * M * N * K
-        case = f"dX=dY@W {M}x{N}x{K}"
-        _check(case, gemm(dy, w.t()), dy @ w)
-        _add_all(res, case, flops, compare({"cublas": lambda: dy @ w, "codetta": lambda: gemm(dy, w.t())}))
-        case = f"dW=dY^T@X {M}x{N}x{K}"
-        _check(case, gemm(dy.t(), x.t()), dy.t() @ x)
-        _add_all(
-            res, case, flops, compare({"cublas": lambda: dy.t() @ x, "codetta": lambda: gemm(dy.t(), x.t())})
-        )
-        del x, w, dy
+        _backward_case(res, N, K)
         torch.cuda.empty_cache()
 
 
@@ -87,27 +101,30 @@ RESIDUAL_RMS_LOADED = Epilogue(
 )
 
 
+def _k1_case(res: Results, N: int, K: int):
+    y, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
+    r, g = _rand(M, N), torch.rand(N, device="cuda") + 0.5
+    case = f"K1 {M}x{N}x{K}"
+    xr, hr, ssr = _k1_chain(y, w, r, g)
+    for ep in (RESIDUAL_RMS, RESIDUAL_RMS_LOADED):
+        out = gemm(y, w, epilogue=ep, residual=r, gamma=g)
+        _check(f"{case} {ep.name} x", out.x, xr)
+        _check(f"{case} {ep.name} h", out.h, hr)
+        _check(f"{case} {ep.name} sumsq", out.sumsq.sum(1), ssr)
+    fns = {
+        "cublas": lambda: y @ w.t(),
+        "eager": lambda: _k1_chain(y, w, r, g),
+        "torch.compile": lambda: _k1_compiled(y, w, r, g),
+        "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
+        "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
+    }
+    mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
+    _add_all(res, case, 2 * M * N * K, compare(fns), mem)
+
+
 def k1(res: Results, shapes=K1_SHAPES):
     for N, K in shapes:
-        y, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
-        r, g = _rand(M, N), torch.rand(N, device="cuda") + 0.5
-        case = f"K1 {M}x{N}x{K}"
-        xr, hr, ssr = _k1_chain(y, w, r, g)
-        for ep in (RESIDUAL_RMS, RESIDUAL_RMS_LOADED):
-            out = gemm(y, w, epilogue=ep, residual=r, gamma=g)
-            _check(f"{case} {ep.name} x", out.x, xr)
-            _check(f"{case} {ep.name} h", out.h, hr)
-            _check(f"{case} {ep.name} sumsq", out.sumsq.sum(1), ssr)
-        fns = {
-            "cublas": lambda: y @ w.t(),
-            "eager": lambda: _k1_chain(y, w, r, g),
-            "torch.compile": lambda: _k1_compiled(y, w, r, g),
-            "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
-            "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
-        }
-        mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
-        _add_all(res, case, 2 * M * N * K, compare(fns), mem)
-        del y, w, r, g
+        _k1_case(res, N, K)
         torch.cuda.empty_cache()
 
 

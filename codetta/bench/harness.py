@@ -19,11 +19,16 @@ import triton
 def env_info() -> dict:
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=os.path.dirname(os.path.abspath(__file__)),
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
             cwd=os.path.dirname(os.path.abspath(__file__)),
         ).stdout.strip()
         commit += "-dirty" if dirty else ""
@@ -132,7 +137,10 @@ class Results:
         cases = list(dict.fromkeys(r.case for r in self.rows))
         by = {(r.case, r.variant): r for r in self.rows}
         head = f"{'case':<34}" + "".join(f"{v:>16}" for v in variants)
-        lines = [f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})", head]
+        lines = [
+            f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})",
+            head,
+        ]
         for c in cases:
             cells = [f"{by[(c, v)].ratio:>16.3f}" if (c, v) in by else f"{'-':>16}" for v in variants]
             lines.append(f"{c:<34}" + "".join(cells))

@@ -48,8 +48,13 @@ def _rel(a, b):
 def run_width(res_fwd: Results, res_bwd: Results, name: str):
     K, d, N = WIDTHS[name]
     r = lambda *s, scale=1.0: (torch.randn(*s, device="cuda") * scale).to(torch.bfloat16)  # noqa: E731
-    leaves = [r(M, K), r(d, K, scale=K**-0.5), r(M, d), (torch.rand(d, device="cuda") + 0.5).bfloat16(),
-              r(N, d, scale=d**-0.5)]
+    leaves = [
+        r(M, K),
+        r(d, K, scale=K**-0.5),
+        r(M, d),
+        (torch.rand(d, device="cuda") + 0.5).bfloat16(),
+        r(N, d, scale=d**-0.5),
+    ]
     leaves = [t.requires_grad_() for t in leaves]
     dx, dz = r(M, d), r(M, N)
     y, w_o, res, g, w = leaves
@@ -65,8 +70,11 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     ref_grads = torch.autograd.grad(ref_out, leaves, (dx, dz))
     out = _codetta(*leaves)
     grads = torch.autograd.grad(out, leaves, (dx, dz))
-    for label, a, b in zip(["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"], list(out) + list(grads),
-                           list(ref_out) + list(ref_grads)):
+    for label, a, b in zip(
+        ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"],
+        list(out) + list(grads),
+        list(ref_out) + list(ref_grads),
+    ):
         err = _rel(a, b)
         print(f"  {name} {label}: relative difference to eager {err:.2e}")
         if not err < 3e-2:
@@ -76,6 +84,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         def run():
             with torch.no_grad():
                 return fn(*leaves)
+
         return run
 
     def fwd_bwd(fn):
@@ -88,7 +97,9 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         t = compare({"cublas": gemms_fwd, **{k: fwd(v) for k, v in variants.items()}})
         for k, ms in t.items():
             res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
-    t = compare({"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}})
+    t = compare(
+        {"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    )
     mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in variants.items()}
     for k, ms in t.items():
         res_bwd.add(Row(f"{name} fwd+bwd", k, ms, 3 * fwd_flops, t["cublas"], mem.get(k, float("nan"))))
@@ -103,6 +114,12 @@ def run(out_dir: str, widths=("1B", "8B")) -> list[Results]:
     for res in (res_fwd, res_bwd):
         res.write(out_dir)
         print(res.table())
-        print("peak memory (GB): " + ", ".join(f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}" for r in res.rows
-                                              if r.peak_mem_gb == r.peak_mem_gb))
+        print(
+            "peak memory (GB): "
+            + ", ".join(
+                f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}"
+                for r in res.rows
+                if r.peak_mem_gb == r.peak_mem_gb
+            )
+        )
     return [res_fwd, res_bwd]

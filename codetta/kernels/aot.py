@@ -80,24 +80,26 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
     for i in range(MAX_OPERANDS):
         signature[f"o{i}"] = tys[i] if i < len(tys) else "constexpr"
     constexprs = {f"o{i}": None for i in range(len(tys), MAX_OPERANDS)}
-    constexprs.update({
-        "NUM_OPS": len(tys),
-        "ACC_INIT": ep.acc_init_index,
-        "EPI_APPLY": ep.apply,
-        "EPI_INIT": ep.init,
-        "EPI_FINISH": ep.finish,
-        "A_T": a_t,
-        "B_T": b_t,
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "BLOCK_K": cfg.block_k,
-        "GROUP_M": cfg.group_m,
-        "EPI_SPLIT": cfg.epi_split,
-        "NUM_SMS": num_sms * cfg.occupancy,
-        "FLATTEN": cfg.flatten,
-        "WARP_SPECIALIZE": cfg.warp_specialize,
-        "IEEE": dtype == torch.float32,
-    })
+    constexprs.update(
+        {
+            "NUM_OPS": len(tys),
+            "ACC_INIT": ep.acc_init_index,
+            "EPI_APPLY": ep.apply,
+            "EPI_INIT": ep.init,
+            "EPI_FINISH": ep.finish,
+            "A_T": a_t,
+            "B_T": b_t,
+            "BLOCK_M": cfg.block_m,
+            "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k,
+            "GROUP_M": cfg.group_m,
+            "EPI_SPLIT": cfg.epi_split,
+            "NUM_SMS": num_sms * cfg.occupancy,
+            "FLATTEN": cfg.flatten,
+            "WARP_SPECIALIZE": cfg.warp_specialize,
+            "IEEE": dtype == torch.float32,
+        }
+    )
     for k in constexprs:
         signature[k] = "constexpr"
     src = ASTSource(gemm_kernel, signature, constexprs)
@@ -124,6 +126,7 @@ def inspect(kernel, name: str) -> Report:
         res = subprocess.run(
             [_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True, check=True
         ).stdout
+
     def field(key):
         m = re.search(key + r":(\d+)", res)
         if m is None:
@@ -167,7 +170,9 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
             continue
         found = rep.problems()
         if not fits(cfg, rep.shared, rep.n_regs):
-            found.append(f"{cfg.occupancy} block(s) of {rep.shared} B shared, {rep.n_regs} regs do not fit an SM")
+            found.append(
+                f"{cfg.occupancy} block(s) of {rep.shared} B shared, {rep.n_regs} regs do not fit an SM"
+            )
         print(f"{name}: {rep.n_regs} regs, {rep.shared} B smem, {'; '.join(found) or 'ok'}", flush=True)
         problems += [f"{name}: {p}" for p in found]
     return problems

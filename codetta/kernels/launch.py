@@ -124,7 +124,7 @@ def _kernel_arg(op: Operand, t, cfg: tuning.Config, whole_tile: bool):
     return t
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -140,7 +140,8 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [cfg.block_n, cfg.block_k])
     init = ep.acc_init_index
     ops = tuple(
-        _kernel_arg(op, t, cfg, i == init) for i, (op, t) in enumerate(zip(ep.inputs + ep.outputs, inputs + outputs))
+        _kernel_arg(op, t, cfg, i == init)
+        for i, (op, t) in enumerate(zip(ep.inputs + ep.outputs, inputs + outputs))
     )
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0) * cfg.occupancy
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
@@ -157,7 +158,7 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tune_cache(device_index: int) -> tuning.TuneCache:
     from .. import __version__
 
@@ -262,7 +263,9 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
     names = {op.name for op in ep.inputs}
     unknown = set(operands) - names
     if unknown:
-        raise TypeError(f"epilogue {ep.name!r} takes no operand(s) {sorted(unknown)}; it takes {sorted(names)}")
+        raise TypeError(
+            f"epilogue {ep.name!r} takes no operand(s) {sorted(unknown)}; it takes {sorted(names)}"
+        )
     missing = [op.name for op in ep.inputs if op.name not in operands]
     if missing:
         raise TypeError(f"epilogue {ep.name!r} needs operand(s) {missing}")

@@ -122,9 +122,7 @@ def gemm_kernel(
     # tile's loads across this tile's epilogue when the loops are flattened
     tile_id_c = start_pid - NUM_SMS
 
-    for tile_id in tl.range(
-        start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
-    ):
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import collections
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import primitives
 from .mainloop import MAX_OPERANDS

@@ -178,9 +178,7 @@ class TuneCache:
             self.entries = {str(k): config_from_dict(v) for k, v in entries.items()}
         except (ValueError, TypeError, OSError) as exc:
             self.entries = {}
-            warnings.warn(
-                f"codetta: ignoring unreadable tuning cache {self.path}: {exc}", stacklevel=3
-            )
+            warnings.warn(f"codetta: ignoring unreadable tuning cache {self.path}: {exc}", stacklevel=3)
 
     def get(self, key: str) -> Config | None:
         return self.entries.get(key)

@@ -28,7 +28,12 @@ from ..programs import RESIDUAL_RMS, RMS_BACKWARD, ROW_SCALE
 
 @torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())
 def _forward(
-    y: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, w: torch.Tensor, eps: float
+    y: torch.Tensor,
+    w_o: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
     d = residual.shape[1]

@@ -1,7 +1,7 @@
 """Pairwise rotation of adjacent output columns (the RoPE pattern)."""
 
 import triton
-import triton.language as tl
+import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 from .. import reference as ref
 from ..kernels import primitives as P
