@@ -238,6 +238,8 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
     """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
 
     Returns the program's single output, or a named tuple of its outputs.
+    ``gemm`` itself records no autograd graph: for training use the
+    differentiable operators in ``codetta.ops`` / ``codetta.nn``.
     ``config`` (a :class:`codetta.kernels.tuning.Config`) pins the kernel
     configuration instead of the tuned one.
     """
