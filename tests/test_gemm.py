@@ -132,3 +132,11 @@ def test_bad_device():
     w = rand(32, 64, dtype=torch.float16, device="cpu")
     with pytest.raises(ValueError, match="weight on cpu"):
         codetta.gemm(a, w)
+
+
+def test_fp32_not_served_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    a = rand(16, 64, dtype=torch.float32, device="cuda")
+    with pytest.raises(TypeError, match="float32 GEMMs are not served on the GPU"):
+        codetta.gemm(a, a)

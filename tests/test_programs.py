@@ -171,4 +171,6 @@ def test_reference_path_matches_kernel(name, device, monkeypatch):
     for out_k, out_r in zip(kernel, reference):
         assert out_k.shape == out_r.shape and out_k.dtype == out_r.dtype
         tol = 2e-3 if out_k.dtype == torch.float16 else 1e-4
-        torch.testing.assert_close(out_k.cpu().float(), out_r.float(), rtol=tol, atol=tol * out_r.abs().max().item())
+        torch.testing.assert_close(
+            out_k.cpu().float(), out_r.float(), rtol=tol, atol=tol * out_r.abs().max().item()
+        )

@@ -149,3 +149,23 @@ def test_bad_input(case, exc, match, device):
 
 def test_public_api():
     assert codetta.ops.residual_rmsnorm_linear is residual_rmsnorm_linear
+
+
+@pytest.mark.parametrize("M,T", [(1, 1), (77, 5), (130, 40)])
+def test_rstd_finish(M, T, device):
+    from codetta.kernels.rowdot import rstd_from_partials
+
+    parts = torch.rand(M, T, device=device) * 3
+    want = torch.rsqrt(parts.double().sum(1) / 96 + 1e-6)
+    got = rstd_from_partials(parts, 96, 1e-6)
+    torch_same = torch.rsqrt(parts.sum(1) / 96 + 1e-6)
+    assert_within("rstd", got, want, torch_same)
+
+
+@pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
+def test_rowdot(M, N, device):
+    from codetta.kernels.rowdot import rowdot
+
+    a, b = rand(M, N, dtype=torch.float16, device=device), rand(M, N, dtype=torch.float16, device=device)
+    want = (a.double() * b.double()).sum(1)
+    assert_within("rowdot", rowdot(a, b), want, (a.float() * b.float()).sum(1))

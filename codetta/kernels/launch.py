@@ -13,6 +13,7 @@ it, the program's PyTorch reference runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -146,16 +147,24 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0) * cfg.occupancy
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     slots = list(ops) + [None] * (MAX_OPERANDS - len(ops))
-    gemm_kernel[(min(num_sms, tiles),)](
-        a_desc, b_desc, M, N, K, *slots, NUM_OPS=len(ops), ACC_INIT=init,
-        EPI_APPLY=ep.apply, EPI_INIT=ep.init, EPI_FINISH=ep.finish,
-        A_T=a_order == "t", B_T=w_order == "t",
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, EPI_SPLIT=cfg.epi_split, NUM_SMS=num_sms,
-        FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
-        IEEE=a.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    with _on_device(a.device):
+        gemm_kernel[(min(num_sms, tiles),)](
+            a_desc, b_desc, M, N, K, *slots, NUM_OPS=len(ops), ACC_INIT=init,
+            EPI_APPLY=ep.apply, EPI_INIT=ep.init, EPI_FINISH=ep.finish,
+            A_T=a_order == "t", B_T=w_order == "t",
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, EPI_SPLIT=cfg.epi_split, NUM_SMS=num_sms,
+            FLATTEN=cfg.flatten, WARP_SPECIALIZE=cfg.warp_specialize,
+            IEEE=a.dtype == torch.float32,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+
+
+def _on_device(device: torch.device):
+    """Triton launches on the current CUDA device: make it the tensors' device."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return contextlib.nullcontext()
 
 
 @functools.cache
@@ -254,6 +263,8 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
         raise ValueError(f"a is on {a.device}, weight on {weight.device}")
     if a.device.type not in ("cuda", "cpu"):
         raise ValueError(f"a: device {a.device} is not supported (cuda, or cpu)")
+    if a.device.type == "cuda" and a.dtype == torch.float32:
+        raise TypeError("a: float32 GEMMs are not served on the GPU (bfloat16 or float16); use torch.matmul")
     M, K = a.shape
     N, K2 = weight.shape
     if K != K2:

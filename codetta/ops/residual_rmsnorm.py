@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.launch import gemm
-from ..kernels.rowdot import rowdot
+from ..kernels.rowdot import rowdot, rstd_from_partials
 from ..programs import RESIDUAL_RMS, RMS_BACKWARD, ROW_SCALE
 
 
@@ -36,8 +36,7 @@ def _forward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
-    d = residual.shape[1]
-    rstd = torch.rsqrt(k1.sumsq.sum(1) / d + eps)
+    rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
     z = gemm(k1.h, w, epilogue=ROW_SCALE, scale=rstd)
     return k1.x, z, rstd
 
