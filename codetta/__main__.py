@@ -70,7 +70,7 @@ def _bench(args) -> int:
     if fparts:
         foundation.run(args.out, parts=fparts)
     if "residual_norm" in args.parts:
-        residual_norm.run(args.out)
+        residual_norm.run(args.out, widths=args.widths)
     return 0
 
 
@@ -85,6 +85,13 @@ def main(argv=None) -> int:
         nargs="+",
         default=["overhead", "plain", "k1", "backward", "residual_norm"],
         choices=["overhead", "plain", "k1", "backward", "residual_norm"],
+    )
+    b.add_argument(
+        "--widths",
+        nargs="+",
+        default=["1B", "8B"],
+        choices=["1B", "8B"],
+        help="model widths for the residual_norm part",
     )
     args = p.parse_args(argv)
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
