@@ -140,3 +140,16 @@ def test_fp32_not_served_on_gpu():
     a = rand(16, 64, dtype=torch.float32, device="cuda")
     with pytest.raises(TypeError, match="float32 GEMMs are not served on the GPU"):
         codetta.gemm(a, a)
+
+
+def test_bf16_on_cpu_is_right(monkeypatch):
+    """bf16 tl.dot is wrong in the Triton interpreter: bf16 CPU calls take the
+    PyTorch reference (with a warning) instead of returning garbage."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    monkeypatch.setattr(launch, "_WARNED_BF16", False)
+    a, w = _make(77, 96, 40, torch.bfloat16, "cpu", "nn")
+    with pytest.warns(UserWarning, match="bfloat16"):
+        out = codetta.gemm(a, w)
+    assert out.dtype == torch.bfloat16
+    assert_within("out", out, a.double() @ w.double().t(), a @ w.t())

@@ -169,3 +169,21 @@ def test_rowdot(M, N, device):
     a, b = rand(M, N, dtype=torch.float16, device=device), rand(M, N, dtype=torch.float16, device=device)
     want = (a.double() * b.double()).sum(1)
     assert_within("rowdot", rowdot(a, b), want, (a.float() * b.float()).sum(1))
+
+
+def test_bf16_on_cpu(device):
+    if device != "cpu":
+        pytest.skip("CPU behaviour (bf16 is covered by the main test on the GPU)")
+    M, K, d, N = SHAPES[0]
+    dtype = torch.bfloat16
+    leaves = _leaves(M, K, d, N, dtype, device)
+    dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
+    ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS), leaves, dx, dz)
+    ref = _run(lambda *t: _chain(*t, EPS, torch.float64), [t.double() for t in leaves], dx, dz)
+    torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
+    for name, o, r, t in zip(["x", "z"], ours[:2], ref[:2], torch_same[:2]):
+        assert_within(name, o, r, t)
+    for name, o, r, t in zip(
+        ["dy", "dw_o", "dresidual", "dgamma", "dweight"], ours[2], ref[2], torch_same[2]
+    ):
+        assert_within(name, o, r, t)

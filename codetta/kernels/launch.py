@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 
 import torch
 import triton
@@ -36,6 +37,25 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def interpreting() -> bool:
     """True when the Triton kernels run through the interpreter (set before import)."""
     return isinstance(gemm_kernel, InterpretedFunction)
+
+
+def _interpreter_cannot(dtype: torch.dtype) -> bool:
+    """The Triton interpreter computes bf16 ``tl.dot`` wrongly (triton 3.6): such
+    calls take the PyTorch reference path instead, with a warning, once."""
+    if dtype != torch.bfloat16:
+        return False
+    global _WARNED_BF16
+    if not _WARNED_BF16:
+        _WARNED_BF16 = True
+        warnings.warn(
+            "codetta: the Triton interpreter gets bfloat16 dot products wrong; bfloat16 CPU calls "
+            "run the PyTorch reference of each program instead of the kernel",
+            stacklevel=3,
+        )
+    return True
+
+
+_WARNED_BF16 = False
 
 
 def _check_matrix(name: str, t, dim_names: str) -> str:
@@ -287,16 +307,15 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Epilogue | None = N
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
 
     on_cpu = a.device.type == "cpu"
-    if M == 0:
-        cfg = config or tuning.INTERPRETER_CONFIG
-    elif on_cpu and not interpreting():
+    use_reference = on_cpu and (not interpreting() or _interpreter_cannot(a.dtype))
+    if M == 0 or use_reference:
         cfg = config or tuning.INTERPRETER_CONFIG
     else:
         cfg = config or _pick_config(ep, a, weight, a_order, w_order, inputs, M, N, K)
     lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
     outputs = _alloc_outputs(ep, M, N, a.dtype, a.device, lay)
     if M > 0:
-        if on_cpu and not interpreting():
+        if use_reference:
             _reference(ep, a, weight, inputs, outputs, cfg)
         else:
             _launch(a, weight, a_order, w_order, ep, inputs, outputs, M, N, K, cfg)
