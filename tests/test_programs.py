@@ -174,3 +174,29 @@ def test_reference_path_matches_kernel(name, device, monkeypatch):
         torch.testing.assert_close(
             out_k.cpu().float(), out_r.float(), rtol=tol, atol=tol * out_r.abs().max().item()
         )
+
+
+def test_program_without_reference_on_cpu(monkeypatch):
+    """A program with no PyTorch reference says so on the CPU path instead of crashing."""
+    from codetta.kernels import launch
+
+    bare = codetta.Epilogue("bare_store", pg.STORE.apply, outputs=pg.STORE.outputs)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    y, w = _inputs(8, 32, 64, torch.float16, "cpu")
+    with pytest.raises(NotImplementedError, match="no PyTorch reference"):
+        codetta.gemm(y, w, epilogue=bare)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"name": "has space"}, "identifier"),
+        ({"outputs": ()}, "no outputs"),
+        ({"acc_init": "nope"}, "not a tile input"),
+        ({"inputs": (codetta.Operand("x", codetta.Kind.ROW_PARTIAL),)}, "cannot be"),
+    ],
+)
+def test_bad_epilogue_declarations(kwargs, match):
+    base = {"name": "p", "apply": pg.STORE.apply, "outputs": pg.STORE.outputs}
+    with pytest.raises(ValueError, match=match):
+        codetta.Epilogue(**{**base, **kwargs})

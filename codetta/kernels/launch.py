@@ -225,8 +225,11 @@ def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
 
 
 def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
+    # the program's source hash keeps two programs of one name (or an edited
+    # program) from sharing a tuned config
+    src = getattr(ep.apply, "cache_key", "")[:10]
     key = "|".join(
-        [ep.name, str(a.dtype).removeprefix("torch."), a_order + w_order]
+        [f"{ep.name}@{src}" if src else ep.name, str(a.dtype).removeprefix("torch."), a_order + w_order]
         + [str(tuning.shape_bucket(x)) for x in (M, N, K)]
     )
     candidates = candidate_configs(ep)
@@ -246,6 +249,11 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
 
 
 def _reference(ep: Epilogue, a, w, inputs, outputs, cfg: tuning.Config):
+    if ep.reference is None:
+        raise NotImplementedError(
+            f"epilogue {ep.name!r} has no PyTorch reference, so it cannot run on CPU tensors without "
+            "the Triton interpreter: set TRITON_INTERPRET=1 before importing codetta, or give it reference="
+        )
     acc = a.double() @ w.double().t()
     lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
     kwargs = {op.name: v for op, v in zip(ep.inputs, inputs)}
