@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from util import SHAPES, assert_within, rand
 
 import codetta
 from codetta import programs as pg
 from codetta import reference as ref
+from codetta.kernels import primitives as P
 from codetta.kernels import tuning
 
 CFG = tuning.INTERPRETER_CONFIG if not torch.cuda.is_available() else None
@@ -200,3 +203,50 @@ def test_bad_epilogue_declarations(kwargs, match):
     base = {"name": "p", "apply": pg.STORE.apply, "outputs": pg.STORE.outputs}
     with pytest.raises(ValueError, match=match):
         codetta.Epilogue(**{**base, **kwargs})
+
+
+@triton.jit
+def _activations(acc, off_m, off_n, M, N, ops, state):
+    """gelu = gelu_tanh(acc); silu = silu(acc); rowsum[m] = sum_n acc (one sub-tile spans N)."""
+    gelu_out, silu_out, rowsum = ops
+    P.store_tile(gelu_out, P.gelu_tanh(acc), off_m, off_n)
+    P.store_tile(silu_out, P.silu(acc), off_m, off_n)
+    P.store_col_vector(rowsum, P.row_sum(acc, off_n, N), off_m, M)
+    return state
+
+
+def _activations_ref(acc, lay, **_):
+    import torch.nn.functional as F
+
+    return {"gelu": F.gelu(acc, approximate="tanh"), "silu": F.silu(acc), "rowsum": acc.sum(1)}
+
+
+ACTIVATIONS = codetta.Epilogue(
+    "test_activations",
+    _activations,
+    outputs=(
+        codetta.Operand("gelu", codetta.Kind.TILE),
+        codetta.Operand("silu", codetta.Kind.TILE),
+        codetta.Operand("rowsum", codetta.Kind.COL),
+    ),
+    reference=_activations_ref,
+)
+
+
+def test_elementwise_primitives_and_col_store(dtype, device):
+    """gelu_tanh, silu and a per-row vector store, on a product whose N fits one sub-tile."""
+    import torch.nn.functional as F
+
+    M, K = 77, 64
+    N = 16 if device == "cpu" else 64
+    # one sub-tile spans all N columns, so the per-row store has one writer
+    cfg = tuning.Config(32, N, 32, 2, 1, 1, 4) if device == "cpu" else tuning.Config(128, N, 64, 8, 1, 3, 4)
+    y, w = _inputs(M, N, K, dtype, device)
+    out = codetta.gemm(y, w, epilogue=ACTIVATIONS, config=cfg)
+    acc64 = y.double() @ w.double().t()
+    acc_t = (y @ w.t()).float()
+    assert_within(
+        "gelu", out.gelu, F.gelu(acc64, approximate="tanh"), F.gelu(acc_t, approximate="tanh").to(dtype)
+    )
+    assert_within("silu", out.silu, F.silu(acc64), F.silu(acc_t).to(dtype))
+    assert_within("rowsum", out.rowsum, acc64.sum(1), acc_t.sum(1))

@@ -97,7 +97,11 @@ def load_col_vector(ptr, acc, off_m, M):
 
 @triton.jit
 def store_col_vector(ptr, val, off_m, M):
-    """Store one value per row, ``val`` [BM]."""
+    """Store one value per row, ``val`` [BM].
+
+    Every sub-tile that calls this writes the rows' values, the last one
+    winning: call it from one sub-tile (guard with ``if off_n == 0``) or when
+    one sub-tile spans all N columns; per-N-tile values belong in row partials."""
     rows = off_m + tl.arange(0, val.shape[0])
     tl.store(ptr + rows, val.to(ptr.dtype.element_ty), mask=rows < M)
 
