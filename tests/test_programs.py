@@ -150,6 +150,11 @@ def _program_operands(name, M, N, device):
             "gamma": torch.rand(N, **f32),
             "inv_d": 1.0 / N,
         },
+        "rms_grad_partials": {
+            "x": rand(M, N, dtype=dtype, device=device),
+            "rstd": torch.rand(M, **f32) + 0.5,
+            "gamma": torch.rand(N, **f32),
+        },
         "tile_lse": {"scale": 2.0},
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
     }[name]

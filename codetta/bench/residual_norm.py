@@ -41,6 +41,10 @@ def _codetta(y, w_o, res, g, w):
     return residual_rmsnorm_linear(y, w_o, res, g, w, EPS)
 
 
+def _codetta_two_pass(y, w_o, res, g, w):
+    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="two_pass")
+
+
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -60,7 +64,12 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     y, w_o, res, g, w = leaves
     n = r(M, d)
 
-    variants = {"eager": _eager, "torch.compile": _compiled, "codetta": _codetta}
+    variants = {
+        "eager": _eager,
+        "torch.compile": _compiled,
+        "codetta": _codetta,
+        "codetta-2pass": _codetta_two_pass,
+    }
     liger = _liger_fn()
     if liger is not None:
         variants["liger"] = liger
@@ -68,17 +77,15 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     # correctness against eager (bf16): every output and gradient
     ref_out = _eager(*leaves)
     ref_grads = torch.autograd.grad(ref_out, leaves, (dx, dz))
-    out = _codetta(*leaves)
-    grads = torch.autograd.grad(out, leaves, (dx, dz))
-    for label, a, b in zip(
-        ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"],
-        list(out) + list(grads),
-        list(ref_out) + list(ref_grads),
-    ):
-        err = _rel(a, b)
-        print(f"  {name} {label}: relative difference to eager {err:.2e}")
-        if not err < 3e-2:
-            raise AssertionError(f"{name} {label}: {err:.2e} from eager")
+    for fn in (_codetta, _codetta_two_pass):
+        out = fn(*leaves)
+        grads = torch.autograd.grad(out, leaves, (dx, dz))
+        labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]
+        for label, a, b in zip(labels, list(out) + list(grads), list(ref_out) + list(ref_grads)):
+            err = _rel(a, b)
+            print(f"  {name} {fn.__name__} {label}: relative difference to eager {err:.2e}")
+            if not err < 3e-2:
+                raise AssertionError(f"{name} {fn.__name__} {label}: {err:.2e} from eager")
 
     def fwd(fn):
         def run():

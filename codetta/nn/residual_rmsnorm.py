@@ -17,11 +17,22 @@ class ResidualRMSNormLinear(nn.Module):
     (``proj``), ``nn.RMSNorm(hidden, eps)`` (``norm_weight``) and
     ``nn.Linear(hidden, out_features, bias=False)`` (``weight``), so existing
     weights load by copying. ``norm_dtype`` may be float32 (default) or the
-    activation dtype.
+    activation dtype; ``backward`` as in ``codetta.ops.residual_rmsnorm_linear``.
     """
 
-    def __init__(self, in_features, hidden, out_features, eps=None, device=None, dtype=None, norm_dtype=None):
+    def __init__(
+        self,
+        in_features,
+        hidden,
+        out_features,
+        eps=None,
+        device=None,
+        dtype=None,
+        norm_dtype=None,
+        backward="folded",
+    ):
         super().__init__()
+        self.backward = backward
         kw = {"device": device, "dtype": dtype}
         self.eps = eps
         self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))
@@ -31,7 +42,9 @@ class ResidualRMSNormLinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor):
-        return residual_rmsnorm_linear(y, self.proj, residual, self.norm_weight, self.weight, self.eps)
+        return residual_rmsnorm_linear(
+            y, self.proj, residual, self.norm_weight, self.weight, self.eps, backward=self.backward
+        )
 
     def extra_repr(self) -> str:
         h, k = self.proj.shape

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.finish import rms_backward_finish, rowdot, rstd_from_partials
 from ..kernels.launch import gemm
-from ..kernels.rowdot import rowdot, rstd_from_partials
-from ..programs import RESIDUAL_RMS, RMS_BACKWARD, ROW_SCALE
+from ..programs import RESIDUAL_RMS, RMS_BACKWARD, RMS_GRAD_PARTIALS, ROW_SCALE
+
+BACKWARDS = ("folded", "two_pass")
 
 
 @torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())
@@ -34,6 +36,7 @@ def _forward(
     gamma: torch.Tensor,
     w: torch.Tensor,
     eps: float,
+    backward: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
     rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
@@ -42,7 +45,7 @@ def _forward(
 
 
 @_forward.register_fake
-def _(y, w_o, residual, gamma, w, eps):
+def _(y, w_o, residual, gamma, w, eps, backward):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
@@ -60,19 +63,28 @@ def _backward(
     gamma: torch.Tensor,
     w: torch.Tensor,
     x: torch.Tensor,
-    z: torch.Tensor,
+    z: torch.Tensor | None,
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    d = x.shape[1]
-    zeta = rowdot(dz, z)
-    bw = gemm(
-        dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, rstd=rstd, zeta=zeta, gamma=gamma, inv_d=1.0 / d
-    )
-    dgamma = bw.dgamma.sum(0).to(gamma.dtype)
-    dw = gemm(dz.t(), bw.n.t())
-    dy = gemm(bw.dx, w_o.t())
-    dw_o = gemm(bw.dx.t(), y.t())
-    return dy, dw_o, bw.dx, dgamma, dw
+    if z is not None:
+        # folded: zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
+        zeta = rowdot(dz, z)
+        bw = gemm(
+            dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, rstd=rstd, zeta=zeta, gamma=gamma,
+            inv_d=1.0 / x.shape[1],
+        )  # fmt: skip
+        dx_total, n, dgamma_parts = bw.dx, bw.n, bw.dgamma
+    else:
+        # two-pass: the dX epilogue stores dn with zeta and dgamma partials; one
+        # elementwise pass finishes dx and n (no z saved, no pass over dz and z)
+        bw = gemm(dz, w.t(), epilogue=RMS_GRAD_PARTIALS, x=x, rstd=rstd, gamma=gamma)
+        dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma)
+        dgamma_parts = bw.dgamma
+    dgamma = dgamma_parts.sum(0).to(gamma.dtype)
+    dw = gemm(dz.t(), n.t())
+    dy = gemm(dx_total, w_o.t())
+    dw_o = gemm(dx_total.t(), y.t())
+    return dy, dw_o, dx_total, dgamma, dw
 
 
 @_backward.register_fake
@@ -87,17 +99,17 @@ def _(dx, dz, y, w_o, gamma, w, x, z, rstd):
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, w, eps = inputs
+    y, w_o, residual, gamma, w, eps, backward = inputs
     x, z, rstd = output
-    ctx.save_for_backward(y, w_o, gamma, w, x, z, rstd)
+    ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd)
 
 
 def _autograd_backward(ctx, dx, dz, drstd):
     y, w_o, gamma, w, x, z, rstd = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
-    dz = torch.zeros_like(z) if dz is None else dz.contiguous()
+    dz = x.new_zeros((x.shape[0], w.shape[0])) if dz is None else dz.contiguous()
     dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd)
-    return dy, dw_o, dres, dgamma, dw, None
+    return dy, dw_o, dres, dgamma, dw, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -132,14 +144,23 @@ def residual_rmsnorm_linear(
     gamma: torch.Tensor,
     weight: torch.Tensor,
     eps: float | None = None,
+    backward: str = "folded",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
     y [..., K], w_o [d, K], residual [..., d], gamma [d] (float32 or the input
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument.
+
+    ``backward`` picks the RMSNorm backward: ``"folded"`` (zeta = rowsum(dz z),
+    then everything in the dX GEMM's epilogue; saves z) or ``"two_pass"`` (the
+    dX epilogue stores dn with zeta and dgamma partials, one elementwise pass
+    finishes; saves no z). Same math; which is faster depends on the widths
+    (NOTES.md).
     """
     _check(y, w_o, residual, gamma, weight)
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     lead = residual.shape[:-1]
     eps = torch.finfo(residual.dtype).eps if eps is None else float(eps)
     x, z, _ = _forward(
@@ -149,5 +170,6 @@ def residual_rmsnorm_linear(
         gamma,
         weight,
         eps,
+        backward,
     )
     return x.reshape(*lead, x.shape[-1]), z.reshape(*lead, z.shape[-1])

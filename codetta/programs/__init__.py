@@ -2,7 +2,16 @@
 
 from .basic import MUL_COLSUM, ROW_SCALE, STORE
 from .lse import TILE_LSE
-from .norm import RESIDUAL_RMS, RMS_BACKWARD
+from .norm import RESIDUAL_RMS, RMS_BACKWARD, RMS_GRAD_PARTIALS
 from .rope import ROTATE_PAIRS
 
-__all__ = ["STORE", "ROW_SCALE", "MUL_COLSUM", "RESIDUAL_RMS", "RMS_BACKWARD", "TILE_LSE", "ROTATE_PAIRS"]
+__all__ = [
+    "STORE",
+    "ROW_SCALE",
+    "MUL_COLSUM",
+    "RESIDUAL_RMS",
+    "RMS_BACKWARD",
+    "RMS_GRAD_PARTIALS",
+    "TILE_LSE",
+    "ROTATE_PAIRS",
+]

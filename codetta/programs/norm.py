@@ -84,3 +84,41 @@ RMS_BACKWARD = Epilogue(
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),  # dz @ W: the weight enters as a transposed view
 )
+
+
+@triton.jit
+def _rms_grad_partials(acc, off_m, off_n, M, N, ops, state):
+    """The dX GEMM of the two-pass RMSNorm backward: acc = dn = dz W (over the d columns).
+
+    dn stored;  zeta[m, j] = sum over sub-tile j of dn x r gamma (= dn . n);
+    dgamma[i, k] = sum over the rows m of M-tile i of dn x r.
+    """
+    x, rstd, gamma, dn_out, zeta, dgamma = ops
+    xr = P.load_tile(x, off_m, off_n) * P.load_col_vector(rstd, acc, off_m, M)
+    P.store_tile(dn_out, acc, off_m, off_n)
+    P.store_row_sum_partial(zeta, acc * xr * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
+    P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
+    return state
+
+
+def _rms_grad_partials_ref(acc, lay, x, rstd, gamma):
+    xr = x.float() * rstd.float()[:, None]
+    return {
+        "dn": acc,
+        "zeta": ref.row_partials(acc * xr * gamma.float(), lay.sub_n),
+        "dgamma": ref.col_partials(acc * xr, lay.block_m),
+    }
+
+
+RMS_GRAD_PARTIALS = Epilogue(
+    "rms_grad_partials",
+    _rms_grad_partials,
+    inputs=(Operand("x", Kind.TILE), Operand("rstd", Kind.COL), Operand("gamma", Kind.ROW)),
+    outputs=(
+        Operand("dn", Kind.TILE),
+        Operand("zeta", Kind.ROW_PARTIAL),
+        Operand("dgamma", Kind.COL_PARTIAL),
+    ),
+    reference=_rms_grad_partials_ref,
+    layouts=((False, True),),
+)

@@ -1,0 +1,132 @@
+"""Finishing kernels: the small row-wise reductions that epilogue programs hand over."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import _on_device, interpreting
+
+
+@triton.jit
+def _rowdot_kernel(a_ptr, b_ptr, out_ptr, N, stride_a, stride_b, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        a = tl.load(a_ptr + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += a * b
+    tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 [M] = sum over columns of a * b (a, b [M, N], rows contiguous), summed in fp32."""
+    if a.shape != b.shape or a.dim() != 2:
+        raise ValueError(f"rowdot needs two [M, N] tensors, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("rowdot needs row-contiguous inputs")
+    M, N = a.shape
+    out = torch.empty(M, dtype=torch.float32, device=a.device)
+    if M == 0:
+        return out
+    if a.device.type == "cpu" and not interpreting():
+        return (a.double() * b.double()).sum(1).float()
+    with _on_device(a.device):
+        _rowdot_kernel[(M,)](
+            a, b, out, N, a.stride(0), b.stride(0), BLOCK=min(4096, triton.next_power_of_2(N))
+        )
+    return out
+
+
+@triton.jit
+def _rstd_kernel(part_ptr, out_ptr, M, T, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, T, BLOCK_T):
+        cols = start + tl.arange(0, BLOCK_T)
+        mask = (rows < M)[:, None] & (cols < T)[None, :]
+        acc += tl.sum(
+            tl.load(part_ptr + rows[:, None].to(tl.int64) * T + cols[None, :], mask=mask, other=0.0), 1
+        )
+    tl.store(out_ptr + rows, 1.0 / tl.sqrt(acc * inv_d + eps), mask=rows < M)
+
+
+def rstd_from_partials(sumsq: torch.Tensor, d: int, eps: float) -> torch.Tensor:
+    """r[m] = rsqrt(sum_j sumsq[m, j] / d + eps): the finish of the K1 program's partial sums."""
+    if sumsq.dim() != 2 or sumsq.dtype != torch.float32 or not sumsq.is_contiguous():
+        raise ValueError(
+            f"sumsq must be a contiguous float32 [M, T] tensor, got {sumsq.dtype} {tuple(sumsq.shape)}"
+        )
+    M, T = sumsq.shape
+    if sumsq.device.type == "cpu" and not interpreting():
+        return torch.rsqrt(sumsq.sum(1) / d + eps)
+    out = torch.empty(M, dtype=torch.float32, device=sumsq.device)
+    if M:
+        with _on_device(sumsq.device):
+            _rstd_kernel[(triton.cdiv(M, 64),)](sumsq, out, M, T, 1.0 / d, eps, BLOCK_M=64, BLOCK_T=32)
+    return out
+
+
+@triton.jit
+def _rms_backward_finish_kernel(
+    dn_ptr, x_ptr, dres_ptr, rstd_ptr, zpart_ptr, gamma_ptr, dx_ptr, n_ptr,
+    M, D, T, inv_d,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    zeta = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, T, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        m = rmask[:, None] & (t < T)[None, :]
+        zeta += tl.sum(tl.load(zpart_ptr + rows64[:, None] * T + t[None, :], mask=m, other=0.0), 1)
+    r = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    c = (r * r * zeta * inv_d)[:, None]  # [BM, 1]
+    r = r[:, None]
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        offs = rows64[:, None] * D + cols[None, :]
+        g = tl.load(gamma_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+        dn = tl.load(dn_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        dres = tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, (r * g * dn - c * x + dres).to(dx_ptr.dtype.element_ty), mask=m)
+        tl.store(n_ptr + offs, (x * r * g).to(n_ptr.dtype.element_ty), mask=m)
+
+
+def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma):
+    """The RMSNorm backward after the dX GEMM stored dn = dz W and partial sums of
+    zeta = sum_k dn_k n_k: dx = r (gamma dn - x r zeta / d) + dres and n = x r gamma.
+
+    dn, x, dres: contiguous [M, d]; rstd [M]; zeta_parts fp32 [M, T]; gamma [d].
+    Returns (dx, n) in x's dtype.
+    """
+    M, D = x.shape
+    for name, t in (("dn", dn), ("dres", dres)):
+        if t.shape != x.shape or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous with x's shape {tuple(x.shape)}, got {tuple(t.shape)}"
+            )
+    if not (x.is_contiguous() and zeta_parts.is_contiguous() and zeta_parts.shape[0] == M):
+        raise ValueError("x and zeta_parts must be contiguous, zeta_parts [M, T]")
+    dx, n = torch.empty_like(x), torch.empty_like(x)
+    if M == 0:
+        return dx, n
+    if x.device.type == "cpu" and not interpreting():
+        r = rstd.float()[:, None]
+        zeta = zeta_parts.sum(1)[:, None]
+        g = gamma.float()
+        xf = x.float()
+        dx.copy_(r * (g * dn.float() - xf * r * zeta / D) + dres.float())
+        n.copy_(xf * r * g)
+        return dx, n
+    T = zeta_parts.shape[1]
+    with _on_device(x.device):
+        _rms_backward_finish_kernel[(triton.cdiv(M, 16),)](
+            dn, x, dres, rstd, zeta_parts, gamma, dx, n, M, D, T, 1.0 / D,
+            BLOCK_M=16, BLOCK_D=min(256, triton.next_power_of_2(D)), BLOCK_T=32,
+        )  # fmt: skip
+    return dx, n
