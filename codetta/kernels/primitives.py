@@ -30,18 +30,6 @@ def tile_cols(acc, off_n):
     return off_n + tl.arange(0, acc.shape[1])
 
 
-@triton.jit
-def col_mask(acc, off_n, N):
-    """[1, BNs] mask of the columns that exist."""
-    return (tile_cols(acc, off_n) < N)[None, :]
-
-
-@triton.jit
-def row_mask(acc, off_m, M):
-    """[BM, 1] mask of the rows that exist."""
-    return (tile_rows(acc, off_m) < M)[:, None]
-
-
 # ---- 1. elementwise / pairwise transforms
 
 

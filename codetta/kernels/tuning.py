@@ -21,6 +21,12 @@ CACHE_FORMAT = 1
 
 @dataclass(frozen=True)
 class Config:
+    """One kernel configuration. ``epi_split``: the epilogue sees the tile in that
+    many column sub-tiles; ``flatten``: Triton flattens the persistent and K loops so
+    the next tile's loads start during this tile's epilogue; ``warp_specialize``:
+    Triton's automatic warp specialization, a no-op on sm_90 with triton 3.6 (same
+    SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM."""
+
     block_m: int = 128
     block_n: int = 256
     block_k: int = 64
@@ -30,7 +36,7 @@ class Config:
     num_warps: int = 8
     flatten: bool = False
     warp_specialize: bool = False
-    occupancy: int = 1  # persistent programs per SM: 2 lets one's epilogue overlap the other's mainloop
+    occupancy: int = 1
 
     @property
     def sub_n(self) -> int:
