@@ -20,6 +20,7 @@ import warnings
 
 import torch
 import triton
+from triton import knobs
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -185,7 +186,7 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
             stream = torch.cuda.current_stream(a.device).cuda_stream
             kernel.run(
                 grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                *args, *consts.values(),
+                *args, *(consts[name] for name in _CONST_NAMES),
             )  # fmt: skip
             return
         kernel = gemm_kernel[(grid,)](*args, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -200,11 +201,11 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
 # shape, ints by == 1 and divisibility by 16, tensors by dtype and 16-byte
 # alignment, JIT functions by identity.
 _KERNELS: dict = {}
+# the launcher takes every parameter positionally, constexprs included, in the kernel's order
+_CONST_NAMES = tuple(gemm_kernel.arg_names[5 + MAX_OPERANDS :])
 
 
 def _fast_launch_enabled() -> bool:
-    from triton import knobs
-
     return (
         os.environ.get("CODETTA_FAST_LAUNCH") == "1"
         and not interpreting()
