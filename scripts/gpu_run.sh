@@ -19,9 +19,14 @@ if [ -n "${PROFILE:-}" ]; then
   python3 scripts/profile_launch.py 2>&1 | head -70 | tee "$OUT/profile.txt"
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 300 python3 -m pytest -q -x -m "not slow" tests 2>&1 | tail -30 | tee "$OUT/tests.txt"
+  # the tail split first, on its own: a hang there must not eat the whole call
+  timeout 120 python3 -m pytest -q tests/test_gemm.py -k "tail or fast_launch" 2>&1 | tail -5 | tee "$OUT/smoke.txt"
+  timeout 300 python3 -m pytest -q -m "not slow" tests 2>&1 | tail -30 | tee "$OUT/tests.txt"
 fi
-python3 -m codetta bench --out results/gpu "${@:+--parts}" "$@" 2>&1 | tee "$OUT/bench.txt"
+timeout "${BENCH_TIMEOUT:-540}" python3 -m codetta bench --out results/gpu "${@:+--parts}" "$@" 2>&1 | tee "$OUT/bench.txt"
+if [ -n "${BREAKDOWN:-}" ]; then
+  timeout 120 python3 scripts/breakdown.py 2>&1 | tee "$OUT/breakdown.txt"
+fi
 kill $DMON 2>/dev/null
 tar czf "$OUT/results.tgz" results/gpu
 cp /tmp/codetta-cache/tuning.json "$OUT/" 2>/dev/null || true

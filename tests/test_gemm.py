@@ -181,3 +181,49 @@ def test_fast_launch_matches_jit_dispatch(monkeypatch):
             for tx, ty in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
                 assert torch.equal(tx, ty)
     assert launch._KERNELS, "the fast path never cached a kernel"
+
+
+def _tail_case(device):
+    """A shape and config whose last, partial wave is split along K."""
+    if device == "cpu":  # 10 tiles of 32x32 on 3 programs: one tail tile in 3 K parts
+        return (160, 64, 256), tuning.INTERPRETER_CONFIG, tuning.INTERPRETER_NUM_SMS, 1
+    cfg = tuning.PLAIN_CANDIDATES[0]  # 128x256 tiles: 8 x 6 = 48 tiles, fewer than the SMs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return (1000, 1536, 2056), cfg, sms, tuning.MIN_K_BLOCKS_PER_PART
+
+
+def test_tail_split(dtype, device):
+    """Tail tiles split along K give the unsplit result (up to fp32 summation order), the same
+    bits run to run, and leave the arrival counters at zero for the next launch."""
+    import dataclasses
+
+    (M, N, K), cfg, sms, min_k = _tail_case(device)
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    assert tuning.tail_splits(cfg, tiles, sms, -(-K // cfg.block_k), min_k) > 1, "no tail split here"
+    a, w = _make(M, N, K, dtype, device, "nn")
+    ref = a.double() @ w.double().t()
+    split = codetta.gemm(a, w, config=cfg)
+    assert_within("split", split, ref, a @ w.t())
+    assert_within(
+        "unsplit", codetta.gemm(a, w, config=dataclasses.replace(cfg, tail_split=1)), ref, a @ w.t()
+    )
+    assert torch.equal(split, codetta.gemm(a, w, config=cfg))
+    assert not launch._tail_counters(a.device).any(), "a tail counter was left non-zero"
+
+
+def test_tail_split_seeded(dtype, device):
+    """The seeded accumulator (K1's residual) enters the first K part only."""
+    from codetta import programs as pg
+    from codetta import reference as ref
+
+    (M, N, K), cfg, _, _ = _tail_case(device)
+    y, w = _make(M, N, K, dtype, device, "nn")
+    res = rand(M, N, dtype=dtype, device=device)
+    gamma = torch.rand(N, device=device) + 0.5
+    if device == "cuda":
+        cfg = tuning.SEEDED_CANDIDATES[0]
+    out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=cfg)
+    x64, h64, _ = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
+    x_t = res + y @ w.t()
+    assert_within("x", out.x, x64, x_t)
+    assert_within("h", out.h, h64, (x_t.float() * gamma).to(dtype))

@@ -97,12 +97,13 @@ def _rms_backward_finish_kernel(
         tl.store(n_ptr + offs, (x * r * g).to(n_ptr.dtype.element_ty), mask=m)
 
 
-def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma):
+def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
     """The RMSNorm backward after the dX GEMM stored dn = dz W and partial sums of
     zeta = sum_k dn_k n_k: dx = r (gamma dn - x r zeta / d) + dres and n = x r gamma.
 
     dn, x, dres: contiguous [M, d]; rstd [M]; zeta_parts fp32 [M, T]; gamma [d].
-    Returns (dx, n) in x's dtype.
+    Returns (dx, n) in x's dtype. ``dx_out`` (optional, may be ``dn`` itself:
+    each element is read before it is overwritten) receives dx.
     """
     M, D = x.shape
     for name, t in (("dn", dn), ("dres", dres)):
@@ -112,7 +113,12 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma):
             )
     if not (x.is_contiguous() and zeta_parts.is_contiguous() and zeta_parts.shape[0] == M):
         raise ValueError("x and zeta_parts must be contiguous, zeta_parts [M, T]")
-    dx, n = torch.empty_like(x), torch.empty_like(x)
+    if dx_out is not None and (
+        dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous()
+    ):
+        raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    dx = torch.empty_like(x) if dx_out is None else dx_out
+    n = torch.empty_like(x)
     if M == 0:
         return dx, n
     if x.device.type == "cpu" and not interpreting():

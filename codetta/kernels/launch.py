@@ -14,6 +14,7 @@ it, the program's PyTorch reference runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import warnings
@@ -152,6 +153,9 @@ def _num_sms(device_index: int) -> int:
 
 
 def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Config):
+    spill_key = (id(ep.apply), cfg, a.dtype, a_order, w_order, a.device)
+    if cfg.tail_split > 1 and spill_key in _TAIL_SPILLS:
+        cfg = dataclasses.replace(cfg, tail_split=1)
     if a_order == "t":
         a_desc = TensorDescriptor(a, [K, M], [a.stride(1), 1], [cfg.block_k, cfg.block_m])
     else:
@@ -167,8 +171,19 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     )
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0) * cfg.occupancy
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    min_k = 1 if interpreting() else tuning.MIN_K_BLOCKS_PER_PART
+    splits = tuning.tail_splits(cfg, tiles, num_sms, triton.cdiv(K, cfg.block_k), min_k)
+    if splits > 1:
+        tail = tiles % num_sms
+        # one fp32 partial tile per tail part
+        ws = torch.empty(tail * splits * cfg.block_m * cfg.block_n, dtype=torch.float32, device=a.device)
+        counts = _tail_counters(a.device)
+        grid = min(num_sms, max(tiles, tail * splits))
+    else:
+        ws, counts = _dummy(a.device, torch.float32), _dummy(a.device, torch.int32)
+        grid = min(num_sms, tiles)
     slots = list(ops) + [None] * (MAX_OPERANDS - len(ops))
-    args = [a_desc, b_desc, M, N, K, *slots]
+    args = [a_desc, b_desc, M, N, K, *slots, ws, counts, splits]
     consts = {
         "NUM_OPS": len(ops), "ACC_INIT": init,
         "EPI_APPLY": ep.apply, "EPI_INIT": ep.init, "EPI_FINISH": ep.finish,
@@ -176,9 +191,8 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
         "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
         "FLATTEN": cfg.flatten, "WARP_SPECIALIZE": cfg.warp_specialize,
-        "IEEE": a.dtype == torch.float32,
+        "IEEE": a.dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split,
     }  # fmt: skip
-    grid = min(num_sms, tiles)
     with _on_device(a.device):
         key = _fast_key(cfg, a.device, args, consts) if _fast_launch_enabled() else None
         kernel = _KERNELS.get(key) if key is not None else None
@@ -190,8 +204,37 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
             )  # fmt: skip
             return
         kernel = gemm_kernel[(grid,)](*args, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.tail_split > 1 and getattr(kernel, "n_spills", 0):
+            # the program leaves no registers for the tail path: run this config unsplit
+            _TAIL_SPILLS.add(spill_key)
         if key is not None:
             _KERNELS[key] = kernel
+
+
+def _tail_counters(device: torch.device) -> torch.Tensor:
+    """Per-tile arrival counters of the tail split, zero between launches (the last
+    part of each tile resets its counter). One buffer per device and stream, so
+    launches on different streams never share one."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None:
+        buf = _COUNTERS[key] = torch.zeros(1024, dtype=torch.int32, device=device)
+    return buf
+
+
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    # stands in for the workspace and counters when no tile is split (never read)
+    buf = _DUMMIES.get((device, dtype))
+    if buf is None:
+        buf = _DUMMIES[device, dtype] = torch.zeros(16, dtype=dtype, device=device)
+    return buf
+
+
+_COUNTERS: dict = {}
+_DUMMIES: dict = {}
+# (program, config, dtype, layout, device) whose tail-split kernel spills registers
+_TAIL_SPILLS: set = set()
 
 
 # Experimental (CODETTA_FAST_LAUNCH=1, off by default until measured on a GPU):
@@ -202,16 +245,21 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
 # alignment, JIT functions by identity.
 _KERNELS: dict = {}
 # the launcher takes every parameter positionally, constexprs included, in the kernel's order
-_CONST_NAMES = tuple(gemm_kernel.arg_names[5 + MAX_OPERANDS :])
+_CONST_NAMES = tuple(gemm_kernel.arg_names[gemm_kernel.arg_names.index("NUM_OPS") :])
 
 
 def _fast_launch_enabled() -> bool:
     return (
         os.environ.get("CODETTA_FAST_LAUNCH") == "1"
         and not interpreting()
-        and knobs.runtime.launch_enter_hook is None
-        and knobs.runtime.launch_exit_hook is None
+        and _no_hook(knobs.runtime.launch_enter_hook)
+        and _no_hook(knobs.runtime.launch_exit_hook)
     )
+
+
+def _no_hook(hook) -> bool:
+    # triton 3.6 keeps launch hooks in a HookChain that is empty, not None, when unused
+    return hook is None or not getattr(hook, "calls", True)
 
 
 def _spec(v):
@@ -262,8 +310,12 @@ def _bench(fn) -> float:
 def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
     """The GPU configurations the tuner tries for a program."""
     if ep.configs is not None:
-        return list(ep.configs)
-    return tuning.gpu_candidates(sum(op.kind is Kind.TILE for op in ep.inputs + ep.outputs))
+        cfgs = list(ep.configs)
+    else:
+        cfgs = tuning.gpu_candidates(sum(op.kind is Kind.TILE for op in ep.inputs + ep.outputs))
+    if not ep.tail_split:
+        cfgs = list(dict.fromkeys(dataclasses.replace(c, tail_split=1) for c in cfgs))
+    return cfgs
 
 
 _CHOSEN: dict = {}

@@ -12,6 +12,15 @@ The program is called once per epilogue sub-tile (the accumulator split into
 ``EPI_SPLIT`` column blocks) with ``(acc, off_m, off_n, M, N, ops, state)``
 and returns its state; ``EPI_INIT`` makes the state for a tile and
 ``EPI_FINISH`` consumes it after the tile's last sub-tile.
+
+Tail split (``TAIL_SPLIT`` > 1): when the tile count is not a multiple of the
+grid, the last partial wave would leave most SMs idle. Those tail tiles are
+instead split along K into ``tail_splits`` parts run by different programs
+(split-K on the last wave only). Each part writes its fp32 partial tile to a
+workspace and bumps the tile's arrival counter; the part that arrives last
+resets the counter, sums the partials in part order (so results are
+bit-identical run to run, whoever finishes last) and runs the epilogue
+program on the whole tile. Nothing waits on another program.
 """
 
 import triton
@@ -76,6 +85,114 @@ def _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.constexp
 
 
 @triton.jit
+def _accumulate(a_desc, b_desc, acc, off_am, off_bn, k_lo, k_hi, A_T, B_T, BLOCK_K, IEEE):
+    """acc += A[off_am:, k] @ B[off_bn:, k]^T over the K blocks [k_lo, k_hi)."""
+    for ki in range(k_lo, k_hi):
+        off_k = ki * BLOCK_K
+        if A_T:
+            a = a_desc.load([off_k, off_am]).T  # [BM, BK]
+        else:
+            a = a_desc.load([off_am, off_k])  # [BM, BK]
+        if B_T:
+            b = b_desc.load([off_k, off_bn])  # [BK, BN]
+        else:
+            b = b_desc.load([off_bn, off_k]).T  # [BK, BN]
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _column_blocks(acc, EPI_SPLIT: tl.constexpr):
+    """The tile as a tuple of EPI_SPLIT column sub-tiles, left to right."""
+    if EPI_SPLIT == 1:
+        blocks = (acc,)
+    elif EPI_SPLIT == 2:
+        acc0, acc1 = _split_cols(acc, 2)
+        blocks = (acc0, acc1)
+    else:
+        tl.static_assert(EPI_SPLIT == 4, "EPI_SPLIT must be 1, 2 or 4")
+        left, right = _split_cols(acc, 2)
+        acc0, acc1 = _split_cols(left, 2)
+        acc2, acc3 = _split_cols(right, 2)
+        blocks = (acc0, acc1, acc2, acc3)
+    return blocks
+
+
+@triton.jit
+def _epilogue(
+    acc,
+    off_m,
+    off_n,
+    M,
+    N,
+    ops,
+    EPI_APPLY: tl.constexpr,
+    EPI_INIT: tl.constexpr,
+    EPI_FINISH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+):
+    """Run the program over the tile's EPI_SPLIT column sub-tiles, then its finish."""
+    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
+    blocks = _column_blocks(acc, EPI_SPLIT)
+    state = EPI_INIT(BLOCK_M)
+    for j in tl.static_range(EPI_SPLIT):
+        state = EPI_APPLY(blocks[j], off_m, off_n + j * SUB_N, M, N, ops, state)
+    EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
+
+
+@triton.jit
+def _partial_offsets(slot, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    # workspace slot = one [BLOCK_M, BLOCK_N] fp32 tile stored as its column
+    # sub-tiles [BLOCK_M, WIDTH] one after another; this is sub-tile j
+    inner = tl.arange(0, BLOCK_M)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
+    return slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + j * (BLOCK_M * WIDTH) + inner
+
+
+@triton.jit
+def _store_partial(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr):
+    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
+    blocks = _column_blocks(acc, EPI_SPLIT)
+    for j in tl.static_range(EPI_SPLIT):
+        tl.store(ws_ptr + _partial_offsets(slot, j, BLOCK_M, BLOCK_N, SUB_N), blocks[j])
+
+
+@triton.jit
+def _epilogue_from_partials(
+    ws_ptr,
+    slot,
+    n_parts,
+    off_m,
+    off_n,
+    M,
+    N,
+    ops,
+    EPI_APPLY: tl.constexpr,
+    EPI_INIT: tl.constexpr,
+    EPI_FINISH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+):
+    """The epilogue of a split tail tile: each sub-tile is the sum of the tile's
+    n_parts partials, added in part order (so the result does not depend on
+    which part finished last)."""
+    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
+    state = EPI_INIT(BLOCK_M)
+    for j in tl.static_range(EPI_SPLIT):
+        offs = _partial_offsets(slot, j, BLOCK_M, BLOCK_N, SUB_N)
+        acc = tl.load(ws_ptr + offs, cache_modifier=".cg")
+        for p in range(1, n_parts):
+            acc += tl.load(ws_ptr + offs + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+        state = EPI_APPLY(acc, off_m, off_n + j * SUB_N, M, N, ops, state)
+    EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
+
+
+@triton.jit
 def gemm_kernel(
     a_desc,
     b_desc,
@@ -94,6 +211,9 @@ def gemm_kernel(
     o9,
     o10,
     o11,
+    ws_ptr,
+    counts_ptr,
+    tail_splits,
     NUM_OPS: tl.constexpr,
     ACC_INIT: tl.constexpr,
     EPI_APPLY: tl.constexpr,
@@ -110,6 +230,7 @@ def gemm_kernel(
     FLATTEN: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     IEEE: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
 ):
     ops = _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     start_pid = tl.program_id(axis=0)
@@ -117,12 +238,18 @@ def gemm_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
+    # tail_splits > 1 (host-chosen, only with TAIL_SPLIT): the last num_tiles % NUM_SMS
+    # tiles are split along K instead of run whole
+    tail = num_tiles * 0
+    if TAIL_SPLIT > 1:
+        if tail_splits > 1:
+            tail = num_tiles % NUM_SMS
+    main_tiles = num_tiles - tail
     # a separate counter for the epilogue lets the compiler pipeline the next
     # tile's loads across this tile's epilogue when the loops are flattened
     tile_id_c = start_pid - NUM_SMS
 
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(start_pid, main_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N
@@ -131,39 +258,37 @@ def gemm_kernel(
             acc = ops[ACC_INIT].load([off_am, off_bn]).to(tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            if A_T:
-                a = a_desc.load([off_k, off_am]).T  # [BM, BK]
-            else:
-                a = a_desc.load([off_am, off_k])  # [BM, BK]
-            if B_T:
-                b = b_desc.load([off_k, off_bn])  # [BK, BN]
-            else:
-                b = b_desc.load([off_bn, off_k]).T  # [BK, BN]
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+        acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
 
         tile_id_c += NUM_SMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = (pid_m * BLOCK_M).to(tl.int32)
         off_n = (pid_n * BLOCK_N).to(tl.int32)
-        state = EPI_INIT(BLOCK_M)
-        if EPI_SPLIT == 1:
-            state = EPI_APPLY(acc, off_m, off_n, M, N, ops, state)
-        elif EPI_SPLIT == 2:
-            acc0, acc1 = _split_cols(acc, 2)
-            state = EPI_APPLY(acc0, off_m, off_n, M, N, ops, state)
-            state = EPI_APPLY(acc1, off_m, off_n + SUB_N, M, N, ops, state)
-        else:
-            tl.static_assert(EPI_SPLIT == 4, "EPI_SPLIT must be 1, 2 or 4")
-            left, right = _split_cols(acc, 2)
-            acc0, acc1 = _split_cols(left, 2)
-            acc2, acc3 = _split_cols(right, 2)
-            state = EPI_APPLY(acc0, off_m, off_n, M, N, ops, state)
-            state = EPI_APPLY(acc1, off_m, off_n + SUB_N, M, N, ops, state)
-            state = EPI_APPLY(acc2, off_m, off_n + 2 * SUB_N, M, N, ops, state)
-            state = EPI_APPLY(acc3, off_m, off_n + 3 * SUB_N, M, N, ops, state)
-        EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
+        _epilogue(acc, off_m, off_n, M, N, ops, EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT)
+
+    if TAIL_SPLIT > 1:
+        if start_pid < tail * tail_splits:
+            t = start_pid // tail_splits  # which tail tile
+            part = start_pid % tail_splits  # which K range of it
+            pid_m, pid_n = _tile_coords(main_tiles + t, num_pid_m, num_pid_n, GROUP_M)
+            off_m = (pid_m * BLOCK_M).to(tl.int32)
+            off_n = (pid_n * BLOCK_N).to(tl.int32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if ACC_INIT >= 0:
+                if part == 0:
+                    acc = ops[ACC_INIT].load([off_m, off_n]).to(tl.float32)
+            k_lo = part * k_tiles // tail_splits
+            k_hi = (part + 1) * k_tiles // tail_splits
+            acc = _accumulate(a_desc, b_desc, acc, off_m, off_n, k_lo, k_hi, A_T, B_T, BLOCK_K, IEEE)
+            # every part stores its partial; the part that arrives last (the
+            # counter's old value says so) sums them in part order and runs the program
+            slot = t * tail_splits
+            _store_partial(acc, ws_ptr, slot + part, BLOCK_M, BLOCK_N, EPI_SPLIT)
+            tl.debug_barrier()  # all of this program's partial is written before the release
+            arrived = tl.atomic_add(counts_ptr + t, 1, sem="acq_rel", scope="gpu")
+            if arrived == tail_splits - 1:
+                tl.store(counts_ptr + t, 0)  # ready for the next launch
+                _epilogue_from_partials(
+                    ws_ptr, slot, tail_splits, off_m, off_n, M, N, ops,
+                    EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT,
+                )  # fmt: skip

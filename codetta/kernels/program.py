@@ -69,7 +69,11 @@ class Epilogue:
     A @ B^T``, like a GEMM's beta = 1): it is read once per tile, before the
     K loop, and costs the epilogue nothing; ``apply`` and ``reference`` then
     see the sum. ``layouts`` lists the (A transposed, B transposed) layouts
-    the program is used with, for the sm_90a compile check.
+    the program is used with, for the sm_90a compile check. ``tail_split``:
+    whether the tail tiles of a partial last wave may be split along K
+    (``mainloop.py``); False for programs whose registers have no room for that
+    second epilogue path (the sm_90a check finds spills), whose tail then runs
+    unsplit.
     """
 
     name: str
@@ -83,6 +87,7 @@ class Epilogue:
     check: Callable[[int, int], None] | None = None
     acc_init: str | None = None
     layouts: tuple = ((False, False),)
+    tail_split: bool = True
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -25,7 +25,9 @@ class Config:
     many column sub-tiles; ``flatten``: Triton flattens the persistent and K loops so
     the next tile's loads start during this tile's epilogue; ``warp_specialize``:
     Triton's automatic warp specialization, a no-op on sm_90 with triton 3.6 (same
-    SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM."""
+    SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM;
+    ``tail_split``: split the tiles of a last, partial wave along K into up to that
+    many parts (1 = off; see ``mainloop.py``)."""
 
     block_m: int = 128
     block_n: int = 256
@@ -37,6 +39,7 @@ class Config:
     flatten: bool = False
     warp_specialize: bool = False
     occupancy: int = 1
+    tail_split: int = 1
 
     @property
     def sub_n(self) -> int:
@@ -45,6 +48,7 @@ class Config:
     def short(self) -> str:
         flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
         flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
+        flags += f"t{self.tail_split}" if self.tail_split > 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
             f"e{self.epi_split}g{self.group_m}{flags}"
@@ -62,6 +66,7 @@ _ALLOWED = {
     "flatten": {True, False},
     "warp_specialize": {True, False},
     "occupancy": {1, 2},
+    "tail_split": {1, 2, 3, 4, 8},
 }
 
 
@@ -82,7 +87,7 @@ def config_from_dict(d: dict) -> Config:
 # the low hundreds still cover many tiles, several per persistent program, and
 # every epilogue split.
 INTERPRETER_CONFIG = Config(
-    block_m=32, block_n=32, block_k=32, group_m=2, epi_split=2, num_stages=1, num_warps=4
+    block_m=32, block_n=32, block_k=32, group_m=2, epi_split=2, num_stages=1, num_warps=4, tail_split=3
 )
 INTERPRETER_NUM_SMS = 3
 
@@ -102,9 +107,13 @@ def fits(cfg: Config, shared: int, regs: int) -> bool:
     )
 
 
+# Every GPU candidate splits a partial last wave along K into up to this many parts.
+TAIL_SPLIT = 4
+
+
 def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
     return [
-        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy)
+        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT)
         for bm, bn, stages, warps in tiles
         for split in splits
         for flatten in flattens
@@ -148,6 +157,26 @@ BACKWARD_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,), (True,))
 def gpu_candidates(n_tile_operands: int) -> list[Config]:
     """The small Hopper search space for a program with that many tile operands."""
     return list(PLAIN_CANDIDATES if n_tile_operands <= 1 else STREAMING_CANDIDATES)
+
+
+# A tail part gets at least this many K blocks on the GPU (fewer would not fill
+# the TMA pipeline); the interpreter splits down to one block so small tests
+# reach the tail path.
+MIN_K_BLOCKS_PER_PART = 4
+
+
+def tail_splits(cfg: Config, tiles: int, programs: int, k_blocks: int, min_k_blocks: int) -> int:
+    """How many K parts each tile of the last, partial wave is split into (1 = none).
+
+    The ``tiles % programs`` tail tiles would run on that many programs while the
+    rest idle; split into s parts they occupy ``tail * s <= programs`` programs."""
+    if os.environ.get("CODETTA_TAIL_SPLIT") == "0":
+        return 1
+    tail = tiles % programs
+    if cfg.tail_split < 2 or tail == 0:
+        return 1
+    s = min(cfg.tail_split, programs // tail, k_blocks // min_k_blocks)
+    return s if s >= 2 else 1
 
 
 def shape_bucket(x: int) -> int:

@@ -29,7 +29,7 @@ class ResidualRMSNormLinear(nn.Module):
         device=None,
         dtype=None,
         norm_dtype=None,
-        backward="folded",
+        backward="two_pass",
     ):
         super().__init__()
         self.backward = backward

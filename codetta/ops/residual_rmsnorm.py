@@ -7,11 +7,15 @@ Forward: K1 (o-proj GEMM; residual seeds the accumulator; stores x, h = x*gamma
 and partial sums of x^2) -> r = rsqrt(mean x^2 + eps) -> z = r * (h @ w^T)
 (row-scale epilogue). The normalized n is never written.
 
-Backward, given dx (gradient of the stream from downstream) and dz:
-zeta = rowsum(dz * z); the dX GEMM dz @ w carries the RMSNorm backward in its
-epilogue (dx_total = r (gamma dn - x r zeta / d) + dx, n for dW, dgamma
-partials); then dW = dz^T n, dy = dx_total @ w_o, dW_o = dx_total^T y, and
-the residual's gradient is dx_total.
+Backward, given dx (gradient of the stream from downstream) and dz, with
+dn = dz @ w (the dX GEMM) and zeta = rowsum(dn * n):
+  dx_total = r (gamma dn - x r zeta / d) + dx,  n = x r gamma (for dW),
+  dgamma from per-M-tile partial column sums of dn x r;
+then dW = dz^T n, dy = dx_total @ w_o, dW_o = dx_total^T y, and the residual's
+gradient is dx_total. "two_pass" (default): the dX epilogue stores dn, zeta
+and dgamma partials, and one elementwise pass writes dx_total (over dn) and n.
+"folded": zeta = rowsum(dz * z) from the saved z first, then the dX epilogue
+writes dx_total and n directly.
 
 Registered as torch.library custom ops with fake implementations, so
 torch.compile(fullgraph=True) traces through them.
@@ -78,7 +82,7 @@ def _backward(
         # two-pass: the dX epilogue stores dn with zeta and dgamma partials; one
         # elementwise pass finishes dx and n (no z saved, no pass over dz and z)
         bw = gemm(dz, w.t(), epilogue=RMS_GRAD_PARTIALS, x=x, rstd=rstd, gamma=gamma)
-        dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma)
+        dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
         dgamma_parts = bw.dgamma
     dgamma = dgamma_parts.sum(0).to(gamma.dtype)
     dw = gemm(dz.t(), n.t())
@@ -144,7 +148,7 @@ def residual_rmsnorm_linear(
     gamma: torch.Tensor,
     weight: torch.Tensor,
     eps: float | None = None,
-    backward: str = "folded",
+    backward: str = "two_pass",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
@@ -152,11 +156,11 @@ def residual_rmsnorm_linear(
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument.
 
-    ``backward`` picks the RMSNorm backward: ``"folded"`` (zeta = rowsum(dz z),
-    then everything in the dX GEMM's epilogue; saves z) or ``"two_pass"`` (the
-    dX epilogue stores dn with zeta and dgamma partials, one elementwise pass
-    finishes; saves no z). Same math; which is faster depends on the widths
-    (NOTES.md).
+    ``backward`` picks the RMSNorm backward: ``"two_pass"`` (default; the dX
+    GEMM's epilogue stores dn with zeta and dgamma partials, one elementwise
+    pass finishes dx and n; saves no z) or ``"folded"`` (zeta = rowsum(dz z)
+    first, then everything in the dX GEMM's epilogue; saves z). Same math; the
+    two-pass one measured faster at 1B and 8B widths (NOTES.md).
     """
     _check(y, w_o, residual, gamma, weight)
     if backward not in BACKWARDS:
