@@ -18,7 +18,12 @@ import triton
 
 
 def env_info() -> dict:
+    # the GPU machine gets a copy of the working tree whose .git may lag: the
+    # caller names the commit there
+    commit = os.environ.get("CODETTA_COMMIT")
     try:
+        if commit:
+            raise OSError("commit given")
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
@@ -34,7 +39,7 @@ def env_info() -> dict:
         ).stdout.strip()
         commit += "-dirty" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("CODETTA_COMMIT", "unknown")
+        commit = commit or "unknown"
     from .. import __version__
 
     return {

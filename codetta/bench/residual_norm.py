@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
-from .harness import Results, Row, compare, peak_memory_gb, without_tail_split
+from .harness import Results, Row, compare, peak_memory_gb
 
 M = 16384
 EPS = 1e-6
@@ -45,9 +45,8 @@ def _codetta_folded(y, w_o, res, g, w):
     return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="folded")
 
 
-def _codetta_notail(y, w_o, res, g, w):
-    with without_tail_split():
-        return residual_rmsnorm_linear(y, w_o, res, g, w, EPS)
+def _codetta_two_pass(y, w_o, res, g, w):
+    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="two_pass")
 
 
 def _rel(a, b):
@@ -73,8 +72,8 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         "eager": _eager,
         "torch.compile": _compiled,
         "codetta": _codetta,
+        "codetta-2pass": _codetta_two_pass,
         "codetta-folded": _codetta_folded,
-        "codetta-notail": _codetta_notail,
     }
     liger = _liger_fn()
     if liger is not None:
@@ -83,7 +82,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     # correctness against eager (bf16): every output and gradient
     ref_out = _eager(*leaves)
     ref_grads = torch.autograd.grad(ref_out, leaves, (dx, dz))
-    for fn in (_codetta, _codetta_folded):
+    for fn in (_codetta, _codetta_two_pass, _codetta_folded):
         out = fn(*leaves)
         grads = torch.autograd.grad(out, leaves, (dx, dz))
         labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]
@@ -101,13 +100,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         return run
 
     def fwd_bwd(fn):
-        def run():
-            if fn is _codetta_notail:  # the tail split is off for the backward's GEMMs too
-                with without_tail_split():
-                    return torch.autograd.grad(fn(*leaves), leaves, (dx, dz))
-            return torch.autograd.grad(fn(*leaves), leaves, (dx, dz))
-
-        return run
+        return lambda: torch.autograd.grad(fn(*leaves), leaves, (dx, dz))
 
     gemms_fwd = lambda: (y @ w_o.t(), n @ w.t())  # noqa: E731
     gemms_all = lambda: (y @ w_o.t(), n @ w.t(), dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y)  # noqa: E731

@@ -136,3 +136,87 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
             BLOCK_M=16, BLOCK_D=min(256, triton.next_power_of_2(D)), BLOCK_T=32,
         )  # fmt: skip
     return dx, n
+
+
+@triton.jit
+def _rms_backward_rows_kernel(
+    dh_ptr, x_ptr, dres_ptr, rstd_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
+    M, D, inv_d,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # one block of whole rows: zeta needs the full row before dx can be formed
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    r1 = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    r = r1[:, None]
+    zeta = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        offs = rows64[:, None] * D + cols[None, :]
+        g = tl.load(gamma_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+        dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        zeta += tl.sum(dh * g * x * r, 1)
+        tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, tl.sum(dh * x * r, 0), mask=cols < D)
+    c = (r1 * r1 * zeta * inv_d)[:, None]
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        offs = rows64[:, None] * D + cols[None, :]
+        g = tl.load(gamma_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+        dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        dres = tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, (r * g * dh - c * x + dres).to(dx_ptr.dtype.element_ty), mask=m)
+        tl.store(n_ptr + offs, (x * r * g).to(n_ptr.dtype.element_ty), mask=m)
+
+
+ROWS_PER_BLOCK = 16
+
+
+def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
+    """The RMSNorm backward as one pass over whole rows, from dh = dz W (the plain dX GEMM):
+    zeta = sum_k dh_k gamma_k x_k r,  dx = r (gamma dh - x r zeta / d) + dres,
+    n = x r gamma (the next GEMM's input, for its dW), and dgamma partials
+    [cdiv(M, ROWS_PER_BLOCK), d] = sums of dh x r over each block of rows.
+
+    dh, x, dres: contiguous [M, d]; rstd fp32 [M]; gamma [d]. Returns (dx, n, dgamma
+    partials); ``dx_out`` (may be ``dh``: each element is read before it is written
+    over) receives dx.
+    """
+    M, D = x.shape
+    for name, t in (("dh", dh), ("dres", dres)):
+        if t.shape != x.shape or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous with x's shape {tuple(x.shape)}, got {tuple(t.shape)}"
+            )
+    if not x.is_contiguous() or rstd.shape != (M,) or gamma.shape != (D,):
+        raise ValueError("x must be contiguous [M, d], rstd [M] and gamma [d]")
+    if dx_out is not None and (
+        dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous()
+    ):
+        raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    dx = torch.empty_like(x) if dx_out is None else dx_out
+    n = torch.empty_like(x)
+    blocks = triton.cdiv(M, ROWS_PER_BLOCK)
+    dgamma = torch.empty((blocks, D), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return dx, n, dgamma
+    if x.device.type == "cpu" and not interpreting():
+        r = rstd.float()[:, None]
+        g, xf, dhf = gamma.float(), x.float(), dh.float()
+        zeta = (dhf * g * xf * r).sum(1, keepdim=True)
+        pad = blocks * ROWS_PER_BLOCK - M
+        dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(blocks, -1, D).sum(1))
+        dx.copy_(r * (g * dhf - xf * r * zeta / D) + dres.float())
+        n.copy_(xf * r * g)
+        return dx, n, dgamma
+    with _on_device(x.device):
+        _rms_backward_rows_kernel[(blocks,)](
+            dh, x, dres, rstd, gamma, dx, n, dgamma, M, D, 1.0 / D,
+            BLOCK_M=ROWS_PER_BLOCK, BLOCK_D=min(256, triton.next_power_of_2(D)),
+        )  # fmt: skip
+    return dx, n, dgamma

@@ -29,7 +29,7 @@ class ResidualRMSNormLinear(nn.Module):
         device=None,
         dtype=None,
         norm_dtype=None,
-        backward="two_pass",
+        backward="rowwise",
     ):
         super().__init__()
         self.backward = backward

@@ -12,8 +12,10 @@ dn = dz @ w (the dX GEMM) and zeta = rowsum(dn * n):
   dx_total = r (gamma dn - x r zeta / d) + dx,  n = x r gamma (for dW),
   dgamma from per-M-tile partial column sums of dn x r;
 then dW = dz^T n, dy = dx_total @ w_o, dW_o = dx_total^T y, and the residual's
-gradient is dx_total. "two_pass" (default): the dX epilogue stores dn, zeta
-and dgamma partials, and one elementwise pass writes dx_total (over dn) and n.
+gradient is dx_total. "rowwise" (default): the plain dX GEMM writes dn, and one
+pass over whole rows (zeta needs the full row) writes dx_total (over dn), n and
+dgamma partials. "two_pass": the dX epilogue stores dn, zeta and dgamma
+partials, and one elementwise pass writes dx_total (over dn) and n.
 "folded": zeta = rowsum(dz * z) from the saved z first, then the dX epilogue
 writes dx_total and n directly.
 
@@ -25,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.finish import rms_backward_finish, rowdot, rstd_from_partials
+from ..kernels.finish import rms_backward_finish, rms_backward_rows, rowdot, rstd_from_partials
 from ..kernels.launch import gemm
 from ..programs import RESIDUAL_RMS, RMS_BACKWARD, RMS_GRAD_PARTIALS, ROW_SCALE
 
-BACKWARDS = ("folded", "two_pass")
+BACKWARDS = ("rowwise", "two_pass", "folded")
 
 
 @torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())
@@ -69,8 +71,13 @@ def _backward(
     x: torch.Tensor,
     z: torch.Tensor | None,
     rstd: torch.Tensor,
+    mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if z is not None:
+    if mode == "rowwise":
+        # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
+        dh = gemm(dz, w.t())
+        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, rstd, gamma, dx_out=dh)
+    elif mode == "folded":
         # folded: zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
         zeta = rowdot(dz, z)
         bw = gemm(
@@ -92,7 +99,7 @@ def _backward(
 
 
 @_backward.register_fake
-def _(dx, dz, y, w_o, gamma, w, x, z, rstd):
+def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode):
     return (
         y.new_empty(y.shape),
         w_o.new_empty(w_o.shape),
@@ -105,6 +112,7 @@ def _(dx, dz, y, w_o, gamma, w, x, z, rstd):
 def _setup_context(ctx, inputs, output):
     y, w_o, residual, gamma, w, eps, backward = inputs
     x, z, rstd = output
+    ctx.mode = backward
     ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd)
 
 
@@ -112,7 +120,7 @@ def _autograd_backward(ctx, dx, dz, drstd):
     y, w_o, gamma, w, x, z, rstd = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     dz = x.new_zeros((x.shape[0], w.shape[0])) if dz is None else dz.contiguous()
-    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd)
+    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd, ctx.mode)
     return dy, dw_o, dres, dgamma, dw, None, None
 
 
@@ -148,7 +156,7 @@ def residual_rmsnorm_linear(
     gamma: torch.Tensor,
     weight: torch.Tensor,
     eps: float | None = None,
-    backward: str = "two_pass",
+    backward: str = "rowwise",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
@@ -156,11 +164,12 @@ def residual_rmsnorm_linear(
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument.
 
-    ``backward`` picks the RMSNorm backward: ``"two_pass"`` (default; the dX
-    GEMM's epilogue stores dn with zeta and dgamma partials, one elementwise
-    pass finishes dx and n; saves no z) or ``"folded"`` (zeta = rowsum(dz z)
-    first, then everything in the dX GEMM's epilogue; saves z). Same math; the
-    two-pass one measured faster at 1B and 8B widths (NOTES.md).
+    ``backward`` picks the RMSNorm backward: ``"rowwise"`` (default: the plain
+    dX GEMM, then one pass over whole rows writes dx and n), ``"two_pass"``
+    (the dX GEMM's epilogue stores dn with zeta and dgamma partials, one
+    elementwise pass finishes dx and n) or ``"folded"`` (zeta = rowsum(dz z)
+    first, then everything in the dX GEMM's epilogue; saves z). Same math;
+    NOTES.md has the measured times of each.
     """
     _check(y, w_o, residual, gamma, weight)
     if backward not in BACKWARDS:
