@@ -141,51 +141,49 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
 @triton.jit
 def _rms_backward_rows_kernel(
     dh_ptr, x_ptr, dres_ptr, rstd_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
-    M, D, inv_d,
+    M, D, inv_d, rows_per_prog,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    # one block of whole rows: zeta needs the full row before dx can be formed
+    # each program walks its own run of whole rows (zeta needs the full row), one
+    # read of dh, x, dres and one write of dx, n per element; its dgamma partial
+    # stays in registers until the end
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    rows64 = rows.to(tl.int64)
-    r1 = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-    r = r1[:, None]
-    zeta = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, D, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        m = rmask[:, None] & (cols < D)[None, :]
-        offs = rows64[:, None] * D + cols[None, :]
-        g = tl.load(gamma_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    g = tl.load(gamma_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    dg = tl.zeros([BLOCK_D], tl.float32)
+    first = pid * rows_per_prog
+    last = tl.minimum(first + rows_per_prog, M)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        rmask = rows < last
+        m = rmask[:, None] & cmask[None, :]
+        offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        r1 = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        r = r1[:, None]
         dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        zeta += tl.sum(dh * g * x * r, 1)
-        tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, tl.sum(dh * x * r, 0), mask=cols < D)
-    c = (r1 * r1 * zeta * inv_d)[:, None]
-    for start in range(0, D, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        m = rmask[:, None] & (cols < D)[None, :]
-        offs = rows64[:, None] * D + cols[None, :]
-        g = tl.load(gamma_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
-        dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        xr = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * r
         dres = tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + offs, (r * g * dh - c * x + dres).to(dx_ptr.dtype.element_ty), mask=m)
-        tl.store(n_ptr + offs, (x * r * g).to(n_ptr.dtype.element_ty), mask=m)
+        zeta = tl.sum(dh * g * xr, 1)
+        dg += tl.sum(dh * xr, 0)
+        dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None] + dres
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
+    tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, dg, mask=cmask)
 
 
-ROWS_PER_BLOCK = 16
+MAX_ROW = 16384  # the row kernel holds whole rows in registers
 
 
 def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
     """The RMSNorm backward as one pass over whole rows, from dh = dz W (the plain dX GEMM):
     zeta = sum_k dh_k gamma_k x_k r,  dx = r (gamma dh - x r zeta / d) + dres,
     n = x r gamma (the next GEMM's input, for its dW), and dgamma partials
-    [cdiv(M, ROWS_PER_BLOCK), d] = sums of dh x r over each block of rows.
+    [programs, d] (sum them over dim 0) of dh x r over each program's rows.
 
-    dh, x, dres: contiguous [M, d]; rstd fp32 [M]; gamma [d]. Returns (dx, n, dgamma
-    partials); ``dx_out`` (may be ``dh``: each element is read before it is written
-    over) receives dx.
+    dh, x, dres: contiguous [M, d], d <= 16384; rstd fp32 [M]; gamma [d].
+    Returns (dx, n, dgamma partials); ``dx_out`` (may be ``dh``: each element is
+    read before it is written over) receives dx.
     """
     M, D = x.shape
     for name, t in (("dh", dh), ("dres", dres)):
@@ -195,28 +193,37 @@ def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
             )
     if not x.is_contiguous() or rstd.shape != (M,) or gamma.shape != (D,):
         raise ValueError("x must be contiguous [M, d], rstd [M] and gamma [d]")
+    if D > MAX_ROW:
+        raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
     if dx_out is not None and (
         dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous()
     ):
         raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     dx = torch.empty_like(x) if dx_out is None else dx_out
     n = torch.empty_like(x)
-    blocks = triton.cdiv(M, ROWS_PER_BLOCK)
-    dgamma = torch.empty((blocks, D), dtype=torch.float32, device=x.device)
+    on_cpu = x.device.type == "cpu"
+    block_d = triton.next_power_of_2(D)
+    block_m = max(1, 8192 // block_d)
+    slots = 4 if on_cpu else 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = max(1, min(slots, triton.cdiv(M, block_m)))
+    rows_per_prog = triton.cdiv(triton.cdiv(M, programs), block_m) * block_m
+    programs = max(1, triton.cdiv(M, rows_per_prog))
+    dgamma = torch.empty((programs, D), dtype=torch.float32, device=x.device)
     if M == 0:
+        dgamma.zero_()
         return dx, n, dgamma
-    if x.device.type == "cpu" and not interpreting():
+    if on_cpu and not interpreting():
         r = rstd.float()[:, None]
         g, xf, dhf = gamma.float(), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)
-        pad = blocks * ROWS_PER_BLOCK - M
-        dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(blocks, -1, D).sum(1))
+        pad = programs * rows_per_prog - M
+        dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
         dx.copy_(r * (g * dhf - xf * r * zeta / D) + dres.float())
         n.copy_(xf * r * g)
         return dx, n, dgamma
     with _on_device(x.device):
-        _rms_backward_rows_kernel[(blocks,)](
-            dh, x, dres, rstd, gamma, dx, n, dgamma, M, D, 1.0 / D,
-            BLOCK_M=ROWS_PER_BLOCK, BLOCK_D=min(256, triton.next_power_of_2(D)),
+        _rms_backward_rows_kernel[(programs,)](
+            dh, x, dres, rstd, gamma, dx, n, dgamma, M, D, 1.0 / D, rows_per_prog,
+            BLOCK_M=block_m, BLOCK_D=block_d, num_warps=8 if block_d <= 4096 else 16,
         )  # fmt: skip
     return dx, n, dgamma
