@@ -80,3 +80,24 @@ def test_tune_all_fail():
 
 def test_shape_bucket():
     assert [tuning.shape_bucket(x) for x in (1, 2, 3, 16384, 16385)] == [1, 2, 4, 16384, 32768]
+
+
+def test_tail_splits():
+    """How many K parts a partial last wave's tiles get: only when SMs would idle and K is long enough."""
+    cfg = tuning.Config(tail_split=4)
+    assert tuning.tail_splits(cfg, 3072, 132, 64, 4) == 3  # 36 tail tiles on 132 SMs
+    assert tuning.tail_splits(cfg, 8192, 132, 32, 4) == 4  # 8 tail tiles: capped at tail_split
+    assert tuning.tail_splits(cfg, 8192, 132, 8, 4) == 2  # short K: at least 4 K blocks a part
+    assert tuning.tail_splits(cfg, 264, 132, 64, 4) == 1  # no partial wave
+    assert tuning.tail_splits(cfg, 250, 132, 64, 4) == 1  # 118 tail tiles: no room to split
+    assert tuning.tail_splits(tuning.Config(tail_split=1), 3072, 132, 64, 4) == 1
+
+
+def test_tail_split_opt_out():
+    from codetta.kernels.launch import candidate_configs
+    from codetta.kernels.program import Epilogue, Operand
+    from codetta.programs import STORE
+
+    ep = Epilogue("no_tail", STORE.apply, outputs=(Operand("out", STORE.outputs[0].kind),), tail_split=False)
+    assert all(c.tail_split == 1 for c in candidate_configs(ep))
+    assert any(c.tail_split > 1 for c in candidate_configs(STORE))

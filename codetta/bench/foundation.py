@@ -5,8 +5,6 @@ Every case times its variants interleaved in one run (harness.compare)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -149,12 +147,6 @@ def overhead(res: Results):
         "codetta-k1": lambda: gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
     }
     us = {name: cpu_overhead_us(fn) for name, fn in fns.items()}
-    os.environ["CODETTA_FAST_LAUNCH"] = "1"  # the experimental direct launcher
-    try:
-        us["codetta-fast"] = cpu_overhead_us(fns["codetta"])
-        us["codetta-k1-fast"] = cpu_overhead_us(fns["codetta-k1"])
-    finally:
-        del os.environ["CODETTA_FAST_LAUNCH"]
     for name, t in us.items():
         res.add(Row("host us/call 64x256x256", name, t / 1e3, 2 * 64 * 256 * 256, us["cublas"] / 1e3))
 

@@ -21,7 +21,6 @@ import warnings
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -194,21 +193,10 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         "IEEE": a.dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split,
     }  # fmt: skip
     with _on_device(a.device):
-        key = _fast_key(cfg, a.device, args, consts) if _fast_launch_enabled() else None
-        kernel = _KERNELS.get(key) if key is not None else None
-        if kernel is not None:
-            stream = torch.cuda.current_stream(a.device).cuda_stream
-            kernel.run(
-                grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                *args, *(consts[name] for name in _CONST_NAMES),
-            )  # fmt: skip
-            return
         kernel = gemm_kernel[(grid,)](*args, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if cfg.tail_split > 1 and getattr(kernel, "n_spills", 0):
-            # the program leaves no registers for the tail path: run this config unsplit
-            _TAIL_SPILLS.add(spill_key)
-        if key is not None:
-            _KERNELS[key] = kernel
+    if cfg.tail_split > 1 and getattr(kernel, "n_spills", 0):
+        # the program leaves no registers for the tail path: run this config unsplit
+        _TAIL_SPILLS.add(spill_key)
 
 
 def _tail_counters(device: torch.device) -> torch.Tensor:
@@ -235,52 +223,6 @@ _COUNTERS: dict = {}
 _DUMMIES: dict = {}
 # (program, config, dtype, layout, device) whose tail-split kernel spills registers
 _TAIL_SPILLS: set = set()
-
-
-# Experimental (CODETTA_FAST_LAUNCH=1, off by default until measured on a GPU):
-# after the first launch of a specialization, call the compiled kernel's launcher
-# directly instead of Triton's JIT dispatch (binding ~35 parameters per call).
-# The key mirrors Triton 3.6's specialization: descriptors by dtype and block
-# shape, ints by == 1 and divisibility by 16, tensors by dtype and 16-byte
-# alignment, JIT functions by identity.
-_KERNELS: dict = {}
-# the launcher takes every parameter positionally, constexprs included, in the kernel's order
-_CONST_NAMES = tuple(gemm_kernel.arg_names[gemm_kernel.arg_names.index("NUM_OPS") :])
-
-
-def _fast_launch_enabled() -> bool:
-    return (
-        os.environ.get("CODETTA_FAST_LAUNCH") == "1"
-        and not interpreting()
-        and _no_hook(knobs.runtime.launch_enter_hook)
-        and _no_hook(knobs.runtime.launch_exit_hook)
-    )
-
-
-def _no_hook(hook) -> bool:
-    # triton 3.6 keeps launch hooks in a HookChain that is empty, not None, when unused
-    return hook is None or not getattr(hook, "calls", True)
-
-
-def _spec(v):
-    if v is None:
-        return None
-    if isinstance(v, TensorDescriptor):
-        return ("d", v.base.dtype, tuple(v.block_shape))
-    if isinstance(v, torch.Tensor):
-        return ("t", v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, bool):
-        return ("b",)
-    if isinstance(v, int):
-        return ("i", v == 1, v % 16 == 0, -(2**31) <= v < 2**31)
-    if isinstance(v, float):
-        return ("f",)
-    raise TypeError(f"no launch specialization for {type(v).__name__}")
-
-
-def _fast_key(cfg, device, args, consts) -> tuple:
-    const_key = tuple(id(v) if k.startswith("EPI_") else v for k, v in consts.items())
-    return (cfg.num_warps, cfg.num_stages, device.index, const_key, *map(_spec, args))
 
 
 def _on_device(device: torch.device):

@@ -70,10 +70,9 @@ class Epilogue:
     K loop, and costs the epilogue nothing; ``apply`` and ``reference`` then
     see the sum. ``layouts`` lists the (A transposed, B transposed) layouts
     the program is used with, for the sm_90a compile check. ``tail_split``:
-    whether the tail tiles of a partial last wave may be split along K
-    (``mainloop.py``); False for programs whose registers have no room for that
-    second epilogue path (the sm_90a check finds spills), whose tail then runs
-    unsplit.
+    whether the tiles of a partial last wave may be split along K
+    (``mainloop.py``); the launcher already runs a configuration unsplit when
+    its tail path would spill registers, so False is only an opt-out.
     """
 
     name: str
