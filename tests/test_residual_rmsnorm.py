@@ -43,14 +43,15 @@ def _run(fn, leaves, dx, dz):
     return x, z, [t.grad for t in ts]
 
 
-@pytest.mark.parametrize("backward", ["rowwise", "two_pass", "folded"])
+@pytest.mark.parametrize("backward", ["rowwise", "two_pass", "folded", "fold_gamma"])
 @pytest.mark.parametrize("gamma_dtype", ["fp32", "act"])
 @pytest.mark.parametrize("M,K,d,N", SHAPES, ids=str)
 def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
     gdt = torch.float32 if gamma_dtype == "fp32" else dtype
     leaves = _leaves(M, K, d, N, dtype, device, gdt)
     dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
-    ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, backward=backward), leaves, dx, dz)
+    kw = {"fold_gamma": True} if backward == "fold_gamma" else {"backward": backward}
+    ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, **kw), leaves, dx, dz)
     ref = _run(lambda *t: _chain(*t, EPS, torch.float64), [t.double() for t in leaves], dx, dz)
     torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
     assert_within("x", ours[0], ref[0], torch_same[0])
@@ -115,11 +116,12 @@ def test_opcheck(device):
     """torch.library's own consistency checks of the custom op registration."""
     leaves = _leaves(32, 32, 64, 48, torch.float16, device)
     leaves = [t.requires_grad_() for t in leaves]
-    torch.library.opcheck(
-        torch.ops.codetta.residual_rmsnorm_linear.default,
-        (*leaves, EPS, "rowwise"),
-        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
-    )
+    for fold_gamma in (False, True):
+        torch.library.opcheck(
+            torch.ops.codetta.residual_rmsnorm_linear.default,
+            (*leaves, EPS, "rowwise", fold_gamma),
+            test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
 
 
 @pytest.mark.parametrize(
@@ -131,6 +133,7 @@ def test_opcheck(device):
         ("lead_dims", ValueError, "leading dims"),
         ("gamma_int", TypeError, "gamma must be float32"),
         ("backward_mode", ValueError, "backward must be one of"),
+        ("fold_gamma_mode", ValueError, "fold_gamma=True needs backward='rowwise'"),
     ],
 )
 def test_bad_input(case, exc, match, device):
@@ -145,7 +148,11 @@ def test_bad_input(case, exc, match, device):
         res = res[:8]
     elif case == "gamma_int":
         g = g.to(torch.int32)
-    kwargs = {"backward": "fused"} if case == "backward_mode" else {}
+    kwargs = {
+        "backward_mode": {"backward": "fused"},
+        "fold_gamma_mode": {"fold_gamma": True, "backward": "folded"},
+    }
+    kwargs = kwargs.get(case, {})
     with pytest.raises(exc, match=match):
         residual_rmsnorm_linear(y, w_o, res, g, w, **kwargs)
 

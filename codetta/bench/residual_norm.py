@@ -49,6 +49,10 @@ def _codetta_two_pass(y, w_o, res, g, w):
     return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="two_pass")
 
 
+def _codetta_fold_gamma(y, w_o, res, g, w):
+    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, fold_gamma=True)
+
+
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -74,6 +78,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         "codetta": _codetta,
         "codetta-2pass": _codetta_two_pass,
         "codetta-folded": _codetta_folded,
+        "codetta-foldgamma": _codetta_fold_gamma,
     }
     liger = _liger_fn()
     if liger is not None:
@@ -82,7 +87,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     # correctness against eager (bf16): every output and gradient
     ref_out = _eager(*leaves)
     ref_grads = torch.autograd.grad(ref_out, leaves, (dx, dz))
-    for fn in (_codetta, _codetta_two_pass, _codetta_folded):
+    for fn in (_codetta, _codetta_two_pass, _codetta_folded, _codetta_fold_gamma):
         out = fn(*leaves)
         grads = torch.autograd.grad(out, leaves, (dx, dz))
         labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]

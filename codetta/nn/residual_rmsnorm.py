@@ -17,7 +17,8 @@ class ResidualRMSNormLinear(nn.Module):
     (``proj``), ``nn.RMSNorm(hidden, eps)`` (``norm_weight``) and
     ``nn.Linear(hidden, out_features, bias=False)`` (``weight``), so existing
     weights load by copying. ``norm_dtype`` may be float32 (default) or the
-    activation dtype; ``backward`` as in ``codetta.ops.residual_rmsnorm_linear``.
+    activation dtype; ``backward`` and ``fold_gamma`` as in
+    ``codetta.ops.residual_rmsnorm_linear``.
     """
 
     def __init__(
@@ -30,9 +31,11 @@ class ResidualRMSNormLinear(nn.Module):
         dtype=None,
         norm_dtype=None,
         backward="rowwise",
+        fold_gamma=False,
     ):
         super().__init__()
         self.backward = backward
+        self.fold_gamma = fold_gamma
         kw = {"device": device, "dtype": dtype}
         self.eps = eps
         self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))
@@ -43,8 +46,9 @@ class ResidualRMSNormLinear(nn.Module):
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor):
         return residual_rmsnorm_linear(
-            y, self.proj, residual, self.norm_weight, self.weight, self.eps, backward=self.backward
-        )
+            y, self.proj, residual, self.norm_weight, self.weight, self.eps,
+            backward=self.backward, fold_gamma=self.fold_gamma,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         h, k = self.proj.shape

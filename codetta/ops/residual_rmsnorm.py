@@ -29,7 +29,14 @@ import torch
 
 from ..kernels.finish import rms_backward_finish, rms_backward_rows, rowdot, rstd_from_partials
 from ..kernels.launch import gemm
-from ..programs import RESIDUAL_RMS, RMS_BACKWARD, RMS_GRAD_PARTIALS, ROW_SCALE
+from ..programs import (
+    GAMMA_WEIGHT_GRAD,
+    RESIDUAL_RMS,
+    RESIDUAL_SUMSQ,
+    RMS_BACKWARD,
+    RMS_GRAD_PARTIALS,
+    ROW_SCALE,
+)
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
 
@@ -43,15 +50,27 @@ def _forward(
     w: torch.Tensor,
     eps: float,
     backward: str,
+    fold_gamma: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if fold_gamma:
+        # h is never written: z = r * (x @ (w * gamma)^T)
+        k1 = gemm(y, w_o, epilogue=RESIDUAL_SUMSQ, residual=residual)
+        rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
+        z = gemm(k1.x, _gamma_weight(w, gamma), epilogue=ROW_SCALE, scale=rstd)
+        return k1.x, z, rstd
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
     rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
     z = gemm(k1.h, w, epilogue=ROW_SCALE, scale=rstd)
     return k1.x, z, rstd
 
 
+def _gamma_weight(w, gamma):
+    """W' = W * gamma over the d columns, in W's dtype (weight-sized, [N, d])."""
+    return (w.float() * gamma.float()).to(w.dtype)
+
+
 @_forward.register_fake
-def _(y, w_o, residual, gamma, w, eps, backward):
+def _(y, w_o, residual, gamma, w, eps, backward, fold_gamma):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
@@ -72,7 +91,19 @@ def _backward(
     z: torch.Tensor | None,
     rstd: torch.Tensor,
     mode: str,
+    fold_gamma: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if fold_gamma:
+        # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
+        # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
+        # dW GEMM's epilogue
+        dn = gemm(dz, _gamma_weight(w, gamma).t())
+        ones = torch.ones(x.shape[1], dtype=torch.float32, device=x.device)
+        dx_total, n, _ = rms_backward_rows(dn, x, dx, rstd, ones, dx_out=dn)
+        gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
+        dy = gemm(dx_total, w_o.t())
+        dw_o = gemm(dx_total.t(), y.t())
+        return dy, dw_o, dx_total, gw.dgamma.sum(0).to(gamma.dtype), gw.dw
     if mode == "rowwise":
         # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
         dh = gemm(dz, w.t())
@@ -99,7 +130,7 @@ def _backward(
 
 
 @_backward.register_fake
-def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode):
+def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode, fold_gamma):
     return (
         y.new_empty(y.shape),
         w_o.new_empty(w_o.shape),
@@ -110,9 +141,9 @@ def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode):
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, w, eps, backward = inputs
+    y, w_o, residual, gamma, w, eps, backward, fold_gamma = inputs
     x, z, rstd = output
-    ctx.mode = backward
+    ctx.mode, ctx.fold_gamma = backward, fold_gamma
     ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd)
 
 
@@ -120,8 +151,8 @@ def _autograd_backward(ctx, dx, dz, drstd):
     y, w_o, gamma, w, x, z, rstd = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     dz = x.new_zeros((x.shape[0], w.shape[0])) if dz is None else dz.contiguous()
-    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd, ctx.mode)
-    return dy, dw_o, dres, dgamma, dw, None, None
+    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd, ctx.mode, ctx.fold_gamma)
+    return dy, dw_o, dres, dgamma, dw, None, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -157,6 +188,7 @@ def residual_rmsnorm_linear(
     weight: torch.Tensor,
     eps: float | None = None,
     backward: str = "rowwise",
+    fold_gamma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
@@ -170,10 +202,17 @@ def residual_rmsnorm_linear(
     elementwise pass finishes dx and n) or ``"folded"`` (zeta = rowsum(dz z)
     first, then everything in the dX GEMM's epilogue; saves z). Same math;
     NOTES.md has the measured times of each.
+
+    ``fold_gamma=True`` applies gamma on the next GEMM's side instead (DESIGN.md
+    2.1): the K1 GEMM stores only x and the sums of squares (h is never written)
+    and the next GEMM runs on x with W * gamma; the backward gets dgamma from the
+    dW GEMM's epilogue. Needs ``backward="rowwise"``.
     """
     _check(y, w_o, residual, gamma, weight)
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if fold_gamma and backward != "rowwise":
+        raise ValueError(f"fold_gamma=True needs backward='rowwise', got {backward!r}")
     lead = residual.shape[:-1]
     eps = torch.finfo(residual.dtype).eps if eps is None else float(eps)
     x, z, _ = _forward(
@@ -184,5 +223,6 @@ def residual_rmsnorm_linear(
         weight,
         eps,
         backward,
+        bool(fold_gamma),
     )
     return x.reshape(*lead, x.shape[-1]), z.reshape(*lead, z.shape[-1])

@@ -2,7 +2,7 @@
 
 from .basic import MUL_COLSUM, ROW_SCALE, STORE
 from .lse import TILE_LSE
-from .norm import RESIDUAL_RMS, RMS_BACKWARD, RMS_GRAD_PARTIALS
+from .norm import GAMMA_WEIGHT_GRAD, RESIDUAL_RMS, RESIDUAL_SUMSQ, RMS_BACKWARD, RMS_GRAD_PARTIALS
 from .rope import ROTATE_PAIRS
 
 __all__ = [
@@ -10,6 +10,8 @@ __all__ = [
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",
+    "RESIDUAL_SUMSQ",
+    "GAMMA_WEIGHT_GRAD",
     "RMS_BACKWARD",
     "RMS_GRAD_PARTIALS",
     "TILE_LSE",

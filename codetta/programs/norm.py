@@ -1,4 +1,4 @@
-"""Residual add + RMSNorm producer (kernel K1 of DESIGN.md 2.6)."""
+"""Residual add + RMSNorm: the K1 producer (DESIGN.md 2.6) and the backward programs."""
 
 import triton
 import triton.language as tl
@@ -38,6 +38,58 @@ RESIDUAL_RMS = Epilogue(
     reference=_residual_rms_ref,
     acc_init="residual",
     configs=tuple(SEEDED_CANDIDATES),
+)
+
+
+@triton.jit
+def _residual_sumsq(acc, off_m, off_n, M, N, ops, state):
+    """K1 without h (gamma folded into the next GEMM's weight): x = acc (residual-seeded),
+    sumsq[m, j] = sum over sub-tile j of x^2."""
+    residual, x_out, sumsq = ops
+    x = acc.to(x_out.dtype).to(tl.float32)
+    P.store_tile(x_out, x, off_m, off_n)
+    P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
+    return state
+
+
+def _residual_sumsq_ref(acc, lay, residual):
+    x = ref.round_to(acc, residual.dtype)
+    return {"x": x, "sumsq": ref.row_partials(x * x, lay.sub_n)}
+
+
+RESIDUAL_SUMSQ = Epilogue(
+    "residual_sumsq",
+    _residual_sumsq,
+    inputs=(Operand("residual", Kind.TILE),),
+    outputs=(Operand("x", Kind.TILE), Operand("sumsq", Kind.ROW_PARTIAL)),
+    reference=_residual_sumsq_ref,
+    acc_init="residual",
+    configs=tuple(SEEDED_CANDIDATES),
+)
+
+
+@triton.jit
+def _gamma_weight_grad(acc, off_m, off_n, M, N, ops, state):
+    """The dW GEMM when gamma is folded into the weight (W' = W gamma): acc = dz^T n [out, d].
+
+    dW = acc * gamma[k];  dgamma[i, k] = sum over the rows j of row-tile i of acc W[j, k]."""
+    gamma, w, dw_out, dgamma = ops
+    P.store_tile(dw_out, acc * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
+    P.store_col_partial(dgamma, acc * P.load_tile(w, off_m, off_n), off_m, off_n, M, N)
+    return state
+
+
+def _gamma_weight_grad_ref(acc, lay, gamma, w):
+    return {"dw": acc * gamma.float(), "dgamma": ref.col_partials(acc * w.float(), lay.block_m)}
+
+
+GAMMA_WEIGHT_GRAD = Epilogue(
+    "gamma_weight_grad",
+    _gamma_weight_grad,
+    inputs=(Operand("gamma", Kind.ROW), Operand("w", Kind.TILE)),
+    outputs=(Operand("dw", Kind.TILE), Operand("dgamma", Kind.COL_PARTIAL)),
+    reference=_gamma_weight_grad_ref,
+    layouts=((True, True),),  # dz^T @ n: both operands enter as transposed views
 )
 
 
