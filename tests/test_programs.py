@@ -142,6 +142,8 @@ def _program_operands(name, M, N, device):
         "row_scale": {"scale": torch.rand(M, **f32) + 0.5},
         "mul_colsum": {"other": rand(M, N, dtype=dtype, device=device)},
         "residual_rms": {"residual": rand(M, N, dtype=dtype, device=device), "gamma": torch.rand(N, **f32)},
+        "residual_sumsq": {"residual": rand(M, N, dtype=dtype, device=device)},
+        "gamma_weight_grad": {"gamma": torch.rand(N, **f32), "w": rand(M, N, dtype=dtype, device=device)},
         "rms_backward": {
             "x": rand(M, N, dtype=dtype, device=device),
             "dres": rand(M, N, dtype=dtype, device=device),
