@@ -6,6 +6,7 @@ tests run on the GPU in bf16 at larger shapes.
 """
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -55,4 +56,4 @@ def dtype(request):
 @pytest.fixture(autouse=True)
 def seed(request):
     # a different seed per test: fresh data, reproducible
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))  # str hash() varies per process

@@ -7,6 +7,13 @@ import triton.language as tl
 from .launch import _on_device, interpreting
 
 
+def _torch_path(x: torch.Tensor) -> bool:
+    """CPU tensors run these passes in PyTorch unless the interpreter is on, and bf16
+    ones always: the triton 3.6 interpreter rounds fp32 -> bf16 by truncation (twice
+    the error of round-to-nearest)."""
+    return x.device.type == "cpu" and (not interpreting() or x.dtype == torch.bfloat16)
+
+
 @triton.jit
 def _rowdot_kernel(a_ptr, b_ptr, out_ptr, N, stride_a, stride_b, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -121,7 +128,7 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
     n = torch.empty_like(x)
     if M == 0:
         return dx, n
-    if x.device.type == "cpu" and not interpreting():
+    if _torch_path(x):
         r = rstd.float()[:, None]
         zeta = zeta_parts.sum(1)[:, None]
         g = gamma.float()
@@ -212,7 +219,7 @@ def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
     if M == 0:
         dgamma.zero_()
         return dx, n, dgamma
-    if on_cpu and not interpreting():
+    if _torch_path(x):
         r = rstd.float()[:, None]
         g, xf, dhf = gamma.float(), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)
