@@ -211,3 +211,32 @@ def test_backward_modes_agree(device):
         assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1])
         for ga, gb in zip(a[2], other[2]):
             torch.testing.assert_close(ga.float(), gb.float(), rtol=2e-2, atol=2e-2 * gb.abs().max().item())
+
+
+@pytest.mark.parametrize("with_gamma", [True, False], ids=["gamma", "no_gamma"])
+@pytest.mark.parametrize("M,D", [(0, 64), (1, 96), (37, 600), (130, 128)])
+def test_rms_backward_rows(M, D, with_gamma, device):
+    """The row pass of the rowwise backward (multi-block rows, odd M, no rows, no scale)."""
+    from codetta.kernels.finish import rms_backward_rows
+
+    dtype = torch.float16
+    dh, x, dres = (rand(M, D, dtype=dtype, device=device) for _ in range(3))
+    rstd = torch.rand(M, device=device) + 0.5
+    gamma = torch.rand(D, device=device) + 0.5 if with_gamma else None
+
+    def math(dh, x, dres, r, g):
+        r = r[:, None]
+        zeta = (dh * g * x * r).sum(1, keepdim=True)
+        return r * (g * dh - x * r * zeta / D) + dres, x * r * g, (dh * x * r).sum(0)
+
+    g64 = gamma.double() if with_gamma else 1.0
+    want = math(dh.double(), x.double(), dres.double(), rstd.double(), g64)
+    same = math(dh.float(), x.float(), dres.float(), rstd, gamma if with_gamma else 1.0)
+    dx, n, parts = rms_backward_rows(dh, x, dres, rstd, gamma)
+    if M:
+        assert_within("dx", dx, want[0], same[0].to(dtype))
+        assert_within("n", n, want[1], same[1].to(dtype))
+    if with_gamma:
+        assert_within("dgamma", parts.sum(0), want[2], same[2])
+    else:
+        assert parts is None

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import _on_device, interpreting
+from .launch import _num_sms, _on_device, interpreting
 
 
 def _torch_path(x: torch.Tensor) -> bool:
@@ -12,6 +12,22 @@ def _torch_path(x: torch.Tensor) -> bool:
     ones always: the triton 3.6 interpreter rounds fp32 -> bf16 by truncation (twice
     the error of round-to-nearest)."""
     return x.device.type == "cpu" and (not interpreting() or x.dtype == torch.bfloat16)
+
+
+def _check_rows(x, dx_out, **same_as_x):
+    """Validate the [M, d] operands of a row pass; return the dx buffer."""
+    for name, t in same_as_x.items():
+        if t.shape != x.shape or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous with x's shape {tuple(x.shape)}, got {tuple(t.shape)}"
+            )
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous")
+    if dx_out is None:
+        return torch.empty_like(x)
+    if dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous():
+        raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    return dx_out
 
 
 @triton.jit
@@ -37,7 +53,7 @@ def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty(M, dtype=torch.float32, device=a.device)
     if M == 0:
         return out
-    if a.device.type == "cpu" and not interpreting():
+    if _torch_path(a):
         return (a.double() * b.double()).sum(1).float()
     with _on_device(a.device):
         _rowdot_kernel[(M,)](
@@ -66,7 +82,7 @@ def rstd_from_partials(sumsq: torch.Tensor, d: int, eps: float) -> torch.Tensor:
             f"sumsq must be a contiguous float32 [M, T] tensor, got {sumsq.dtype} {tuple(sumsq.shape)}"
         )
     M, T = sumsq.shape
-    if sumsq.device.type == "cpu" and not interpreting():
+    if _torch_path(sumsq):
         return torch.rsqrt(sumsq.sum(1) / d + eps)
     out = torch.empty(M, dtype=torch.float32, device=sumsq.device)
     if M:
@@ -113,18 +129,9 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
     each element is read before it is overwritten) receives dx.
     """
     M, D = x.shape
-    for name, t in (("dn", dn), ("dres", dres)):
-        if t.shape != x.shape or not t.is_contiguous():
-            raise ValueError(
-                f"{name} must be contiguous with x's shape {tuple(x.shape)}, got {tuple(t.shape)}"
-            )
-    if not (x.is_contiguous() and zeta_parts.is_contiguous() and zeta_parts.shape[0] == M):
-        raise ValueError("x and zeta_parts must be contiguous, zeta_parts [M, T]")
-    if dx_out is not None and (
-        dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous()
-    ):
-        raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    dx = torch.empty_like(x) if dx_out is None else dx_out
+    dx = _check_rows(x, dx_out, dn=dn, dres=dres)
+    if not (zeta_parts.is_contiguous() and zeta_parts.shape[0] == M):
+        raise ValueError("zeta_parts must be a contiguous [M, T] tensor")
     n = torch.empty_like(x)
     if M == 0:
         return dx, n
@@ -149,7 +156,7 @@ def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
 def _rms_backward_rows_kernel(
     dh_ptr, x_ptr, dres_ptr, rstd_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
     M, D, inv_d, rows_per_prog,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr,
 ):  # fmt: skip
     # each program walks its own run of whole rows (zeta needs the full row), one
     # read of dh, x, dres and one write of dx, n per element; its dgamma partial
@@ -157,7 +164,10 @@ def _rms_backward_rows_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
-    g = tl.load(gamma_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_GAMMA:
+        g = tl.load(gamma_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        g = 1.0
     dg = tl.zeros([BLOCK_D], tl.float32)
     first = pid * rows_per_prog
     last = tl.minimum(first + rows_per_prog, M)
@@ -172,11 +182,13 @@ def _rms_backward_rows_kernel(
         xr = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * r
         dres = tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
         zeta = tl.sum(dh * g * xr, 1)
-        dg += tl.sum(dh * xr, 0)
+        if HAS_GAMMA:
+            dg += tl.sum(dh * xr, 0)
         dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None] + dres
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
         tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
-    tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, dg, mask=cmask)
+    if HAS_GAMMA:
+        tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, dg, mask=cmask)
 
 
 MAX_ROW = 16384  # the row kernel holds whole rows in registers
@@ -188,49 +200,42 @@ def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
     n = x r gamma (the next GEMM's input, for its dW), and dgamma partials
     [programs, d] (sum them over dim 0) of dh x r over each program's rows.
 
-    dh, x, dres: contiguous [M, d], d <= 16384; rstd fp32 [M]; gamma [d].
+    dh, x, dres: contiguous [M, d], d <= 16384; rstd fp32 [M]; gamma [d], or None
+    for a norm without a scale (then n = x r and no dgamma: None is returned).
     Returns (dx, n, dgamma partials); ``dx_out`` (may be ``dh``: each element is
     read before it is written over) receives dx.
     """
     M, D = x.shape
-    for name, t in (("dh", dh), ("dres", dres)):
-        if t.shape != x.shape or not t.is_contiguous():
-            raise ValueError(
-                f"{name} must be contiguous with x's shape {tuple(x.shape)}, got {tuple(t.shape)}"
-            )
-    if not x.is_contiguous() or rstd.shape != (M,) or gamma.shape != (D,):
-        raise ValueError("x must be contiguous [M, d], rstd [M] and gamma [d]")
+    dx = _check_rows(x, dx_out, dh=dh, dres=dres)
+    if rstd.shape != (M,) or (gamma is not None and gamma.shape != (D,)):
+        raise ValueError("rstd must be [M] and gamma [d]")
     if D > MAX_ROW:
         raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
-    if dx_out is not None and (
-        dx_out.shape != x.shape or dx_out.dtype != x.dtype or not dx_out.is_contiguous()
-    ):
-        raise ValueError(f"dx_out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    dx = torch.empty_like(x) if dx_out is None else dx_out
     n = torch.empty_like(x)
     on_cpu = x.device.type == "cpu"
     block_d = triton.next_power_of_2(D)
     block_m = max(1, 8192 // block_d)
-    slots = 4 if on_cpu else 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+    slots = 4 if on_cpu else 4 * _num_sms(x.device.index or 0)
     programs = max(1, min(slots, triton.cdiv(M, block_m)))
-    rows_per_prog = triton.cdiv(triton.cdiv(M, programs), block_m) * block_m
+    rows_per_prog = max(1, triton.cdiv(triton.cdiv(M, programs), block_m)) * block_m
     programs = max(1, triton.cdiv(M, rows_per_prog))
-    dgamma = torch.empty((programs, D), dtype=torch.float32, device=x.device)
+    dgamma = None if gamma is None else torch.empty((programs, D), dtype=torch.float32, device=x.device)
     if M == 0:
-        dgamma.zero_()
-        return dx, n, dgamma
+        return dx, n, None if dgamma is None else dgamma.zero_()
     if _torch_path(x):
         r = rstd.float()[:, None]
-        g, xf, dhf = gamma.float(), x.float(), dh.float()
+        g, xf, dhf = (1.0 if gamma is None else gamma.float()), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)
-        pad = programs * rows_per_prog - M
-        dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
+        if dgamma is not None:
+            pad = programs * rows_per_prog - M
+            dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
         dx.copy_(r * (g * dhf - xf * r * zeta / D) + dres.float())
         n.copy_(xf * r * g)
         return dx, n, dgamma
     with _on_device(x.device):
         _rms_backward_rows_kernel[(programs,)](
             dh, x, dres, rstd, gamma, dx, n, dgamma, M, D, 1.0 / D, rows_per_prog,
-            BLOCK_M=block_m, BLOCK_D=block_d, num_warps=8 if block_d <= 4096 else 16,
+            BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
+            num_warps=8 if block_d <= 4096 else 16,
         )  # fmt: skip
     return dx, n, dgamma

@@ -98,32 +98,30 @@ def _backward(
         # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
         # dW GEMM's epilogue
         dn = gemm(dz, _gamma_weight(w, gamma).t())
-        ones = torch.ones(x.shape[1], dtype=torch.float32, device=x.device)
-        dx_total, n, _ = rms_backward_rows(dn, x, dx, rstd, ones, dx_out=dn)
+        dx_total, n, _ = rms_backward_rows(dn, x, dx, rstd, None, dx_out=dn)
         gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
-        dy = gemm(dx_total, w_o.t())
-        dw_o = gemm(dx_total.t(), y.t())
-        return dy, dw_o, dx_total, gw.dgamma.sum(0).to(gamma.dtype), gw.dw
-    if mode == "rowwise":
-        # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
-        dh = gemm(dz, w.t())
-        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, rstd, gamma, dx_out=dh)
-    elif mode == "folded":
-        # folded: zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
-        zeta = rowdot(dz, z)
-        bw = gemm(
-            dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, rstd=rstd, zeta=zeta, gamma=gamma,
-            inv_d=1.0 / x.shape[1],
-        )  # fmt: skip
-        dx_total, n, dgamma_parts = bw.dx, bw.n, bw.dgamma
+        dw, dgamma_parts = gw.dw, gw.dgamma
     else:
-        # two-pass: the dX epilogue stores dn with zeta and dgamma partials; one
-        # elementwise pass finishes dx and n (no z saved, no pass over dz and z)
-        bw = gemm(dz, w.t(), epilogue=RMS_GRAD_PARTIALS, x=x, rstd=rstd, gamma=gamma)
-        dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
-        dgamma_parts = bw.dgamma
+        if mode == "rowwise":
+            # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
+            dh = gemm(dz, w.t())
+            dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, rstd, gamma, dx_out=dh)
+        elif mode == "folded":
+            # zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
+            zeta = rowdot(dz, z)
+            bw = gemm(
+                dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, rstd=rstd, zeta=zeta, gamma=gamma,
+                inv_d=1.0 / x.shape[1],
+            )  # fmt: skip
+            dx_total, n, dgamma_parts = bw.dx, bw.n, bw.dgamma
+        else:
+            # two-pass: the dX epilogue stores dn with zeta and dgamma partials; one
+            # elementwise pass finishes dx and n (no z saved, no pass over dz and z)
+            bw = gemm(dz, w.t(), epilogue=RMS_GRAD_PARTIALS, x=x, rstd=rstd, gamma=gamma)
+            dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
+            dgamma_parts = bw.dgamma
+        dw = gemm(dz.t(), n.t())
     dgamma = dgamma_parts.sum(0).to(gamma.dtype)
-    dw = gemm(dz.t(), n.t())
     dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
     return dy, dw_o, dx_total, dgamma, dw
