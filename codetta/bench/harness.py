@@ -4,7 +4,6 @@ versions and git commit; write CSV + JSON and a PNG plot."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime
 import json
@@ -94,26 +93,19 @@ def compare(fns: dict, rounds: int = 5, rep_ms: float = 30) -> dict:
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
-@contextlib.contextmanager
-def without_tail_split():
-    """Run codetta GEMMs with the last-wave K split off (the same tuned configs)."""
-    old = os.environ.get("CODETTA_TAIL_SPLIT")
-    os.environ["CODETTA_TAIL_SPLIT"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["CODETTA_TAIL_SPLIT"]
-        else:
-            os.environ["CODETTA_TAIL_SPLIT"] = old
-
-
 def no_tail(fn):
-    """``fn`` with the tail split off, for an A/B variant."""
+    """``fn`` with the last-wave K split off (the same tuned configs), for an A/B variant."""
 
     def run():
-        with without_tail_split():
+        old = os.environ.get("CODETTA_TAIL_SPLIT")
+        os.environ["CODETTA_TAIL_SPLIT"] = "0"
+        try:
             return fn()
+        finally:
+            if old is None:
+                del os.environ["CODETTA_TAIL_SPLIT"]
+            else:
+                os.environ["CODETTA_TAIL_SPLIT"] = old
 
     return run
 
