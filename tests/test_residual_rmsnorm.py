@@ -172,6 +172,17 @@ def test_rstd_finish(M, T, device):
     assert_within("rstd", got, want, torch_same)
 
 
+@pytest.mark.parametrize("R,D", [(1, 1), (37, 17), (300, 40), (528, 100)])
+def test_col_sum(R, D, device):
+    """The dgamma finish: fp32 column sums of [R, D] partials."""
+    from codetta.kernels.finish import col_sum
+
+    parts = torch.randn(R, D, device=device) * 3
+    assert_within("col_sum", col_sum(parts), parts.double().sum(0), parts.sum(0))
+    with pytest.raises(ValueError, match="float32"):
+        col_sum(parts.half())
+
+
 @pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
 def test_rowdot(M, N, device):
     from codetta.kernels.finish import rowdot

@@ -7,6 +7,8 @@ import pytest
 
 from codetta.kernels import tuning
 
+FMT = tuning.CACHE_FORMAT
+
 IDENT = {"gpu": "NVIDIA H200", "triton": "3.6.0", "codetta": "0.1.0"}
 
 
@@ -28,10 +30,10 @@ def test_roundtrip(tmp_path):
     [
         ("{not json", "unreadable"),
         ({"format": 99, "identity": IDENT, "entries": {}}, "unreadable"),
-        ({"format": 1, "identity": IDENT, "entries": []}, "unreadable"),
-        ({"format": 1, "identity": IDENT, "entries": {"k": {"block_m": 3}}}, "unreadable"),
-        ({"format": 1, "identity": {**IDENT, "gpu": "other"}, "entries": {}}, "written for"),
-        ({"format": 1, "identity": {**IDENT, "codetta": "0.0.1"}, "entries": {}}, "written for"),
+        ({"format": FMT, "identity": IDENT, "entries": []}, "unreadable"),
+        ({"format": FMT, "identity": IDENT, "entries": {"k": {"block_m": 3}}}, "unreadable"),
+        ({"format": FMT, "identity": {**IDENT, "gpu": "other"}, "entries": {}}, "written for"),
+        ({"format": FMT, "identity": {**IDENT, "codetta": "0.0.1"}, "entries": {}}, "written for"),
     ],
     ids=["not-json", "format", "entries-type", "bad-config", "other-gpu", "stale-version"],
 )

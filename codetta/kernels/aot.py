@@ -53,7 +53,9 @@ class Report:
 def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
     tys = []
     for i, op in enumerate(ep.inputs + ep.outputs):
-        if op.kind is Kind.TILE:
+        if op.kind is Kind.TILE and cfg.ptr_stores and i >= len(ep.inputs):
+            tys.append(f"*{_TY[op.dtype] if op.dtype is not None else _TY[dtype]}")
+        elif op.kind is Kind.TILE:
             ty = _TY[op.dtype] if op.dtype is not None else _TY[dtype]
             width = cfg.block_n if i == ep.acc_init_index else cfg.sub_n
             tys.append(f"tensordesc<{ty}[{cfg.block_m}, {width}]>")
@@ -105,7 +107,15 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
     )
     for k in constexprs:
         signature[k] = "constexpr"
-    src = ASTSource(gemm_kernel, signature, constexprs)
+    # as a launch on aligned shapes specializes them: M, N, K and every pointer
+    # divisible by 16 (register use, and so spills, can depend on it)
+    names = list(signature)
+    attrs = {
+        (names.index(k),): [["tt.divisibility", 16]]
+        for k, ty in signature.items()
+        if k in ("M", "N", "K") or ty.startswith("*")
+    }
+    src = ASTSource(gemm_kernel, signature, constexprs, attrs)
     return triton.compile(
         src,
         target=GPUTarget("cuda", 90, 32),

@@ -63,6 +63,38 @@ def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _col_sum_kernel(p_ptr, out_ptr, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start in range(0, R, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        m = (rows < R)[:, None] & cmask[None, :]
+        acc += tl.load(p_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, 0), mask=cmask)
+
+
+def col_sum(parts: torch.Tensor) -> torch.Tensor:
+    """fp32 [D] = parts.sum(0) for fp32 partials [R, D] (a few hundred rows: the
+    dgamma partials of the norm backward). Narrow column blocks give every SM
+    work; torch's dim-0 reduction of such a shape runs ~5x longer on an H200."""
+    if parts.dim() != 2 or parts.dtype != torch.float32 or not parts.is_contiguous():
+        raise ValueError(
+            f"parts must be a contiguous float32 [R, D] tensor, got {parts.dtype} {tuple(parts.shape)}"
+        )
+    R, D = parts.shape
+    if _torch_path(parts) or R == 0:
+        return parts.sum(0)
+    out = torch.empty(D, dtype=torch.float32, device=parts.device)
+    block_d = 16
+    with _on_device(parts.device):
+        _col_sum_kernel[(triton.cdiv(D, block_d),)](
+            parts, out, R, D, BLOCK_R=min(256, triton.next_power_of_2(R)), BLOCK_D=block_d, num_warps=4
+        )
+    return out
+
+
+@triton.jit
 def _rstd_kernel(part_ptr, out_ptr, M, T, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M], tl.float32)

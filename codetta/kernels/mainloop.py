@@ -147,18 +147,21 @@ def _epilogue(
 
 @triton.jit
 def _partial_offsets(slot, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
-    # workspace slot = one [BLOCK_M, BLOCK_N] fp32 tile stored as its column
-    # sub-tiles [BLOCK_M, WIDTH] one after another; this is sub-tile j
-    inner = tl.arange(0, BLOCK_M)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
-    return slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + j * (BLOCK_M * WIDTH) + inner
+    # workspace slot = one [BLOCK_M, BLOCK_N] fp32 tile, row-major; this is its
+    # column block j of width WIDTH (so partials can be written and read back in
+    # blocks of different widths)
+    inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + (j * WIDTH + tl.arange(0, WIDTH))[None, :]
+    return slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + inner
 
 
 @triton.jit
-def _store_partial(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr):
-    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
-    blocks = _column_blocks(acc, EPI_SPLIT)
-    for j in tl.static_range(EPI_SPLIT):
-        tl.store(ws_ptr + _partial_offsets(slot, j, BLOCK_M, BLOCK_N, SUB_N), blocks[j])
+def _store_partial(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # in quarters whatever the program's split: each block passes through a
+    # layout conversion on its way to memory, and quarters keep that conversion's
+    # registers small (halves spill in register-tight programs)
+    blocks = _column_blocks(acc, 4)
+    for j in tl.static_range(4):
+        tl.store(ws_ptr + _partial_offsets(slot, j, BLOCK_M, BLOCK_N, BLOCK_N // 4), blocks[j])
 
 
 @triton.jit
@@ -283,7 +286,7 @@ def gemm_kernel(
             # every part stores its partial; the part that arrives last (the
             # counter's old value says so) sums them in part order and runs the program
             slot = t * tail_splits
-            _store_partial(acc, ws_ptr, slot + part, BLOCK_M, BLOCK_N, EPI_SPLIT)
+            _store_partial(acc, ws_ptr, slot + part, BLOCK_M, BLOCK_N)
             tl.debug_barrier()  # all of this program's partial is written before the release
             arrived = tl.atomic_add(counts_ptr + t, 1, sem="acq_rel", scope="gpu")
             if arrived == tail_splits - 1:

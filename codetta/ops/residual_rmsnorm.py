@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.finish import rms_backward_finish, rms_backward_rows, rowdot, rstd_from_partials
+from ..kernels.finish import col_sum, rms_backward_finish, rms_backward_rows, rowdot, rstd_from_partials
 from ..kernels.launch import gemm
 from ..programs import (
     GAMMA_WEIGHT_GRAD,
@@ -51,17 +51,20 @@ def _forward(
     eps: float,
     backward: str,
     fold_gamma: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # returns (x, z, rstd, w_gamma): w_gamma = W * gamma when fold_gamma (kept for
+    # the backward), else an empty tensor
     if fold_gamma:
         # h is never written: z = r * (x @ (w * gamma)^T)
         k1 = gemm(y, w_o, epilogue=RESIDUAL_SUMSQ, residual=residual)
         rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
-        z = gemm(k1.x, _gamma_weight(w, gamma), epilogue=ROW_SCALE, scale=rstd)
-        return k1.x, z, rstd
+        w_gamma = _gamma_weight(w, gamma)
+        z = gemm(k1.x, w_gamma, epilogue=ROW_SCALE, scale=rstd)
+        return k1.x, z, rstd, w_gamma
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
     rstd = rstd_from_partials(k1.sumsq, residual.shape[1], eps)
     z = gemm(k1.h, w, epilogue=ROW_SCALE, scale=rstd)
-    return k1.x, z, rstd
+    return k1.x, z, rstd, w.new_empty(0)
 
 
 def _gamma_weight(w, gamma):
@@ -76,6 +79,7 @@ def _(y, w_o, residual, gamma, w, eps, backward, fold_gamma):
         residual.new_empty(residual.shape),
         y.new_empty((M, w.shape[0])),
         y.new_empty((M,), dtype=torch.float32),
+        w.new_empty(w.shape if fold_gamma else (0,)),
     )
 
 
@@ -90,6 +94,7 @@ def _backward(
     x: torch.Tensor,
     z: torch.Tensor | None,
     rstd: torch.Tensor,
+    w_gamma: torch.Tensor,
     mode: str,
     fold_gamma: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,7 +102,7 @@ def _backward(
         # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
         # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
         # dW GEMM's epilogue
-        dn = gemm(dz, _gamma_weight(w, gamma).t())
+        dn = gemm(dz, w_gamma.t())
         dx_total, n, _ = rms_backward_rows(dn, x, dx, rstd, None, dx_out=dn)
         gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
         dw, dgamma_parts = gw.dw, gw.dgamma
@@ -121,14 +126,14 @@ def _backward(
             dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
             dgamma_parts = bw.dgamma
         dw = gemm(dz.t(), n.t())
-    dgamma = dgamma_parts.sum(0).to(gamma.dtype)
+    dgamma = col_sum(dgamma_parts).to(gamma.dtype)
     dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
     return dy, dw_o, dx_total, dgamma, dw
 
 
 @_backward.register_fake
-def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode, fold_gamma):
+def _(dx, dz, y, w_o, gamma, w, x, z, rstd, w_gamma, mode, fold_gamma):
     return (
         y.new_empty(y.shape),
         w_o.new_empty(w_o.shape),
@@ -140,16 +145,18 @@ def _(dx, dz, y, w_o, gamma, w, x, z, rstd, mode, fold_gamma):
 
 def _setup_context(ctx, inputs, output):
     y, w_o, residual, gamma, w, eps, backward, fold_gamma = inputs
-    x, z, rstd = output
+    x, z, rstd, w_gamma = output
     ctx.mode, ctx.fold_gamma = backward, fold_gamma
-    ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd)
+    ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd, w_gamma)
 
 
-def _autograd_backward(ctx, dx, dz, drstd):
-    y, w_o, gamma, w, x, z, rstd = ctx.saved_tensors
+def _autograd_backward(ctx, dx, dz, drstd, dw_gamma):
+    y, w_o, gamma, w, x, z, rstd, w_gamma = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     dz = x.new_zeros((x.shape[0], w.shape[0])) if dz is None else dz.contiguous()
-    dy, dw_o, dres, dgamma, dw = _backward(dx, dz, y, w_o, gamma, w, x, z, rstd, ctx.mode, ctx.fold_gamma)
+    dy, dw_o, dres, dgamma, dw = _backward(
+        dx, dz, y, w_o, gamma, w, x, z, rstd, w_gamma, ctx.mode, ctx.fold_gamma
+    )
     return dy, dw_o, dres, dgamma, dw, None, None, None
 
 
@@ -203,8 +210,9 @@ def residual_rmsnorm_linear(
 
     ``fold_gamma=True`` applies gamma on the next GEMM's side instead (DESIGN.md
     2.1): the K1 GEMM stores only x and the sums of squares (h is never written)
-    and the next GEMM runs on x with W * gamma; the backward gets dgamma from the
-    dW GEMM's epilogue. Needs ``backward="rowwise"``.
+    and the next GEMM runs on x with W * gamma (formed once in the forward and
+    kept for the backward: one weight-sized buffer); the backward gets dgamma
+    from the dW GEMM's epilogue. Needs ``backward="rowwise"``.
     """
     _check(y, w_o, residual, gamma, weight)
     if backward not in BACKWARDS:
@@ -213,7 +221,7 @@ def residual_rmsnorm_linear(
         raise ValueError(f"fold_gamma=True needs backward='rowwise', got {backward!r}")
     lead = residual.shape[:-1]
     eps = torch.finfo(residual.dtype).eps if eps is None else float(eps)
-    x, z, _ = _forward(
+    x, z, _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(),
         w_o,
         residual.reshape(-1, residual.shape[-1]).contiguous(),
