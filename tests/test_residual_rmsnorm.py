@@ -183,6 +183,19 @@ def test_col_sum(R, D, device):
         col_sum(parts.half())
 
 
+@pytest.mark.parametrize("R,D", [(1, 8), (77, 300)])
+def test_scale_columns(R, D, device):
+    """W * gamma for fold_gamma: fp32 product, rounded once."""
+    from codetta.kernels.finish import scale_columns
+
+    w = rand(R, D, dtype=torch.float16, device=device)
+    g = torch.rand(D, device=device) + 0.5
+    want = w.double() * g.double()
+    assert_within("w*gamma", scale_columns(w, g), want, (w.float() * g).half())
+    with pytest.raises(ValueError, match="gamma"):
+        scale_columns(w, g[:-1])
+
+
 @pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
 def test_rowdot(M, N, device):
     from codetta.kernels.finish import rowdot

@@ -5,17 +5,14 @@ Every case times its variants interleaved in one run (harness.compare)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import gemm
 from ..kernels import primitives as P
-from ..kernels.launch import candidate_configs
 from ..kernels.program import Epilogue
-from ..programs import RESIDUAL_RMS, STORE
+from ..programs import RESIDUAL_RMS
 from .harness import Results, Row, compare, cpu_overhead_us, no_tail, peak_memory_gb
 
 M = 16384
@@ -48,24 +45,13 @@ def _add_all(res, case, flops, times, mem=None):
         res.add(Row(case, name, ms, flops, base, (mem or {}).get(name, float("nan"))))
 
 
-def _tma_only(ep: Epilogue) -> Epilogue:
-    """``ep`` tuned over its TMA-store configurations only (its own tuning key), for
-    the A/B variant against pointer stores (``Config.ptr_stores``)."""
-    cfgs = tuple(c for c in candidate_configs(ep) if not c.ptr_stores)
-    return dataclasses.replace(ep, name=ep.name + "_tma", configs=cfgs)
-
-
-STORE_TMA, RESIDUAL_RMS_TMA = _tma_only(STORE), _tma_only(RESIDUAL_RMS)
-
-
 def _plain_case(res: Results, N: int, K: int):
     a, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
     case = f"plain {M}x{N}x{K}"
     _check(case, gemm(a, w), a @ w.t())
     ours = lambda: gemm(a, w)  # noqa: E731
-    fns = {"cublas": lambda: a @ w.t(), "codetta": ours, "codetta-notail": no_tail(ours)}
-    fns["codetta-tma"] = lambda: gemm(a, w, epilogue=STORE_TMA)
-    _add_all(res, case, 2 * M * N * K, compare(fns))
+    times = compare({"cublas": lambda: a @ w.t(), "codetta": ours, "codetta-notail": no_tail(ours)})
+    _add_all(res, case, 2 * M * N * K, times)
 
 
 def _backward_case(res: Results, N: int, K: int):
@@ -111,9 +97,9 @@ _k1_compiled = torch.compile(_k1_chain)
 def _residual_rms_loaded(acc, off_m, off_n, M, N, ops, state):
     """The first K1 variant: the residual is read in the epilogue, per sub-tile."""
     residual, gamma, x_out, h_out, sumsq = ops
-    x = (P.load_tile(residual, off_m, off_n) + acc).to(residual.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n, M, N)
-    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
+    x = (P.load_tile(residual, off_m, off_n) + acc).to(x_out.dtype).to(tl.float32)
+    P.store_tile(x_out, x, off_m, off_n)
+    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
     P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
     return state
 
@@ -141,7 +127,6 @@ def _k1_case(res: Results, N: int, K: int):
         "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
     }
     fns["codetta-notail"] = no_tail(fns["codetta"])
-    fns["codetta-tma"] = lambda: gemm(y, w, epilogue=RESIDUAL_RMS_TMA, residual=r, gamma=g)
     mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
     _add_all(res, case, 2 * M * N * K, compare(fns), mem)
 

@@ -80,27 +80,30 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
 
 def compare(fns: dict, rounds: int = 5, rep_ms: float = 30) -> dict:
     """Time several variants of one case interleaved over ``rounds`` rounds, so
-    clock and power-cap drift hit all of them alike; median of the round medians.
+    clock and power-cap drift hit all of them alike (the order rotates from round to
+    round); median of the round medians.
     The H200 runs these GEMMs at its 700 W cap, where the SM clock moves between
     about 1.3 and 1.6 GHz: a sustained warm-up comes first."""
     for fn in fns.values():
         fn()
     time_ms(next(iter(fns.values())), warmup_ms=200, rep_ms=100)
     times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(time_ms(fn, warmup_ms=10, rep_ms=rep_ms))
+    names = list(fns)
+    for r in range(rounds):
+        # each round starts at another variant: no variant always follows the same one
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(time_ms(fns[name], warmup_ms=10, rep_ms=rep_ms))
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
 def no_tail(fn):
     """``fn`` with the last-wave K split off (the same tuned configs), for an A/B variant."""
 
-    def run():
+    def run(*args, **kwargs):
         old = os.environ.get("CODETTA_TAIL_SPLIT")
         os.environ["CODETTA_TAIL_SPLIT"] = "0"
         try:
-            return fn()
+            return fn(*args, **kwargs)
         finally:
             if old is None:
                 del os.environ["CODETTA_TAIL_SPLIT"]
@@ -158,17 +161,18 @@ class Results:
         variants = list(dict.fromkeys(r.variant for r in self.rows))
         cases = list(dict.fromkeys(r.case for r in self.rows))
         by = {(r.case, r.variant): r for r in self.rows}
-        head = f"{'case':<34}" + "".join(f"{v:>16}" for v in variants)
+        w = max([16] + [len(v) + 2 for v in variants])
+        head = f"{'case':<34}" + "".join(f"{v:>{w}}" for v in variants)
         lines = [
             f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})",
             head,
         ]
         for c in cases:
-            cells = [f"{by[(c, v)].ratio:>16.3f}" if (c, v) in by else f"{'-':>16}" for v in variants]
+            cells = [f"{by[(c, v)].ratio:>{w}.3f}" if (c, v) in by else f"{'-':>{w}}" for v in variants]
             lines.append(f"{c:<34}" + "".join(cells))
         lines.append(
             f"{'geomean':<34}"
-            + "".join(f"{geomean(r.ratio for r in self.rows if r.variant == v):>16.3f}" for v in variants)
+            + "".join(f"{geomean(r.ratio for r in self.rows if r.variant == v):>{w}.3f}" for v in variants)
         )
         return "\n".join(lines)
 

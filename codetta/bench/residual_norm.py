@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
-from .harness import Results, Row, compare, peak_memory_gb
+from .harness import Results, Row, compare, no_tail, peak_memory_gb
 
 M = 16384
 EPS = 1e-6
@@ -111,12 +111,14 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     gemms_all = lambda: (y @ w_o.t(), n @ w.t(), dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y)  # noqa: E731
     with torch.no_grad():
         fwd_flops = 2 * M * d * K + 2 * M * N * d
-        t = compare({"cublas": gemms_fwd, **{k: fwd(v) for k, v in variants.items()}})
+        fns = {"cublas": gemms_fwd, **{k: fwd(v) for k, v in variants.items()}}
+        fns["codetta-notail"] = no_tail(fns["codetta"])  # A/B of the last-wave K split
+        t = compare(fns)
         for k, ms in t.items():
             res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
-    t = compare(
-        {"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}}
-    )
+    fns = {"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    fns["codetta-notail"] = no_tail(fns["codetta"])
+    t = compare(fns)
     mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in variants.items()}
     for k, ms in t.items():
         res_bwd.add(Row(f"{name} fwd+bwd", k, ms, 3 * fwd_flops, t["cublas"], mem.get(k, float("nan"))))

@@ -53,9 +53,7 @@ class Report:
 def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
     tys = []
     for i, op in enumerate(ep.inputs + ep.outputs):
-        if op.kind is Kind.TILE and cfg.ptr_stores and i >= len(ep.inputs):
-            tys.append(f"*{_TY[op.dtype] if op.dtype is not None else _TY[dtype]}")
-        elif op.kind is Kind.TILE:
+        if op.kind is Kind.TILE:
             ty = _TY[op.dtype] if op.dtype is not None else _TY[dtype]
             width = cfg.block_n if i == ep.acc_init_index else cfg.sub_n
             tys.append(f"tensordesc<{ty}[{cfg.block_m}, {width}]>")

@@ -95,6 +95,35 @@ def col_sum(parts: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _scale_columns_kernel(w_ptr, g_ptr, out_ptr, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    g = tl.load(g_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (w * g).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``w * gamma`` over the columns of a contiguous [R, D] weight, the product
+    formed in fp32 and rounded once to w's dtype (one pass over w)."""
+    if w.dim() != 2 or not w.is_contiguous() or gamma.shape != (w.shape[1],):
+        raise ValueError(
+            f"need a contiguous [R, D] w and a [D] gamma, got {tuple(w.shape)} and {tuple(gamma.shape)}"
+        )
+    if _torch_path(w) or w.numel() == 0:
+        return (w.float() * gamma.float()).to(w.dtype)
+    R, D = w.shape
+    out = torch.empty_like(w)
+    with _on_device(w.device):
+        _scale_columns_kernel[(triton.cdiv(R, 32), triton.cdiv(D, 256))](
+            w, gamma, out, R, D, BLOCK_R=32, BLOCK_D=256
+        )
+    return out
+
+
+@triton.jit
 def _rstd_kernel(part_ptr, out_ptr, M, T, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M], tl.float32)

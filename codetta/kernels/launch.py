@@ -140,10 +140,10 @@ def _alloc_outputs(ep: Epilogue, M: int, N: int, in_dtype, device, lay: Layout) 
     ]
 
 
-def _kernel_arg(op: Operand, t, cfg: tuning.Config, whole_tile: bool, output: bool):
-    if op.kind is Kind.TILE and not (output and cfg.ptr_stores):
+def _kernel_arg(op: Operand, t, cfg: tuning.Config, whole_tile: bool):
+    if op.kind is Kind.TILE:
         return TensorDescriptor.from_tensor(t, [cfg.block_m, cfg.block_n if whole_tile else cfg.sub_n])
-    return t  # outputs stored through pointers are contiguous [M, N] (allocated here)
+    return t
 
 
 @functools.cache
@@ -164,9 +164,8 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
     else:
         b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [cfg.block_n, cfg.block_k])
     init = ep.acc_init_index
-    n_in = len(ep.inputs)
     ops = tuple(
-        _kernel_arg(op, t, cfg, i == init, i >= n_in)
+        _kernel_arg(op, t, cfg, i == init)
         for i, (op, t) in enumerate(zip(ep.inputs + ep.outputs, inputs + outputs))
     )
     num_sms = tuning.INTERPRETER_NUM_SMS if interpreting() else _num_sms(a.device.index or 0) * cfg.occupancy

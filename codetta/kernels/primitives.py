@@ -104,20 +104,9 @@ def load_tile(desc, off_m, off_n):
 
 
 @triton.jit
-def store_tile(out, val, off_m, off_n, M, N):
-    """Write ``val`` at the sub-tile's coordinates (cast once, here).
-
-    ``out`` is a TMA descriptor, or, when the launch configuration stores
-    through pointers (``Config.ptr_stores``), a pointer to a contiguous [M, N]
-    tensor: the store then skips rows >= M and columns >= N itself."""
-    if out.dtype.is_ptr():
-        rows = tile_rows(val, off_m)
-        cols = tile_cols(val, off_n)
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
-        ptrs = out + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(ptrs, val.to(out.dtype.element_ty), mask=mask)
-    else:
-        out.store([off_m, off_n], val.to(out.dtype))
+def store_tile(desc, val, off_m, off_n):
+    """Write ``val`` at the sub-tile's coordinates (cast once, here)."""
+    desc.store([off_m, off_n], val.to(desc.dtype))
 
 
 # ---- 4. tile reductions

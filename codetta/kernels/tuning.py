@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,7 @@ class Config:
     Triton's automatic warp specialization, a no-op on sm_90 with triton 3.6 (same
     SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM;
     ``tail_split``: split the tiles of a last, partial wave along K into up to that
-    many parts (1 = off; see ``mainloop.py``); ``ptr_stores``: tile outputs are
-    written with pointer stores from registers instead of TMA stores (a TMA store
-    waits until its shared-memory copy has been read before the next one starts,
-    so the stores of one epilogue run one after another)."""
+    many parts (1 = off; see ``mainloop.py``)."""
 
     block_m: int = 128
     block_n: int = 256
@@ -43,7 +40,6 @@ class Config:
     warp_specialize: bool = False
     occupancy: int = 1
     tail_split: int = 1
-    ptr_stores: bool = False
 
     @property
     def sub_n(self) -> int:
@@ -53,7 +49,6 @@ class Config:
         flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
         flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
         flags += f"t{self.tail_split}" if self.tail_split > 1 else ""
-        flags += "P" if self.ptr_stores else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
             f"e{self.epi_split}g{self.group_m}{flags}"
@@ -72,7 +67,6 @@ _ALLOWED = {
     "warp_specialize": {True, False},
     "occupancy": {1, 2},
     "tail_split": {1, 2, 3, 4, 8},
-    "ptr_stores": {True, False},
 }
 
 
@@ -117,9 +111,9 @@ def fits(cfg: Config, shared: int, regs: int) -> bool:
 TAIL_SPLIT = 4
 
 
-def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1, ptr_stores=False):
+def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
     return [
-        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT, ptr_stores)
+        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT)
         for bm, bn, stages, warps in tiles
         for split in splits
         for flatten in flattens
@@ -133,7 +127,6 @@ PLAIN_CANDIDATES = (
     + _grid(((128, 256, 4, 8), (256, 128, 4, 8)), (2,))
     + _grid(((128, 128, 4, 4),), (1, 2))
     + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
-    + _grid(((128, 256, 3, 8),), (1, 2), (True,), ptr_stores=True)
 )
 
 # Programs that stream extra tiles through shared memory in the epilogue: their
@@ -151,8 +144,6 @@ SEEDED_CANDIDATES = (
     + _grid(((128, 256, 4, 8),), (4,), (False,))
     + _grid(((256, 128, 4, 8),), (2,), (False,))
     + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
-    + _grid(((128, 256, 3, 8),), (2, 4), (False,), ptr_stores=True)
-    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2, ptr_stores=True)
 )
 
 

@@ -27,7 +27,14 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.finish import col_sum, rms_backward_finish, rms_backward_rows, rowdot, rstd_from_partials
+from ..kernels.finish import (
+    col_sum,
+    rms_backward_finish,
+    rms_backward_rows,
+    rowdot,
+    rstd_from_partials,
+    scale_columns,
+)
 from ..kernels.launch import gemm
 from ..programs import (
     GAMMA_WEIGHT_GRAD,
@@ -69,7 +76,7 @@ def _forward(
 
 def _gamma_weight(w, gamma):
     """W' = W * gamma over the d columns, in W's dtype (weight-sized, [N, d])."""
-    return (w.float() * gamma.float()).to(w.dtype)
+    return scale_columns(w.contiguous(), gamma)
 
 
 @_forward.register_fake

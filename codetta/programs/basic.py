@@ -12,7 +12,7 @@ from ..kernels.program import Epilogue, Kind, Operand
 def _store(acc, off_m, off_n, M, N, ops, state):
     """out = acc."""
     (out,) = ops
-    P.store_tile(out, acc, off_m, off_n, M, N)
+    P.store_tile(out, acc, off_m, off_n)
     return state
 
 
@@ -28,7 +28,7 @@ STORE = Epilogue(
 def _row_scale(acc, off_m, off_n, M, N, ops, state):
     """out = acc * scale[m]  (scale: one value per output row)."""
     scale, out = ops
-    P.store_tile(out, acc * P.load_col_vector(scale, acc, off_m, M), off_m, off_n, M, N)
+    P.store_tile(out, acc * P.load_col_vector(scale, acc, off_m, M), off_m, off_n)
     return state
 
 
@@ -45,7 +45,7 @@ ROW_SCALE = Epilogue(
 def _mul_colsum(acc, off_m, off_n, M, N, ops, state):
     """out = acc; colsum[i, n] = sum over the rows m of M-tile i of acc * other."""
     other, out, colsum = ops
-    P.store_tile(out, acc, off_m, off_n, M, N)
+    P.store_tile(out, acc, off_m, off_n)
     P.store_col_partial(colsum, acc * P.load_tile(other, off_m, off_n), off_m, off_n, M, N)
     return state
 

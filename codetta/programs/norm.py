@@ -18,9 +18,9 @@ def _residual_rms(acc, off_m, off_n, M, N, ops, state):
     norm is that of the residual stream as stored.
     """
     residual, gamma, x_out, h_out, sumsq = ops
-    x = acc.to(residual.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n, M, N)
-    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
+    x = acc.to(x_out.dtype).to(tl.float32)
+    P.store_tile(x_out, x, off_m, off_n)
+    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
     P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
     return state
 
@@ -46,8 +46,8 @@ def _residual_sumsq(acc, off_m, off_n, M, N, ops, state):
     """K1 without h (gamma folded into the next GEMM's weight): x = acc (residual-seeded),
     sumsq[m, j] = sum over sub-tile j of x^2."""
     residual, x_out, sumsq = ops
-    x = acc.to(residual.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n, M, N)
+    x = acc.to(x_out.dtype).to(tl.float32)
+    P.store_tile(x_out, x, off_m, off_n)
     P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
     return state
 
@@ -74,7 +74,7 @@ def _gamma_weight_grad(acc, off_m, off_n, M, N, ops, state):
 
     dW = acc * gamma[k];  dgamma[i, k] = sum over the rows j of row-tile i of acc W[j, k]."""
     gamma, w, dw_out, dgamma = ops
-    P.store_tile(dw_out, acc * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
+    P.store_tile(dw_out, acc * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
     P.store_col_partial(dgamma, acc * P.load_tile(w, off_m, off_n), off_m, off_n, M, N)
     return state
 
@@ -107,8 +107,8 @@ def _rms_backward(acc, off_m, off_n, M, N, ops, state):
     g = P.load_row_vector(gamma, acc, off_n, N)  # [1, BNs]
     xr = xt * r
     dx = r * (g * acc - xr * zt * inv_d) + P.load_tile(dres, off_m, off_n)
-    P.store_tile(dx_out, dx, off_m, off_n, M, N)
-    P.store_tile(n_out, xr * g, off_m, off_n, M, N)
+    P.store_tile(dx_out, dx, off_m, off_n)
+    P.store_tile(n_out, xr * g, off_m, off_n)
     P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
     return state
 
@@ -147,7 +147,7 @@ def _rms_grad_partials(acc, off_m, off_n, M, N, ops, state):
     """
     x, rstd, gamma, dn_out, zeta, dgamma = ops
     xr = P.load_tile(x, off_m, off_n) * P.load_col_vector(rstd, acc, off_m, M)
-    P.store_tile(dn_out, acc, off_m, off_n, M, N)
+    P.store_tile(dn_out, acc, off_m, off_n)
     P.store_row_sum_partial(zeta, acc * xr * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
     P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
     return state

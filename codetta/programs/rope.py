@@ -16,7 +16,7 @@ def _rotate_pairs(acc, off_m, off_n, M, N, ops, state):
     c = P.load_col_vector(cos, acc, off_m, M)  # [BM, 1]
     s = P.load_col_vector(sin, acc, off_m, M)
     a, b = P.even_odd(acc)
-    P.store_tile(out, P.interleave(a * c - b * s, b * c + a * s), off_m, off_n, M, N)
+    P.store_tile(out, P.interleave(a * c - b * s, b * c + a * s), off_m, off_n)
     return state
 
 
