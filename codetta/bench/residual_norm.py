@@ -109,18 +109,16 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
 
     gemms_fwd = lambda: (y @ w_o.t(), n @ w.t())  # noqa: E731
     gemms_all = lambda: (y @ w_o.t(), n @ w.t(), dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y)  # noqa: E731
-    # one fwd+bwd step is 3-12 ms: 150 ms per sample gives each median 12+ steps
-    # (the clock moves under the power cap on a ~10-100 ms scale)
     with torch.no_grad():
         fwd_flops = 2 * M * d * K + 2 * M * N * d
         fns = {"cublas": gemms_fwd, **{k: fwd(v) for k, v in variants.items()}}
         fns["codetta-notail"] = no_tail(fns["codetta"])  # A/B of the last-wave K split
-        t = compare(fns, rounds=7, rep_ms=150)
+        t = compare(fns)
         for k, ms in t.items():
             res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
     fns = {"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-notail"] = no_tail(fns["codetta"])
-    t = compare(fns, rounds=7, rep_ms=150)
+    t = compare(fns)
     mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in variants.items()}
     for k, ms in t.items():
         res_bwd.add(Row(f"{name} fwd+bwd", k, ms, 3 * fwd_flops, t["cublas"], mem.get(k, float("nan"))))
