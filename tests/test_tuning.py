@@ -69,7 +69,11 @@ def test_tune_picks_fastest_and_skips_failures():
         fn.cfg = cfg
         return fn
 
-    assert tuning.tune("k", cands, prepare, lambda fn: times[fn.cfg]) == cands[2]
+    def measure(fns):
+        assert set(fns) == set(times)  # failed candidates are not timed
+        return {cfg: times[fn.cfg] for cfg, fn in fns.items()}
+
+    assert tuning.tune("k", cands, prepare, measure) == cands[2]
 
 
 def test_tune_all_fail():
@@ -77,7 +81,7 @@ def test_tune_all_fail():
         raise RuntimeError("nope")
 
     with pytest.raises(RuntimeError, match="no configuration"):
-        tuning.tune("k", tuning.PLAIN_CANDIDATES[:2], prepare, lambda fn: 1.0)
+        tuning.tune("k", tuning.PLAIN_CANDIDATES[:2], prepare, lambda fns: {c: 1.0 for c in fns})
 
 
 def test_shape_bucket():

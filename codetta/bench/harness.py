@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import triton
 
+from ..kernels.timing import paired_ms
+
 
 def env_info() -> dict:
     # the GPU machine gets a copy of the working tree whose .git may lag: the
@@ -71,50 +73,14 @@ class Row:
         return self.ms / self.baseline_ms
 
 
-def compare(fns: dict, min_s: float = 2.0, min_cycles: int = 25, max_cycles: int = 400) -> dict:
-    """Median time in ms of each variant of one case, measured paired: the variants
-    run one call each in turn (the order rotating from cycle to cycle), every call
-    timed with its own CUDA events, for at least ``min_s`` seconds of GPU time.
-
-    The H200 runs these GEMMs at its 700 W cap, where the SM clock moves between
-    about 1.3 and 1.6 GHz on a 10-100 ms scale: timing each variant over its own
-    stretch of time (even interleaved in rounds) left +-3 % noise between variants
-    that ran the same kernels (runs 13-15); calls side by side see the same clock.
-    A sustained warm-up comes first. The working sets (tens of MB and up) do not
-    stay in the 50 MB L2 from one call to the next, so there is no cache flush."""
-    import time
-
-    names = list(fns)
+def compare(fns: dict) -> dict:
+    """Median time in ms of each variant of one case, measured paired
+    (``codetta.kernels.timing.paired_ms``: variants alternate call by call under
+    sustained load, at least 2 s of GPU time)."""
     for fn in fns.values():  # compile, tune, allocate
         fn()
     torch.cuda.synchronize()
-    per_call = {}
-    for name in names:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fns[name]()
-        e.record()
-        e.synchronize()
-        per_call[name] = s.elapsed_time(e)
-    cycle_ms = sum(per_call.values())
-    end = time.perf_counter() + 1.0  # sustained load before timing
-    while time.perf_counter() < end:
-        for fn in fns.values():
-            fn()
-    cycles = max(min_cycles, min(max_cycles, math.ceil(min_s * 1e3 / max(cycle_ms, 1e-3))))
-    events = []
-    for c in range(cycles):
-        for name in names[c % len(names) :] + names[: c % len(names)]:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[name]()
-            e.record()
-            events.append((name, s, e))
-    torch.cuda.synchronize()
-    times = {name: [] for name in names}
-    for name, s, e in events:
-        times[name].append(s.elapsed_time(e))
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+    return paired_ms(fns)
 
 
 def no_tail(fn):

@@ -24,7 +24,7 @@ import triton
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import tuning
+from . import timing, tuning
 from .mainloop import MAX_OPERANDS, gemm_kernel
 from .program import Epilogue, Kind, Layout, Operand
 
@@ -246,9 +246,9 @@ def _tune_cache(device_index: int) -> tuning.TuneCache:
     return tuning.TuneCache(tuning.default_cache_path(), identity)
 
 
-def _bench(fn) -> float:
+def _measure(fns: dict) -> dict:
     torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+    return timing.paired_ms(fns, min_s=1.0, min_cycles=7, warm_s=0.5)
 
 
 def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
@@ -294,7 +294,7 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
             outs = _alloc_outputs(ep, M, N, a.dtype, a.device, Layout(c.block_m, c.block_n, c.sub_n))
             return lambda: _launch(a, w, a_order, w_order, ep, inputs, outs, M, N, K, c)
 
-        cfg = tuning.tune(key, candidates, prepare, _bench)
+        cfg = tuning.tune(key, candidates, prepare, _measure)
         cache.put(key, cfg)
     return cfg
 

@@ -242,15 +242,15 @@ def default_cache_path() -> Path:
     return Path(root) / "tuning.json"
 
 
-def tune(key: str, candidates: list[Config], prepare, bench, rounds: int = 3) -> Config:
-    """Time each candidate's launch ``prepare(cfg)()`` with ``bench``; return the fastest.
+def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
+    """Time each candidate's launch ``prepare(cfg)()``; return the fastest.
 
-    Every candidate is compiled first, the GPU is then brought to a sustained
-    load, and the candidates are timed interleaved over ``rounds`` rounds
-    (median): a config timed right after an idle compile pause runs at boost
-    clocks and would look faster than it is in training. A candidate that
-    fails to compile or launch (shared memory, registers) is skipped; if none
-    runs, the error of the first is raised.
+    Every candidate is compiled (and run once) first; ``measure`` then times all
+    the runnable ones together, ``{cfg: fn} -> {cfg: ms}`` (on the GPU:
+    ``timing.paired_ms``, candidates alternating call by call under sustained load,
+    so a config timed after an idle compile pause does not look faster than it
+    is in training). A candidate that fails to compile or launch (shared memory,
+    registers) is skipped; if none runs, the error of the first is raised.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
     fns, first_err = {}, None
@@ -263,12 +263,7 @@ def tune(key: str, candidates: list[Config], prepare, bench, rounds: int = 3) ->
             first_err = first_err or exc
     if not fns:
         raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
-    bench(next(iter(fns.values())))  # sustained load before the timed rounds
-    times = {cfg: [] for cfg in fns}
-    for _ in range(rounds):
-        for cfg, fn in fns.items():
-            times[cfg].append(bench(fn))
-    med = {cfg: sorted(ts)[len(ts) // 2] for cfg, ts in times.items()}
+    med = measure(fns)
     if os.environ.get("CODETTA_TUNE_VERBOSE") == "1":
         for cfg, ms in med.items():
             print(f"codetta:   {cfg.short():<28} {ms:.4f} ms", file=sys.stderr, flush=True)
