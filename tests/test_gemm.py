@@ -164,12 +164,15 @@ def _tail_case(device):
     return (1000, 1536, 2056), cfg, sms, tuning.MIN_K_BLOCKS_PER_PART
 
 
-def test_tail_split(dtype, device):
+@pytest.mark.parametrize("epi_split", [1, 2, 4])
+def test_tail_split(epi_split, dtype, device):
     """Tail tiles split along K give the unsplit result (up to fp32 summation order), the same
-    bits run to run, and leave the arrival counters at zero for the next launch."""
+    bits run to run, and leave the arrival counters at zero for the next launch. The partials
+    are written in quarters and read back in the program's sub-tiles: every split is checked."""
     import dataclasses
 
     (M, N, K), cfg, sms, min_k = _tail_case(device)
+    cfg = dataclasses.replace(cfg, epi_split=epi_split)
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     assert tuning.tail_splits(cfg, tiles, sms, -(-K // cfg.block_k), min_k) > 1, "no tail split here"
     a, w = _make(M, N, K, dtype, device, "nn")

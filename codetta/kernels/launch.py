@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import sys
 import warnings
 
 import torch
@@ -198,7 +199,7 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         # the program leaves no registers for the tail path: run this config unsplit
         _TAIL_SPILLS.add(spill_key)
         if os.environ.get("CODETTA_TUNE_VERBOSE") == "1":
-            print(f"codetta: {ep.name} {cfg.short()} spills in its tail path: runs unsplit", flush=True)
+            print(f"codetta: {ep.name} {cfg.short()} spills in its tail path: runs unsplit", file=sys.stderr)
 
 
 def _tail_counters(device: torch.device) -> torch.Tensor:
