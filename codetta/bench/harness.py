@@ -18,6 +18,20 @@ import triton
 from ..kernels.timing import paired_ms
 
 
+def source_hash() -> str:
+    """sha256 (12 hex digits) of the package's Python sources: names the code that
+    ran even where the commit label is wrong (the GPU machine's copy of the tree can
+    carry a stale .git). Check out a commit and call this to match a result to it."""
+    import hashlib
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def env_info() -> dict:
     # the GPU machine gets a copy of the working tree whose .git may lag: the
     # caller names the commit there
@@ -50,6 +64,7 @@ def env_info() -> dict:
         "triton": triton.__version__,
         "codetta": __version__,
         "commit": commit,
+        "source": source_hash(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
