@@ -63,6 +63,32 @@ def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
         assert_within(name, g_ours, g_ref, g_torch)
 
 
+@pytest.mark.parametrize("used", ["x", "z"])
+def test_one_output_in_the_loss(used, device):
+    """Only x (or only z) reaches the loss: the other output gets no gradient (None
+    inside the backward) and every input gradient still matches the fp64 chain."""
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    M, K, d, N = SHAPES[0]
+    leaves = _leaves(M, K, d, N, dtype, device)
+    dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
+
+    def only(fn):
+        def run(*t):
+            x, z = fn(*t)
+            return (x, z.detach() * 0) if used == "x" else (x.detach() * 0, z)
+
+        return run
+
+    ours = _run(only(lambda *t: residual_rmsnorm_linear(*t, EPS)), leaves, dx, dz)
+    ref = _run(only(lambda *t: _chain(*t, EPS, torch.float64)), [t.double() for t in leaves], dx, dz)
+    same = _run(only(lambda *t: _chain(*t, EPS, dtype)), leaves, dx, dz)
+    for name, g_ours, g_ref, g_same in zip(["dy", "dw_o", "dres", "dgamma", "dw"], ours[2], ref[2], same[2]):
+        if g_ref is None:
+            assert g_ours is None or not g_ours.any(), name
+        else:
+            assert_within(name, g_ours, g_ref, g_same)
+
+
 def test_3d_input_and_default_eps(device):
     dtype = torch.float16
     B, T, K, d, N = 2, 37, 32, 64, 48
@@ -179,6 +205,9 @@ def test_col_sum(R, D, device):
 
     parts = torch.randn(R, D, device=device) * 3
     assert_within("col_sum", col_sum(parts), parts.double().sum(0), parts.sum(0))
+    half = col_sum(parts, torch.float16)
+    assert half.dtype == torch.float16
+    assert_within("col_sum fp16", half, parts.double().sum(0), parts.sum(0).half())
     with pytest.raises(ValueError, match="float32"):
         col_sum(parts.half())
 

@@ -133,7 +133,7 @@ def _backward(
             dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
             dgamma_parts = bw.dgamma
         dw = gemm(dz.t(), n.t())
-    dgamma = col_sum(dgamma_parts).to(gamma.dtype)
+    dgamma = col_sum(dgamma_parts, gamma.dtype)
     dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
     return dy, dw_o, dx_total, dgamma, dw
@@ -154,6 +154,7 @@ def _setup_context(ctx, inputs, output):
     y, w_o, residual, gamma, w, eps, backward, fold_gamma = inputs
     x, z, rstd, w_gamma = output
     ctx.mode, ctx.fold_gamma = backward, fold_gamma
+    ctx.set_materialize_grads(False)  # rstd and w_gamma get no gradient: no zero tensors for them
     ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, rstd, w_gamma)
 
 
