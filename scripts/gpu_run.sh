@@ -11,7 +11,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=/tmp/co
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log -1 --oneline 2>/dev/null || echo "commit: ${CODETTA_COMMIT:-unknown}"
+  echo "commit (CODETTA_COMMIT): ${CODETTA_COMMIT:-unset; the .git here may be stale}"
+  python3 -c "from codetta.bench.harness import source_hash; print('source', source_hash())"
 } 2>&1 | tee "$OUT/env.txt"
 nvidia-smi dmon -s pc -d 1 > "$OUT/dmon.txt" 2>&1 &
 DMON=$!
