@@ -90,21 +90,10 @@ def _(y, w_o, residual, gamma, w, eps, backward, fold_gamma):
     )
 
 
-@torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
-def _backward(
-    dx: torch.Tensor,
-    dz: torch.Tensor,
-    y: torch.Tensor,
-    w_o: torch.Tensor,
-    gamma: torch.Tensor,
-    w: torch.Tensor,
-    x: torch.Tensor,
-    z: torch.Tensor | None,
-    rstd: torch.Tensor,
-    w_gamma: torch.Tensor,
-    mode: str,
-    fold_gamma: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _norm_backward(dx, dz, gamma, w, x, z, rstd, w_gamma, mode, fold_gamma):
+    """The RMSNorm part of the backward and the next GEMM's dW: (dx_total, dW, dgamma
+    partials). n, the normalized input that dW needs, is [M, d] and dies when this
+    returns, before dy and dW_o allocate theirs (it is not kept to the end)."""
     if fold_gamma:
         # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
         # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
@@ -133,6 +122,25 @@ def _backward(
             dx_total, n = rms_backward_finish(bw.dn, x, dx, rstd, bw.zeta, gamma, dx_out=bw.dn)
             dgamma_parts = bw.dgamma
         dw = gemm(dz.t(), n.t())
+    return dx_total, dw, dgamma_parts
+
+
+@torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
+def _backward(
+    dx: torch.Tensor,
+    dz: torch.Tensor,
+    y: torch.Tensor,
+    w_o: torch.Tensor,
+    gamma: torch.Tensor,
+    w: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    rstd: torch.Tensor,
+    w_gamma: torch.Tensor,
+    mode: str,
+    fold_gamma: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx_total, dw, dgamma_parts = _norm_backward(dx, dz, gamma, w, x, z, rstd, w_gamma, mode, fold_gamma)
     dgamma = col_sum(dgamma_parts, gamma.dtype)
     dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
