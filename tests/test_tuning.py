@@ -107,3 +107,20 @@ def test_tail_split_opt_out():
     ep = Epilogue("no_tail", STORE.apply, outputs=(Operand("out", STORE.outputs[0].kind),), tail_split=False)
     assert all(c.tail_split == 1 for c in candidate_configs(ep))
     assert any(c.tail_split > 1 for c in candidate_configs(STORE))
+
+
+def test_tuning_outputs_shared_per_geometry():
+    """The tuner's candidates share output buffers per tile geometry (not one set each)."""
+    import torch
+
+    from codetta import programs as pg
+    from codetta.kernels.launch import _tuning_outputs
+
+    outputs_for = _tuning_outputs(pg.RESIDUAL_RMS, 300, 256, torch.float16, torch.device("cpu"))
+    a, b = tuning.Config(128, 256, 64, 8, 2), tuning.Config(128, 256, 64, 8, 2, num_stages=4, flatten=True)
+    c = tuning.Config(128, 256, 64, 8, 4)  # another sub-tile width: other partial shapes
+    assert outputs_for(a) is outputs_for(b)
+    assert outputs_for(c) is not outputs_for(a)
+    assert outputs_for(a)[0].shape == (300, 256) and outputs_for(a)[2].shape == (300, 2)
+    assert outputs_for(c)[2].shape == (300, 4)
+    assert outputs_for(c)[0] is outputs_for(a)[0]  # [M, N] tiles: one buffer for every geometry

@@ -276,6 +276,28 @@ def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     return cfg
 
 
+def _tuning_outputs(ep: Epilogue, M: int, N: int, dtype, device):
+    """``cfg -> outputs`` for the tuner's candidates: one set per tile geometry (the
+    partial-reduction outputs' shapes depend on it), shared by the candidates that
+    have it; tile outputs ([M, N] in any geometry) are shared by all. Programs only
+    write their outputs, so sharing is safe, and a vocabulary GEMM's [16384, 128256]
+    output is allocated once, not once per candidate (17 x 4 GB)."""
+    sets: dict = {}
+    tiles: dict = {}  # tile outputs are [M, N] whatever the geometry: one buffer each
+
+    def outputs_for(cfg: tuning.Config) -> list:
+        lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
+        if lay not in sets:
+            outs = _alloc_outputs(ep, M, N, dtype, device, lay)
+            sets[lay] = [
+                tiles.setdefault(i, t) if op.kind is Kind.TILE else t
+                for i, (op, t) in enumerate(zip(ep.outputs, outs))
+            ]
+        return sets[lay]
+
+    return outputs_for
+
+
 def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     # the program's source hash keeps two programs of one name (or an edited
     # program) from sharing a tuned config
@@ -290,9 +312,10 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     cache = _tune_cache(a.device.index or 0)
     cfg = cache.get(key)
     if cfg is None:
+        outputs_for = _tuning_outputs(ep, M, N, a.dtype, a.device)
 
         def prepare(c):
-            outs = _alloc_outputs(ep, M, N, a.dtype, a.device, Layout(c.block_m, c.block_n, c.sub_n))
+            outs = outputs_for(c)
             return lambda: _launch(a, w, a_order, w_order, ep, inputs, outs, M, N, K, c)
 
         cfg = tuning.tune(key, candidates, prepare, _measure)
