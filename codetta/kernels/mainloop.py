@@ -123,7 +123,7 @@ def _column_blocks(acc, EPI_SPLIT: tl.constexpr):
 
 @triton.jit
 def _epilogue(
-    acc,
+    src,
     off_m,
     off_n,
     M,
@@ -135,13 +135,24 @@ def _epilogue(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
+    FROM_PARTIALS: tl.constexpr = False,
 ):
-    """Run the program over the tile's EPI_SPLIT column sub-tiles, then its finish."""
+    """Run the program over the tile's EPI_SPLIT column sub-tiles, then its finish.
+
+    ``src`` is the fp32 accumulator tile, or, with FROM_PARTIALS (a split tail
+    tile), ``(ws_ptr, slot, n_parts)``: each sub-tile is then the sum of the
+    tile's n_parts partials, added in part order (so the result does not depend
+    on which part finished last) and read one sub-tile at a time."""
     SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
-    blocks = _column_blocks(acc, EPI_SPLIT)
+    if not FROM_PARTIALS:
+        blocks = _column_blocks(src, EPI_SPLIT)
     state = EPI_INIT(BLOCK_M)
     for j in tl.static_range(EPI_SPLIT):
-        state = EPI_APPLY(blocks[j], off_m, off_n + j * SUB_N, M, N, ops, state)
+        if FROM_PARTIALS:
+            block = _sum_partials(src, j, BLOCK_M, BLOCK_N, SUB_N)
+        else:
+            block = blocks[j]
+        state = EPI_APPLY(block, off_m, off_n + j * SUB_N, M, N, ops, state)
     EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
 
 
@@ -165,34 +176,14 @@ def _store_partial(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
-def _epilogue_from_partials(
-    ws_ptr,
-    slot,
-    n_parts,
-    off_m,
-    off_n,
-    M,
-    N,
-    ops,
-    EPI_APPLY: tl.constexpr,
-    EPI_INIT: tl.constexpr,
-    EPI_FINISH: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EPI_SPLIT: tl.constexpr,
-):
-    """The epilogue of a split tail tile: each sub-tile is the sum of the tile's
-    n_parts partials, added in part order (so the result does not depend on
-    which part finished last)."""
-    SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
-    state = EPI_INIT(BLOCK_M)
-    for j in tl.static_range(EPI_SPLIT):
-        offs = _partial_offsets(slot, j, BLOCK_M, BLOCK_N, SUB_N)
-        acc = tl.load(ws_ptr + offs, cache_modifier=".cg")
-        for p in range(1, n_parts):
-            acc += tl.load(ws_ptr + offs + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-        state = EPI_APPLY(acc, off_m, off_n + j * SUB_N, M, N, ops, state)
-    EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
+def _sum_partials(partials, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """Sub-tile j (WIDTH columns) of a split tile: its partials summed in part order."""
+    ws_ptr, slot, n_parts = partials
+    offs = _partial_offsets(slot, j, BLOCK_M, BLOCK_N, WIDTH)
+    acc = tl.load(ws_ptr + offs, cache_modifier=".cg")
+    for p in range(1, n_parts):
+        acc += tl.load(ws_ptr + offs + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+    return acc
 
 
 @triton.jit
@@ -291,7 +282,7 @@ def gemm_kernel(
             arrived = tl.atomic_add(counts_ptr + t, 1, sem="acq_rel", scope="gpu")
             if arrived == tail_splits - 1:
                 tl.store(counts_ptr + t, 0)  # ready for the next launch
-                _epilogue_from_partials(
-                    ws_ptr, slot, tail_splits, off_m, off_n, M, N, ops,
-                    EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT,
+                _epilogue(
+                    (ws_ptr, slot, tail_splits), off_m, off_n, M, N, ops,
+                    EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT, FROM_PARTIALS=True,
                 )  # fmt: skip
