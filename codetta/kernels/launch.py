@@ -269,7 +269,7 @@ _CHOSEN: dict = {}
 def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     if interpreting():
         return tuning.INTERPRETER_CONFIG
-    exact = (ep.name, a.dtype, a_order, w_order, M, N, K, a.device.index)
+    exact = (ep, a.dtype, a_order, w_order, M, N, K, a.device.index)  # ep: its name and its functions
     cfg = _CHOSEN.get(exact)
     if cfg is None:
         cfg = _CHOSEN[exact] = _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K)
