@@ -40,24 +40,12 @@ def kernels(fn, iters=10, warm_s=1.0):
 
 
 def width_breakdown(width):
-    M = rn.M
-    K, d, N = rn.WIDTHS[width]
-    r = lambda *s, scale=1.0: (torch.randn(*s, device="cuda") * scale).to(torch.bfloat16)  # noqa: E731
-    leaves = [r(M, K), r(d, K, scale=K**-0.5), r(M, d), (torch.rand(d, device="cuda") + 0.5).bfloat16(),
-              r(N, d, scale=d**-0.5)]  # fmt: skip
-    leaves = [t.requires_grad_() for t in leaves]
-    dx, dz, n = r(M, d), r(M, N), r(M, d)
-    y, w_o, res, g, w = leaves
-
-    def gemms():
-        with torch.no_grad():
-            return (y @ w_o.t(), n @ w.t(), dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y)
-
+    p = rn.problem(width)
     variants = {
-        "cublas": gemms,
-        "codetta": lambda: torch.autograd.grad(rn._codetta(*leaves), leaves, (dx, dz)),
-        "codetta-foldgamma": lambda: torch.autograd.grad(rn._codetta_fold_gamma(*leaves), leaves, (dx, dz)),
-        "torch.compile": lambda: torch.autograd.grad(rn._compiled(*leaves), leaves, (dx, dz)),
+        "cublas": rn.cublas_gemms(p, backward=True),
+        "codetta": rn.fwd_bwd(rn._codetta, p),
+        "codetta-foldgamma": rn.fwd_bwd(rn._codetta_fold_gamma, p),
+        "torch.compile": rn.fwd_bwd(rn._compiled, p),
     }
     for name, fn in variants.items():
         ks = kernels(fn)

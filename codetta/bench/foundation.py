@@ -13,7 +13,7 @@ from .. import gemm
 from ..kernels import primitives as P
 from ..kernels.program import Epilogue
 from ..programs import RESIDUAL_RMS
-from .harness import Results, Row, compare, cpu_overhead_us, no_tail, peak_memory_gb
+from .harness import Results, Row, compare, cpu_overhead_us, no_tail, peak_memory_gb, rand_bf16, rel_error
 
 M = 16384
 PLAIN_SHAPES = [
@@ -28,13 +28,9 @@ PLAIN_SHAPES = [
 K1_SHAPES = [(2048, 2048), (4096, 4096), (2048, 8192), (4096, 14336)]
 
 
-def _rand(*shape, dtype=torch.bfloat16, scale=1.0):
-    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
-
-
 def _check(name, ours, ref):
     """Relative Frobenius error against the cuBLAS result; bf16 outputs land near 4e-3."""
-    err = ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
+    err = rel_error(ours, ref)
     if not err < 1e-2:
         raise AssertionError(f"{name}: relative error {err:.2e} against cuBLAS")
 
@@ -46,7 +42,7 @@ def _add_all(res, case, flops, times, mem=None):
 
 
 def _plain_case(res: Results, N: int, K: int):
-    a, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
+    a, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
     case = f"plain {M}x{N}x{K}"
     _check(case, gemm(a, w), a @ w.t())
     ours = lambda: gemm(a, w)  # noqa: E731
@@ -55,7 +51,7 @@ def _plain_case(res: Results, N: int, K: int):
 
 
 def _backward_case(res: Results, N: int, K: int):
-    x, w, dy = _rand(M, K), _rand(N, K, scale=K**-0.5), _rand(M, N)
+    x, w, dy = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5), rand_bf16(M, N)
     flops = 2 * M * N * K
     case = f"dX=dY@W {M}x{N}x{K}"
     _check(case, gemm(dy, w.t()), dy @ w)
@@ -110,8 +106,8 @@ RESIDUAL_RMS_LOADED = Epilogue(
 
 
 def _k1_case(res: Results, N: int, K: int):
-    y, w = _rand(M, K), _rand(N, K, scale=K**-0.5)
-    r, g = _rand(M, N), torch.rand(N, device="cuda") + 0.5
+    y, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
+    r, g = rand_bf16(M, N), torch.rand(N, device="cuda") + 0.5
     case = f"K1 {M}x{N}x{K}"
     xr, hr, ssr = _k1_chain(y, w, r, g)
     for ep in (RESIDUAL_RMS, RESIDUAL_RMS_LOADED):
@@ -139,8 +135,8 @@ def k1(res: Results, shapes=K1_SHAPES):
 
 def overhead(res: Results):
     """Host time per call at a tiny shape: what the launcher adds on top of the GPU time."""
-    a, w = _rand(64, 256), _rand(256, 256)
-    r, g = _rand(64, 256), torch.rand(256, device="cuda")
+    a, w = rand_bf16(64, 256), rand_bf16(256, 256)
+    r, g = rand_bf16(64, 256), torch.rand(256, device="cuda")
     fns = {
         "cublas": lambda: a @ w.t(),
         "codetta": lambda: gemm(a, w),

@@ -98,6 +98,17 @@ def compare(fns: dict) -> dict:
     return paired_ms(fns)
 
 
+def rand_bf16(*shape, scale=1.0):
+    """Benchmark data: standard normal (times ``scale``) in bf16 on the GPU."""
+    return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16)
+
+
+def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error, for the benchmarks' sanity checks against PyTorch (the
+    tests hold the real fp64 bounds)."""
+    return ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def no_tail(fn):
     """``fn`` with the last-wave K split off (the same tuned configs), for an A/B variant."""
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
-from .harness import Results, Row, compare, no_tail, peak_memory_gb
+from .harness import Results, Row, compare, no_tail, peak_memory_gb, rand_bf16, rel_error
 
 M = 16384
 EPS = 1e-6
@@ -53,24 +53,48 @@ def _codetta_fold_gamma(y, w_o, res, g, w):
     return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, fold_gamma=True)
 
 
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+def problem(name: str) -> dict:
+    """The benchmark's tensors at one width: the five leaves (y, w_o, residual, gamma,
+    w; requiring grad), the incoming gradients dx, dz, and n, a stand-in for the
+    normalized input that the cuBLAS-only baseline multiplies."""
+    K, d, N = WIDTHS[name]
+    leaves = [
+        rand_bf16(M, K),
+        rand_bf16(d, K, scale=K**-0.5),
+        rand_bf16(M, d),
+        (torch.rand(d, device="cuda") + 0.5).bfloat16(),
+        rand_bf16(N, d, scale=d**-0.5),
+    ]
+    return {
+        "leaves": [t.requires_grad_() for t in leaves],
+        "dx": rand_bf16(M, d),
+        "dz": rand_bf16(M, N),
+        "n": rand_bf16(M, d),
+    }
+
+
+def fwd_bwd(fn, p: dict):
+    """One training step of ``fn`` on the problem: forward, then every gradient."""
+    return lambda: torch.autograd.grad(fn(*p["leaves"]), p["leaves"], (p["dx"], p["dz"]))
+
+
+def cublas_gemms(p: dict, backward: bool):
+    """The same GEMMs in cuBLAS alone (the ratios' denominator): 2 forward, 4 backward."""
+    y, w_o, _, _, w = p["leaves"]
+    dx, dz, n = p["dx"], p["dz"], p["n"]
+
+    @torch.no_grad()
+    def run():
+        fwd = (y @ w_o.t(), n @ w.t())
+        return fwd + (dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y) if backward else fwd
+
+    return run
 
 
 def run_width(res_fwd: Results, res_bwd: Results, name: str):
     K, d, N = WIDTHS[name]
-    r = lambda *s, scale=1.0: (torch.randn(*s, device="cuda") * scale).to(torch.bfloat16)  # noqa: E731
-    leaves = [
-        r(M, K),
-        r(d, K, scale=K**-0.5),
-        r(M, d),
-        (torch.rand(d, device="cuda") + 0.5).bfloat16(),
-        r(N, d, scale=d**-0.5),
-    ]
-    leaves = [t.requires_grad_() for t in leaves]
-    dx, dz = r(M, d), r(M, N)
-    y, w_o, res, g, w = leaves
-    n = r(M, d)
+    p = problem(name)
+    leaves, dx, dz = p["leaves"], p["dx"], p["dz"]
 
     variants = {
         "eager": _eager,
@@ -92,7 +116,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         grads = torch.autograd.grad(out, leaves, (dx, dz))
         labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]
         for label, a, b in zip(labels, list(out) + list(grads), list(ref_out) + list(ref_grads)):
-            err = _rel(a, b)
+            err = rel_error(a, b)
             print(f"  {name} {fn.__name__} {label}: relative difference to eager {err:.2e}")
             if not err < 3e-2:
                 raise AssertionError(f"{name} {fn.__name__} {label}: {err:.2e} from eager")
@@ -104,22 +128,17 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
 
         return run
 
-    def fwd_bwd(fn):
-        return lambda: torch.autograd.grad(fn(*leaves), leaves, (dx, dz))
-
-    gemms_fwd = lambda: (y @ w_o.t(), n @ w.t())  # noqa: E731
-    gemms_all = lambda: (y @ w_o.t(), n @ w.t(), dz @ w, dz.t() @ n, dx @ w_o, dx.t() @ y)  # noqa: E731
     with torch.no_grad():
         fwd_flops = 2 * M * d * K + 2 * M * N * d
-        fns = {"cublas": gemms_fwd, **{k: fwd(v) for k, v in variants.items()}}
+        fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
         fns["codetta-notail"] = no_tail(fns["codetta"])  # A/B of the last-wave K split
         t = compare(fns)
         for k, ms in t.items():
             res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
-    fns = {"cublas": lambda: torch.no_grad()(gemms_all)(), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v, p) for k, v in variants.items()}}
     fns["codetta-notail"] = no_tail(fns["codetta"])
     t = compare(fns)
-    mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in variants.items()}
+    mem = {k: peak_memory_gb(fwd_bwd(v, p)) for k, v in variants.items()}
     for k, ms in t.items():
         res_bwd.add(Row(f"{name} fwd+bwd", k, ms, 3 * fwd_flops, t["cublas"], mem.get(k, float("nan"))))
 
