@@ -43,14 +43,10 @@ def _run(fn, leaves, dx, dz):
     return x, z, [t.grad for t in ts]
 
 
-@pytest.mark.parametrize("backward", ["rowwise", "two_pass", "folded", "fold_gamma"])
-@pytest.mark.parametrize("gamma_dtype", ["fp32", "act"])
-@pytest.mark.parametrize("M,K,d,N", SHAPES, ids=str)
-def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
-    gdt = torch.float32 if gamma_dtype == "fp32" else dtype
-    leaves = _leaves(M, K, d, N, dtype, device, gdt)
+def check_operator(M, K, d, N, dtype, device, gamma_dtype=torch.float32, **kw):
+    """Forward and every gradient of the operator against the fp64 chain."""
+    leaves = _leaves(M, K, d, N, dtype, device, gamma_dtype)
     dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
-    kw = {"fold_gamma": True} if backward == "fold_gamma" else {"backward": backward}
     ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, **kw), leaves, dx, dz)
     ref = _run(lambda *t: _chain(*t, EPS, torch.float64), [t.double() for t in leaves], dx, dz)
     torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
@@ -61,6 +57,15 @@ def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
     ):
         assert g_ours.dtype == g_torch.dtype, name
         assert_within(name, g_ours, g_ref, g_torch)
+
+
+@pytest.mark.parametrize("backward", ["rowwise", "two_pass", "folded", "fold_gamma"])
+@pytest.mark.parametrize("gamma_dtype", ["fp32", "act"])
+@pytest.mark.parametrize("M,K,d,N", SHAPES, ids=str)
+def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
+    gdt = torch.float32 if gamma_dtype == "fp32" else dtype
+    kw = {"fold_gamma": True} if backward == "fold_gamma" else {"backward": backward}
+    check_operator(M, K, d, N, dtype, device, gdt, **kw)
 
 
 @pytest.mark.parametrize("used", ["x", "z"])

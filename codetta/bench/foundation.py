@@ -13,7 +13,7 @@ from .. import gemm
 from ..kernels import primitives as P
 from ..kernels.program import Epilogue
 from ..programs import RESIDUAL_RMS
-from .harness import Results, Row, compare, cpu_overhead_us, no_tail, peak_memory_gb, rand_bf16, rel_error
+from .harness import Results, Row, compare, cpu_overhead_us, peak_memory_gb, rand_bf16, rel_error, triton_only
 
 M = 16384
 PLAIN_SHAPES = [
@@ -46,7 +46,7 @@ def _plain_case(res: Results, N: int, K: int):
     case = f"plain {M}x{N}x{K}"
     _check(case, gemm(a, w), a @ w.t())
     ours = lambda: gemm(a, w)  # noqa: E731
-    times = compare({"cublas": lambda: a @ w.t(), "codetta": ours, "codetta-notail": no_tail(ours)})
+    times = compare({"cublas": lambda: a @ w.t(), "codetta": ours, "codetta-triton": triton_only(ours)})
     _add_all(res, case, 2 * M * N * K, times)
 
 
@@ -60,12 +60,12 @@ def _backward_case(res: Results, N: int, K: int):
         res,
         case,
         flops,
-        compare({"cublas": lambda: dy @ w, "codetta": ours, "codetta-notail": no_tail(ours)}),
+        compare({"cublas": lambda: dy @ w, "codetta": ours, "codetta-triton": triton_only(ours)}),
     )
     case = f"dW=dY^T@X {M}x{N}x{K}"
     _check(case, gemm(dy.t(), x.t()), dy.t() @ x)
     ours = lambda: gemm(dy.t(), x.t())  # noqa: E731
-    times = compare({"cublas": lambda: dy.t() @ x, "codetta": ours, "codetta-notail": no_tail(ours)})
+    times = compare({"cublas": lambda: dy.t() @ x, "codetta": ours, "codetta-triton": triton_only(ours)})
     _add_all(res, case, flops, times)
 
 
@@ -122,7 +122,7 @@ def _k1_case(res: Results, N: int, K: int):
         "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
         "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
     }
-    fns["codetta-notail"] = no_tail(fns["codetta"])
+    fns["codetta-triton"] = triton_only(fns["codetta"])
     mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
     _add_all(res, case, 2 * M * N * K, compare(fns), mem)
 

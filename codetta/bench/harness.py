@@ -109,21 +109,29 @@ def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def no_tail(fn):
-    """``fn`` with the last-wave K split off (the same tuned configs), for an A/B variant."""
+def with_env(fn, **env):
+    """``fn`` run with these environment variables set (restored after), for A/B variants
+    that differ only in a launcher switch (the tuner keys its choices on them)."""
 
     def run(*args, **kwargs):
-        old = os.environ.get("CODETTA_TAIL_SPLIT")
-        os.environ["CODETTA_TAIL_SPLIT"] = "0"
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return fn(*args, **kwargs)
         finally:
-            if old is None:
-                del os.environ["CODETTA_TAIL_SPLIT"]
-            else:
-                os.environ["CODETTA_TAIL_SPLIT"] = old
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
 
     return run
+
+
+def triton_only(fn):
+    """``fn`` with the sm_90 ping-pong mainloop left out of the tuner's choice: every GEMM
+    on the Triton mainloop, as before it existed (A/B variant)."""
+    return with_env(fn, CODETTA_PINGPONG="0")
 
 
 def cpu_overhead_us(fn, calls: int = 300) -> float:

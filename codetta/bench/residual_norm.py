@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
-from .harness import Results, Row, compare, no_tail, peak_memory_gb, rand_bf16, rel_error
+from .harness import Results, Row, compare, peak_memory_gb, rand_bf16, rel_error, triton_only
 
 M = 16384
 EPS = 1e-6
@@ -131,12 +131,12 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     with torch.no_grad():
         fwd_flops = 2 * M * d * K + 2 * M * N * d
         fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
-        fns["codetta-notail"] = no_tail(fns["codetta"])  # A/B of the last-wave K split
+        fns["codetta-triton"] = triton_only(fns["codetta"])  # A/B of the ping-pong mainloop
         t = compare(fns)
         for k, ms in t.items():
             res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v, p) for k, v in variants.items()}}
-    fns["codetta-notail"] = no_tail(fns["codetta"])
+    fns["codetta-triton"] = triton_only(fns["codetta"])
     t = compare(fns)
     mem = {k: peak_memory_gb(fwd_bwd(v, p)) for k, v in variants.items()}
     for k, ms in t.items():

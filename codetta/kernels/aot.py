@@ -65,8 +65,64 @@ def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
     return tuple(tys)
 
 
+def _compile_pingpong(ep: Epilogue, cfg: Config, dtype, a_t: bool, b_t: bool):
+    """Compile the ping-pong mainloop (Gluon) with the program's sm90 function for sm_90a."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDesc
+    from triton.runtime.jit import mangle_type
+
+    from . import pingpong
+
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    dummy = torch.empty(256, 256, dtype=dtype)
+
+    def desc(block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        return mangle_type(GluonDesc.from_tensor(dummy, block, layout))
+
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    signature = {
+        "a_desc": desc([bk, bm] if a_t else [bm, bk]),
+        "b_desc": desc([bk, bn] if b_t else [bn, bk]),
+        "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
+    }  # fmt: skip
+    ops = ep.inputs + ep.outputs
+    for i in range(pingpong.MAX_OPERANDS):
+        if i >= len(ops):
+            signature[f"o{i}"] = "constexpr"
+        elif ops[i].kind is Kind.TILE:
+            signature[f"o{i}"] = desc([bm, bn])
+        elif ops[i].kind is Kind.SCALAR:
+            signature[f"o{i}"] = "fp32"
+        else:
+            signature[f"o{i}"] = "*" + (_TY[ops[i].dtype] if ops[i].dtype is not None else "fp32")
+    constexprs = {f"o{i}": None for i in range(len(ops), pingpong.MAX_OPERANDS)}
+    constexprs.update(
+        NUM_OPS=len(ops), ACC_INIT=ep.acc_init_index, EPI=ep.sm90, BUF_DTYPE=gl_dtype,
+        BUF_LAYOUT=gl.NVMMASharedLayout.get_default_for([bm, bn], gl_dtype), A_T=a_t, B_T=b_t,
+        STAGES=cfg.num_stages, CONSUMER_REGS=pingpong.CONSUMER_REGS,
+    )  # fmt: skip
+    for k in constexprs:
+        signature[k] = "constexpr"
+    names = list(signature)
+    attrs = {
+        (names.index(k),): [["tt.divisibility", 16]]
+        for k, ty in signature.items()
+        if k in ("M", "N", "K") or ty.startswith("*")
+    }
+    src = GluonASTSource(pingpong.pingpong_kernel, signature, constexprs, attrs)
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": cfg.num_warps, "maxnreg": pingpong.MAXNREG},
+    )
+
+
 def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t=False, num_sms=132):
     """Compile one kernel variant for sm_90a; return triton's compiled kernel."""
+    if cfg.pingpong:
+        return _compile_pingpong(ep, cfg, dtype, a_t, b_t)
     t = _TY[dtype]
     a_block = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
     b_block = [cfg.block_k, cfg.block_n] if b_t else [cfg.block_n, cfg.block_k]

@@ -22,10 +22,12 @@ import warnings
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import timing, tuning
+from . import pingpong, timing, tuning
 from .mainloop import MAX_OPERANDS, gemm_kernel
 from .program import Epilogue, Kind, Layout, Operand
 
@@ -34,6 +36,7 @@ from .program import Epilogue, Kind, Layout, Operand
 POISON_OUTPUTS = False
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def interpreting() -> bool:
@@ -153,6 +156,9 @@ def _num_sms(device_index: int) -> int:
 
 
 def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Config):
+    if cfg.pingpong:
+        _launch_pingpong(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg)
+        return
     spill_key = (id(ep.apply), cfg, a.dtype, a_order, w_order, a.device)
     if cfg.tail_split > 1 and spill_key in _TAIL_SPILLS:
         cfg = dataclasses.replace(cfg, tail_split=1)
@@ -200,6 +206,60 @@ def _launch(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Co
         _TAIL_SPILLS.add(spill_key)
         if os.environ.get("CODETTA_TUNE_VERBOSE") == "1":
             print(f"codetta: {ep.name} {cfg.short()} spills in its tail path: runs unsplit", file=sys.stderr)
+
+
+def pingpong_unsupported(ep: Epilogue, a: torch.Tensor) -> str | None:
+    """Why the sm_90 ping-pong mainloop cannot run this call (None: it can)."""
+    if ep.sm90 is None:
+        return f"epilogue {ep.name!r} has no sm90 (Gluon) program"
+    if a.device.type != "cuda" or interpreting():
+        return "the ping-pong mainloop runs on CUDA devices only (no interpreter path)"
+    if torch.cuda.get_device_capability(a.device) != (9, 0):
+        return f"the ping-pong mainloop needs an sm_90 GPU, not {torch.cuda.get_device_name(a.device)}"
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        return f"the ping-pong mainloop takes bfloat16 or float16, not {a.dtype}"
+    ops = ep.inputs + ep.outputs
+    if len(ops) > pingpong.MAX_OPERANDS:
+        return f"the ping-pong mainloop takes at most {pingpong.MAX_OPERANDS} operands"
+    bad = [op.name for op in ops if op.kind is Kind.TILE and op.dtype not in (None, a.dtype)]
+    if bad:
+        return f"tile operands {bad} are not in the GEMM's dtype (the epilogue tile is {a.dtype})"
+    return None
+
+
+def _gl_desc(t: torch.Tensor, shape, strides, block):
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return GluonTensorDescriptor(t, shape, strides, block, layout)
+
+
+def _launch_pingpong(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Config):
+    why = pingpong_unsupported(ep, a)
+    if why is not None:
+        raise ValueError(f"config {cfg.short()}: {why}")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    if a_order == "t":
+        a_desc = _gl_desc(a, [K, M], [a.stride(1), 1], [bk, bm])
+    else:
+        a_desc = _gl_desc(a, [M, K], [a.stride(0), 1], [bm, bk])
+    if w_order == "t":
+        b_desc = _gl_desc(w, [K, N], [w.stride(1), 1], [bk, bn])
+    else:
+        b_desc = _gl_desc(w, [N, K], [w.stride(0), 1], [bn, bk])
+    ops = [
+        _gl_desc(t, [M, N], [t.stride(0), 1], [bm, bn]) if op.kind is Kind.TILE else t
+        for op, t in zip(ep.inputs + ep.outputs, inputs + outputs)
+    ]
+    slots = ops + [None] * (pingpong.MAX_OPERANDS - len(ops))
+    buf_layout = gl.NVMMASharedLayout.get_default_for([bm, bn], _GL_DTYPES[a.dtype])
+    grid = pingpong.grid_size(M, N, cfg, _num_sms(a.device.index or 0))
+    with _on_device(a.device):
+        pingpong.pingpong_kernel[(grid,)](
+            a_desc, b_desc, M, N, K, cfg.group_m, *slots,
+            NUM_OPS=len(ops), ACC_INIT=ep.acc_init_index, EPI=ep.sm90,
+            BUF_DTYPE=_GL_DTYPES[a.dtype], BUF_LAYOUT=buf_layout, A_T=a_order == "t", B_T=w_order == "t",
+            STAGES=cfg.num_stages, CONSUMER_REGS=pingpong.CONSUMER_REGS,
+            num_warps=cfg.num_warps, maxnreg=pingpong.MAXNREG,
+        )  # fmt: skip
 
 
 def _tail_counters(device: torch.device) -> torch.Tensor:
@@ -260,16 +320,23 @@ def candidate_configs(ep: Epilogue) -> list[tuning.Config]:
         cfgs = tuning.gpu_candidates(sum(op.kind is Kind.TILE for op in ep.inputs + ep.outputs))
     if not ep.tail_split:
         cfgs = list(dict.fromkeys(dataclasses.replace(c, tail_split=1) for c in cfgs))
+    if ep.sm90 is not None:
+        cfgs += tuning.PINGPONG_CANDIDATES
     return cfgs
 
 
 _CHOSEN: dict = {}
 
 
+def _pingpong_off() -> bool:
+    return os.environ.get("CODETTA_PINGPONG") == "0"
+
+
 def _pick_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     if interpreting():
         return tuning.INTERPRETER_CONFIG
-    exact = (ep, a.dtype, a_order, w_order, M, N, K, a.device.index)  # ep: its name and its functions
+    # ep: its name and its functions; CODETTA_PINGPONG=0 leaves the ping-pong mainloop out
+    exact = (ep, a.dtype, a_order, w_order, M, N, K, a.device.index, _pingpong_off())
     cfg = _CHOSEN.get(exact)
     if cfg is None:
         cfg = _CHOSEN[exact] = _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K)
@@ -301,12 +368,17 @@ def _tuning_outputs(ep: Epilogue, M: int, N: int, dtype, device):
 def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
     # the program's source hash keeps two programs of one name (or an edited
     # program) from sharing a tuned config
-    src = getattr(ep.apply, "cache_key", "")[:10]
+    src = getattr(ep.apply, "cache_key", "")[:10] + getattr(ep.sm90, "cache_key", "")[:6]
     key = "|".join(
         [f"{ep.name}@{src}" if src else ep.name, str(a.dtype).removeprefix("torch."), a_order + w_order]
         + [str(tuning.shape_bucket(x)) for x in (M, N, K)]
     )
     candidates = candidate_configs(ep)
+    pingpong_possible = pingpong_unsupported(ep, a) is None
+    if not pingpong_possible or _pingpong_off():
+        candidates = [c for c in candidates if not c.pingpong]
+    if pingpong_possible and _pingpong_off():
+        key += "|no-pingpong"
     if os.environ.get("CODETTA_AUTOTUNE", "1") == "0":
         return candidates[0]
     cache = _tune_cache(a.device.index or 0)
@@ -318,8 +390,13 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
             outs = outputs_for(c)
             return lambda: _launch(a, w, a_order, w_order, ep, inputs, outs, M, N, K, c)
 
-        cfg = tuning.tune(key, candidates, prepare, _measure)
+        times = tuning.tune_times(key, candidates, prepare, _measure)
+        cfg = min(times, key=times.get)
         cache.put(key, cfg)
+        triton_times = {c: ms for c, ms in times.items() if not c.pingpong}
+        if not key.endswith("|no-pingpong") and triton_times and len(triton_times) < len(times):
+            # the same sweep also answers CODETTA_PINGPONG=0 (A/B runs): no second tuning
+            cache.put(key + "|no-pingpong", min(triton_times, key=triton_times.get))
     return cfg
 
 

@@ -73,6 +73,9 @@ class Epilogue:
     whether the tiles of a partial last wave may be split along K
     (``mainloop.py``); the launcher already runs a configuration unsplit when
     its tail path would spill registers, so False is only an opt-out.
+    ``sm90``: the same program as a Gluon function for the sm_90 ping-pong
+    mainloop (``pingpong.py``), ``sm90(acc, buf, off_m, off_n, M, N, ops)`` on the
+    whole tile; with it the tuner also tries that mainloop on Hopper GPUs.
     """
 
     name: str
@@ -87,6 +90,7 @@ class Epilogue:
     acc_init: str | None = None
     layouts: tuple = ((False, False),)
     tail_split: bool = True
+    sm90: Any = None
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class Config:
     Triton's automatic warp specialization, a no-op on sm_90 with triton 3.6 (same
     SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM;
     ``tail_split``: split the tiles of a last, partial wave along K into up to that
-    many parts (1 = off; see ``mainloop.py``)."""
+    many parts (1 = off; see ``mainloop.py``); ``pingpong``: run the sm_90 Gluon
+    mainloop (``pingpong.py``: 128x128 tiles, a loader warp and two consumer
+    warpgroups, ``num_warps`` per consumer) instead of the Triton one."""
 
     block_m: int = 128
     block_n: int = 256
@@ -40,6 +42,7 @@ class Config:
     warp_specialize: bool = False
     occupancy: int = 1
     tail_split: int = 1
+    pingpong: bool = False
 
     @property
     def sub_n(self) -> int:
@@ -49,6 +52,7 @@ class Config:
         flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
         flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
         flags += f"t{self.tail_split}" if self.tail_split > 1 else ""
+        flags += "P" if self.pingpong else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
             f"e{self.epi_split}g{self.group_m}{flags}"
@@ -67,6 +71,7 @@ _ALLOWED = {
     "warp_specialize": {True, False},
     "occupancy": {1, 2},
     "tail_split": {1, 2, 3, 4, 8},
+    "pingpong": {True, False},
 }
 
 
@@ -80,6 +85,8 @@ def config_from_dict(d: dict) -> Config:
     cfg = Config(**d)
     if cfg.block_n % cfg.epi_split or cfg.sub_n < 16:
         raise ValueError(f"config {cfg} splits its tile too finely")
+    if cfg.pingpong and cfg not in PINGPONG_CANDIDATES:
+        raise ValueError(f"config {cfg} is not a ping-pong configuration")
     return cfg
 
 
@@ -100,10 +107,12 @@ REGS_PER_SM = 65536
 def fits(cfg: Config, shared: int, regs: int) -> bool:
     """Whether ``cfg.occupancy`` blocks of this kernel fit on one SM together."""
     occ = cfg.occupancy
+    # ping-pong: two consumer warpgroups and the loader's warpgroup, at the launch's register cap
+    warps = 12 if cfg.pingpong else cfg.num_warps
     return (
         shared <= SMEM_LIMIT
         and occ * (shared + 1024) <= SMEM_PER_SM
-        and occ * regs * 32 * cfg.num_warps <= REGS_PER_SM
+        and occ * regs * 32 * warps <= REGS_PER_SM
     )
 
 
@@ -152,6 +161,12 @@ SEEDED_CANDIDATES = (
 BACKWARD_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,), (True,)) + _grid(
     ((128, 128, 4, 8),), (2,)
 )
+
+
+# The sm_90 ping-pong mainloop (programs with an ``sm90`` function, 16-bit tiles):
+# 128x128 tiles per consumer, a ring of 5 or 4 stages (5 fills the shared memory
+# next to the two consumers' epilogue tiles).
+PINGPONG_CANDIDATES = tuple(Config(128, 128, 64, 8, 1, stages, 4, pingpong=True) for stages in (5, 4))
 
 
 def gpu_candidates(n_tile_operands: int) -> list[Config]:
@@ -243,7 +258,13 @@ def default_cache_path() -> Path:
 
 
 def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
-    """Time each candidate's launch ``prepare(cfg)()``; return the fastest.
+    """Time each candidate's launch ``prepare(cfg)()``; return the fastest."""
+    times = tune_times(key, candidates, prepare, measure)
+    return min(times, key=times.get)
+
+
+def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Config, float]:
+    """Time each candidate's launch ``prepare(cfg)()``; return ``{cfg: ms}`` of those that ran.
 
     Every candidate is compiled (and run once) first; ``measure`` then times all
     the runnable ones together, ``{cfg: fn} -> {cfg: ms}`` (on the GPU:
@@ -269,4 +290,4 @@ def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
             print(f"codetta:   {cfg.short():<28} {ms:.4f} ms", file=sys.stderr, flush=True)
     best = min(med, key=med.get)
     print(f"codetta: tuned {key}: {best.short()} ({med[best]:.3f} ms)", file=sys.stderr, flush=True)
-    return best
+    return med

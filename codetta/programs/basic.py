@@ -2,9 +2,11 @@
 
 import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
+from triton.experimental import gluon
 
 from .. import reference as ref
 from ..kernels import primitives as P
+from ..kernels import primitives_sm90 as G
 from ..kernels.program import Epilogue, Kind, Operand
 
 
@@ -16,11 +18,18 @@ def _store(acc, off_m, off_n, M, N, ops, state):
     return state
 
 
+@gluon.jit
+def _store_sm90(acc, buf, off_m, off_n, M, N, ops):
+    (out,) = ops
+    G.store_tile(out, buf, acc, off_m, off_n)
+
+
 STORE = Epilogue(
     "store",
     _store,
     outputs=(Operand("out", Kind.TILE),),
     reference=lambda acc, lay: {"out": acc},
+    sm90=_store_sm90,
 )
 
 
@@ -32,12 +41,19 @@ def _row_scale(acc, off_m, off_n, M, N, ops, state):
     return state
 
 
+@gluon.jit
+def _row_scale_sm90(acc, buf, off_m, off_n, M, N, ops):
+    scale, out = ops
+    G.store_tile(out, buf, acc * G.load_col_vector(scale, acc, off_m, M), off_m, off_n)
+
+
 ROW_SCALE = Epilogue(
     "row_scale",
     _row_scale,
     inputs=(Operand("scale", Kind.COL),),
     outputs=(Operand("out", Kind.TILE),),
     reference=lambda acc, lay, scale: {"out": acc * scale.float()[:, None]},
+    sm90=_row_scale_sm90,
 )
 
 

@@ -2,9 +2,12 @@
 
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from .. import reference as ref
 from ..kernels import primitives as P
+from ..kernels import primitives_sm90 as G
 from ..kernels.program import Epilogue, Kind, Operand
 from ..kernels.tuning import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 
@@ -30,6 +33,16 @@ def _residual_rms_ref(acc, lay, residual, gamma):
     return {"x": x, "h": x * gamma.float(), "sumsq": ref.row_partials(x * x, lay.sub_n)}
 
 
+@gluon.jit
+def _residual_rms_sm90(acc, buf, off_m, off_n, M, N, ops):
+    """As ``_residual_rms``, on the whole tile (sumsq: one partial per N-tile)."""
+    residual, gamma, x_out, h_out, sumsq = ops
+    x = acc.to(x_out.dtype).to(gl.float32)
+    G.store_tile(x_out, buf, x, off_m, off_n)
+    G.store_row_sum_partial(sumsq, x * x, acc, off_m, off_n, M, N)
+    G.store_tile(h_out, buf, x * G.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
+
+
 RESIDUAL_RMS = Epilogue(
     "residual_rms",
     _residual_rms,
@@ -38,6 +51,7 @@ RESIDUAL_RMS = Epilogue(
     reference=_residual_rms_ref,
     acc_init="residual",
     configs=tuple(SEEDED_CANDIDATES),
+    sm90=_residual_rms_sm90,
 )
 
 
@@ -57,6 +71,14 @@ def _residual_sumsq_ref(acc, lay, residual):
     return {"x": x, "sumsq": ref.row_partials(x * x, lay.sub_n)}
 
 
+@gluon.jit
+def _residual_sumsq_sm90(acc, buf, off_m, off_n, M, N, ops):
+    residual, x_out, sumsq = ops
+    x = acc.to(x_out.dtype).to(gl.float32)
+    G.store_tile(x_out, buf, x, off_m, off_n)
+    G.store_row_sum_partial(sumsq, x * x, acc, off_m, off_n, M, N)
+
+
 RESIDUAL_SUMSQ = Epilogue(
     "residual_sumsq",
     _residual_sumsq,
@@ -65,6 +87,7 @@ RESIDUAL_SUMSQ = Epilogue(
     reference=_residual_sumsq_ref,
     acc_init="residual",
     configs=tuple(SEEDED_CANDIDATES),
+    sm90=_residual_sumsq_sm90,
 )
 
 
