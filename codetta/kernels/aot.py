@@ -65,6 +65,20 @@ def _operand_types(ep: Epilogue, dtype, cfg: Config) -> tuple:
     return tuple(tys)
 
 
+def _aligned_attrs(signature: dict, constexprs: dict) -> dict:
+    """Mark the constexprs in ``signature``; return the attributes a launch on aligned
+    shapes gets: M, N, K and every pointer divisible by 16 (register use, and so
+    spills, can depend on it)."""
+    for k in constexprs:
+        signature[k] = "constexpr"
+    names = list(signature)
+    return {
+        (names.index(k),): [["tt.divisibility", 16]]
+        for k, ty in signature.items()
+        if k in ("M", "N", "K") or ty.startswith("*")
+    }
+
+
 def _compile_pingpong(ep: Epilogue, cfg: Config, dtype, a_t: bool, b_t: bool):
     """Compile the ping-pong mainloop (Gluon) with the program's sm90 function for sm_90a."""
     from triton.experimental.gluon import language as gl
@@ -103,14 +117,7 @@ def _compile_pingpong(ep: Epilogue, cfg: Config, dtype, a_t: bool, b_t: bool):
         BUF_LAYOUT=gl.NVMMASharedLayout.get_default_for([bm, bn], gl_dtype), A_T=a_t, B_T=b_t,
         STAGES=cfg.num_stages, CONSUMER_REGS=pingpong.CONSUMER_REGS,
     )  # fmt: skip
-    for k in constexprs:
-        signature[k] = "constexpr"
-    names = list(signature)
-    attrs = {
-        (names.index(k),): [["tt.divisibility", 16]]
-        for k, ty in signature.items()
-        if k in ("M", "N", "K") or ty.startswith("*")
-    }
+    attrs = _aligned_attrs(signature, constexprs)
     src = GluonASTSource(pingpong.pingpong_kernel, signature, constexprs, attrs)
     return triton.compile(
         src,
@@ -159,17 +166,7 @@ def compile_sm90(ep: Epilogue, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t
             "TAIL_SPLIT": cfg.tail_split,
         }
     )
-    for k in constexprs:
-        signature[k] = "constexpr"
-    # as a launch on aligned shapes specializes them: M, N, K and every pointer
-    # divisible by 16 (register use, and so spills, can depend on it)
-    names = list(signature)
-    attrs = {
-        (names.index(k),): [["tt.divisibility", 16]]
-        for k, ty in signature.items()
-        if k in ("M", "N", "K") or ty.startswith("*")
-    }
-    src = ASTSource(gemm_kernel, signature, constexprs, attrs)
+    src = ASTSource(gemm_kernel, signature, constexprs, _aligned_attrs(signature, constexprs))
     return triton.compile(
         src,
         target=GPUTarget("cuda", 90, 32),

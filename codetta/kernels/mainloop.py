@@ -1,4 +1,8 @@
-"""The one GEMM mainloop: ``acc = A @ B^T`` handed to an epilogue program.
+"""The GEMM mainloop: ``acc = A @ B^T`` handed to an epilogue program.
+
+It runs every program, on every GPU and through the Triton interpreter. On
+sm_90 GPUs the tuner also times its warp-specialized twin (``pingpong.py``,
+Gluon) for programs that give an ``sm90`` function, and keeps the faster.
 
 Persistent grid (one program per SM), host TMA tensor descriptors, grouped
 tile order. The mainloop never writes memory itself: every store, including

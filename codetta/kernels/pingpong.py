@@ -43,6 +43,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .mainloop import _pack
+
 MAX_OPERANDS = 6
 
 
@@ -56,25 +58,6 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
     pid_m = first_m + (tile % in_group) % size_m
     pid_n = (tile % in_group) // size_m
     return pid_m, pid_n
-
-
-@gluon.jit
-def _pack(o0, o1, o2, o3, o4, o5, NUM_OPS: gl.constexpr):
-    # Descriptors cannot travel inside a tuple kernel argument (as in mainloop.py):
-    # operands arrive in slots and are packed here.
-    if NUM_OPS == 1:
-        ops = (o0,)
-    elif NUM_OPS == 2:
-        ops = (o0, o1)
-    elif NUM_OPS == 3:
-        ops = (o0, o1, o2)
-    elif NUM_OPS == 4:
-        ops = (o0, o1, o2, o3)
-    elif NUM_OPS == 5:
-        ops = (o0, o1, o2, o3, o4)
-    else:
-        ops = (o0, o1, o2, o3, o4, o5)
-    return ops
 
 
 @gluon.jit
@@ -120,7 +103,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, buf, init_bar, go_mine, go_other, M,
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
-    ops = _pack(o0, o1, o2, o3, o4, o5, NUM_OPS)
+    # operands arrive in slots (descriptors cannot travel inside a tuple argument)
+    ops = _pack(o0, o1, o2, o3, o4, o5, None, None, None, None, None, None, NUM_OPS)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
