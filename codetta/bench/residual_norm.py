@@ -152,12 +152,8 @@ def run(out_dir: str, widths=("1B", "8B")) -> list[Results]:
     for res in (res_fwd, res_bwd):
         res.write(out_dir)
         print(res.table())
-        print(
-            "peak memory (GB): "
-            + ", ".join(
-                f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}"
-                for r in res.rows
-                if r.peak_mem_gb == r.peak_mem_gb
-            )
-        )
+        measured = [r for r in res.rows if r.peak_mem_gb == r.peak_mem_gb]  # not NaN
+        if measured:  # the forward-only table records no memory
+            mems = ", ".join(f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}" for r in measured)
+            print(f"peak memory (GB): {mems}")
     return [res_fwd, res_bwd]

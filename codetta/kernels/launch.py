@@ -214,7 +214,7 @@ def pingpong_unsupported(ep: Epilogue, a: torch.Tensor) -> str | None:
         return f"epilogue {ep.name!r} has no sm90 (Gluon) program"
     if a.device.type != "cuda" or interpreting():
         return "the ping-pong mainloop runs on CUDA devices only (no interpreter path)"
-    if torch.cuda.get_device_capability(a.device) != (9, 0):
+    if _capability(a.device.index or 0) != (9, 0):
         return f"the ping-pong mainloop needs an sm_90 GPU, not {torch.cuda.get_device_name(a.device)}"
     if a.dtype not in (torch.bfloat16, torch.float16):
         return f"the ping-pong mainloop takes bfloat16 or float16, not {a.dtype}"
@@ -227,9 +227,18 @@ def pingpong_unsupported(ep: Epilogue, a: torch.Tensor) -> str | None:
     return None
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple:
+    return torch.cuda.get_device_capability(device_index)
+
+
+@functools.cache
+def _gl_layout(block: tuple, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+
+
 def _gl_desc(t: torch.Tensor, shape, strides, block):
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
-    return GluonTensorDescriptor(t, shape, strides, block, layout)
+    return GluonTensorDescriptor(t, shape, strides, block, _gl_layout(tuple(block), t.dtype))
 
 
 def _launch_pingpong(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: tuning.Config):
@@ -250,7 +259,7 @@ def _launch_pingpong(a, w, a_order, w_order, ep, inputs, outputs, M, N, K, cfg: 
         for op, t in zip(ep.inputs + ep.outputs, inputs + outputs)
     ]
     slots = ops + [None] * (pingpong.MAX_OPERANDS - len(ops))
-    buf_layout = gl.NVMMASharedLayout.get_default_for([bm, bn], _GL_DTYPES[a.dtype])
+    buf_layout = _gl_layout((bm, bn), a.dtype)
     grid = pingpong.grid_size(M, N, cfg, _num_sms(a.device.index or 0))
     with _on_device(a.device):
         pingpong.pingpong_kernel[(grid,)](
