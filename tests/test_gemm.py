@@ -10,9 +10,9 @@ from codetta.kernels import launch, tuning
 LAYOUTS = ["nn", "tn", "nt", "tt"]  # a, weight: n = row-contiguous, t = transposed view
 
 
-def _make(M, N, K, dtype, device, layout):
+def _make(M, N, K, dtype, device, layout, w_scale=1.0):
     a = rand(M, K, dtype=dtype, device=device)
-    w = rand(N, K, dtype=dtype, device=device)
+    w = rand(N, K, dtype=dtype, device=device, scale=w_scale)
     if layout[0] == "t":
         a = a.t().contiguous().t()
     if layout[1] == "t":

@@ -6,6 +6,8 @@ refusals are checked here."""
 import pytest
 import torch
 from conftest import ON_GPU
+from test_gemm import LAYOUTS
+from test_gemm import _make as make_operands
 from util import SHAPES, assert_within, rand
 
 import codetta
@@ -16,17 +18,10 @@ from codetta.kernels import launch, tuning
 PP = tuning.PINGPONG_CANDIDATES
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
-LAYOUTS = ["nn", "tn", "nt", "tt"]
 
 
 def _make(M, N, K, dtype, layout):
-    a = rand(M, K, dtype=dtype, device="cuda")
-    w = rand(N, K, dtype=dtype, device="cuda", scale=K**-0.5)
-    if layout[0] == "t":
-        a = a.t().contiguous().t()
-    if layout[1] == "t":
-        w = w.t().contiguous().t()
-    return a, w
+    return make_operands(M, N, K, dtype, "cuda", layout, w_scale=K**-0.5)
 
 
 @pytest.mark.gpu

@@ -388,6 +388,8 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
         candidates = [c for c in candidates if not c.pingpong]
     if pingpong_possible and _pingpong_off():
         key += "|no-pingpong"
+    # a sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs): no second tuning
+    record_triton_pick = pingpong_possible and not _pingpong_off()
     if os.environ.get("CODETTA_AUTOTUNE", "1") == "0":
         return candidates[0]
     cache = _tune_cache(a.device.index or 0)
@@ -403,8 +405,7 @@ def _tuned_config(ep, a, w, a_order, w_order, inputs, M, N, K) -> tuning.Config:
         cfg = min(times, key=times.get)
         cache.put(key, cfg)
         triton_times = {c: ms for c, ms in times.items() if not c.pingpong}
-        if not key.endswith("|no-pingpong") and triton_times and len(triton_times) < len(times):
-            # the same sweep also answers CODETTA_PINGPONG=0 (A/B runs): no second tuning
+        if record_triton_pick and triton_times:
             cache.put(key + "|no-pingpong", min(triton_times, key=triton_times.get))
     return cfg
 
