@@ -1,19 +1,43 @@
 """codetta: Transformer blocks as GEMM + epilogue programs, on Triton."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from . import nn, ops  # noqa: E402
-from .kernels.launch import gemm, interpreting  # noqa: E402
-from .kernels.program import Epilogue, Kind, Layout, Operand  # noqa: E402
-from .kernels.tuning import Config  # noqa: E402
+from .kernels.configs import Config  # noqa: E402
+from .kernels.device import interpreting  # noqa: E402
+from .kernels.launch import gemm  # noqa: E402
+from .kernels.program import (  # noqa: E402
+    ColSum,
+    DType,
+    HalfTile,
+    Kind,
+    PerCol,
+    PerRow,
+    Program,
+    RowLogSumExp,
+    RowPick,
+    RowSum,
+    RowTable,
+    Scalar,
+    Tile,
+)
 
 __all__ = [
     "gemm",
     "interpreting",
-    "Epilogue",
+    "Program",
+    "Tile",
+    "HalfTile",
+    "PerRow",
+    "PerCol",
+    "Scalar",
+    "DType",
+    "RowTable",
+    "RowSum",
+    "RowLogSumExp",
+    "RowPick",
+    "ColSum",
     "Kind",
-    "Operand",
-    "Layout",
     "Config",
     "nn",
     "ops",

@@ -44,7 +44,7 @@ def _demo(args) -> int:
     for name, ours, want, theirs in [
         ("x", out.x, x64, x_t),
         ("h", out.h, h64, (x_t.float() * g).to(dtype)),
-        ("sumsq", out.sumsq.sum(1), ss64, x_t.float().pow(2).sum(-1)),
+        ("sumsq", out.sumsq, ss64, x_t.float().pow(2).sum(-1)),
     ]:
         e_ours = (ours.double() - want).abs().max().item()
         e_torch = (theirs.double() - want).abs().max().item()
@@ -70,7 +70,7 @@ def _bench(args) -> int:
     if fparts:
         foundation.run(args.out, parts=fparts)
     if "residual_norm" in args.parts:
-        residual_norm.run(args.out, widths=args.widths)
+        residual_norm.run(args.out, widths=args.widths, research=args.research)
     return 0
 
 
@@ -92,6 +92,9 @@ def main(argv=None) -> int:
         default=["1B", "8B"],
         choices=["1B", "8B"],
         help="model widths for the residual_norm part",
+    )
+    b.add_argument(
+        "--research", action="store_true", help="residual_norm: also time the alternative backwards"
     )
     args = p.parse_args(argv)
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU

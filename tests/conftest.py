@@ -33,11 +33,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    """Every output the launcher allocates starts as NaN, so unwritten elements fail."""
-    from codetta.kernels import launch
+def poison_outputs():
+    """Every output and workspace the launcher allocates starts as NaN, so unwritten
+    elements fail."""
+    from codetta.kernels import settings
 
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    with settings.override(poison_outputs=True):
+        yield
 
 
 @pytest.fixture

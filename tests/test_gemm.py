@@ -5,7 +5,7 @@ import torch
 from util import SHAPES, assert_within, rand
 
 import codetta
-from codetta.kernels import launch, tuning
+from codetta.kernels import configs, engines, launch, settings
 
 LAYOUTS = ["nn", "tn", "nt", "tt"]  # a, weight: n = row-contiguous, t = transposed view
 
@@ -58,12 +58,12 @@ def test_config_invariance(device):
     ref = a.double() @ w.double().t()
     if device == "cpu":
         cfgs = [
-            tuning.INTERPRETER_CONFIG,
-            tuning.Config(16, 64, 16, 1, 4, 1, 4),
-            tuning.Config(64, 32, 64, 4, 1, 1, 4),
+            configs.INTERPRETER_CONFIG,
+            configs.Config(16, 64, 16, 1, 4, 1, 4),
+            configs.Config(64, 32, 64, 4, 1, 1, 4),
         ]
     else:
-        cfgs = tuning.PLAIN_CANDIDATES
+        cfgs = configs.PLAIN_CANDIDATES
     for cfg in cfgs:
         assert_within(cfg.short(), codetta.gemm(a, w, config=cfg), ref, a @ w.t())
 
@@ -74,13 +74,13 @@ def test_m_zero(device):
     assert codetta.gemm(a, w).shape == (0, 32)
 
 
-def test_reference_path_matches_kernel(device, monkeypatch):
+def test_reference_path_matches_kernel(device):
     """CPU without the interpreter runs the PyTorch reference; both agree."""
     M, N, K = SHAPES[1]
     a, w = _make(M, N, K, torch.float16, device, "nn")
     kernel = codetta.gemm(a, w)
-    monkeypatch.setattr(launch, "interpreting", lambda: False)
-    ref_path = codetta.gemm(a.cpu(), w.cpu())
+    with settings.override(force_reference=True):
+        ref_path = codetta.gemm(a.cpu(), w.cpu())
     assert_within("reference path", ref_path, a.double().cpu() @ w.double().cpu().t(), kernel.cpu())
 
 
@@ -91,7 +91,11 @@ def test_reference_path_matches_kernel(device, monkeypatch):
         ("int_dtype", TypeError, "a must be bfloat16"),
         ("k_mismatch", ValueError, "K must match"),
         ("one_dim", ValueError, "a must be 2-D"),
-        ("misaligned_k", ValueError, "a: rows must start on 16-byte"),
+        ("misaligned_k", ValueError, r"a \[M, K\] = \(16, 60\).*multiple of 8"),
+        ("misaligned_n", ValueError, "rows of 50 elements.*N=50 must be a multiple of 8"),
+        ("k_zero", ValueError, "N and K must be >= 1"),
+        ("fp32_misaligned", ValueError, "multiple of 4"),
+        ("offset", ValueError, "16-byte boundary"),
         ("strided", ValueError, "a must have unit stride"),
         ("not_tensor", TypeError, "weight must be a torch.Tensor"),
         ("bad_epilogue", TypeError, "epilogue must be"),
@@ -113,6 +117,14 @@ def test_bad_input(case, exc, match, device):
     elif case == "misaligned_k":
         a, w = a[:, :60], w[:, :60].contiguous()
         a = a.contiguous()
+    elif case == "misaligned_n":
+        w = rand(50, 64, dtype=torch.float16, device=device)
+    elif case == "k_zero":
+        a, w = a[:, :0], w[:, :0]
+    elif case == "fp32_misaligned":
+        a, w = a[:, :62].float().contiguous(), w[:, :62].float().contiguous()
+    elif case == "offset":
+        a = rand(16 * 64 + 8, dtype=torch.float16, device=device)[1 : 1 + 16 * 64].view(16, 64)
     elif case == "strided":
         a = rand(16, 128, dtype=torch.float16, device=device)[:, ::2]
     elif case == "not_tensor":
@@ -125,13 +137,17 @@ def test_bad_input(case, exc, match, device):
         codetta.gemm(a, w, **kwargs)
 
 
-def test_bad_device():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device to mix devices")
-    a = rand(16, 64, dtype=torch.float16, device="cuda")
-    w = rand(32, 64, dtype=torch.float16, device="cpu")
-    with pytest.raises(ValueError, match="weight on cpu"):
-        codetta.gemm(a, w)
+def test_mixed_devices(device):
+    """An operand on another device (here: meta) is refused by name, never computed on."""
+    from codetta import programs as pg
+
+    a = rand(16, 64, dtype=torch.float16, device=device)
+    w = rand(32, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="weight is on meta but a is on"):
+        codetta.gemm(a, w.to("meta"))
+    with pytest.raises(ValueError, match="'gamma' is on meta"):
+        res = rand(16, 32, dtype=torch.float16, device=device)
+        codetta.gemm(a, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=torch.ones(32, device="meta"))
 
 
 def test_fp32_not_served_on_gpu():
@@ -142,12 +158,12 @@ def test_fp32_not_served_on_gpu():
         codetta.gemm(a, a)
 
 
-def test_bf16_on_cpu_is_right(monkeypatch):
+def test_bf16_on_cpu_is_right():
     """bf16 tl.dot is wrong in the Triton interpreter: bf16 CPU calls take the
     PyTorch reference (with a warning) instead of returning garbage."""
     if torch.cuda.is_available():
         pytest.skip("CPU behaviour")
-    monkeypatch.setattr(launch, "_WARNED_BF16", False)
+    launch._warn_bf16.cache_clear()
     a, w = _make(77, 96, 40, torch.bfloat16, "cpu", "nn")
     with pytest.warns(UserWarning, match="bfloat16"):
         out = codetta.gemm(a, w)
@@ -158,10 +174,11 @@ def test_bf16_on_cpu_is_right(monkeypatch):
 def _tail_case(device):
     """A shape and config whose last, partial wave is split along K."""
     if device == "cpu":  # 10 tiles of 32x32 on 3 programs: one tail tile in 3 K parts
-        return (160, 64, 256), tuning.INTERPRETER_CONFIG, tuning.INTERPRETER_NUM_SMS, 1
-    cfg = tuning.PLAIN_CANDIDATES[0]  # 128x256 tiles: 8 x 6 = 48 tiles, fewer than the SMs
+        return (160, 64, 256), configs.INTERPRETER_CONFIG, configs.INTERPRETER_NUM_SMS, 1
+    # 128x128 tiles on 132 SMs: 26 x 6 = 156 tiles, a last wave of 24 split in 4
+    cfg = configs.Config(128, 128, 64, 8, 2, 4, 4, tail_split=4)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return (1000, 1536, 2056), cfg, sms, tuning.MIN_K_BLOCKS_PER_PART
+    return (3300, 768, 2056), cfg, sms, configs.MIN_K_BLOCKS_PER_PART
 
 
 @pytest.mark.parametrize("epi_split", [1, 2, 4])
@@ -174,7 +191,7 @@ def test_tail_split(epi_split, dtype, device):
     (M, N, K), cfg, sms, min_k = _tail_case(device)
     cfg = dataclasses.replace(cfg, epi_split=epi_split)
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    assert tuning.tail_splits(cfg, tiles, sms, -(-K // cfg.block_k), min_k) > 1, "no tail split here"
+    assert configs.tail_splits(cfg, tiles, sms, -(-K // cfg.block_k), min_k) > 1, "no tail split here"
     a, w = _make(M, N, K, dtype, device, "nn")
     ref = a.double() @ w.double().t()
     split = codetta.gemm(a, w, config=cfg)
@@ -183,7 +200,7 @@ def test_tail_split(epi_split, dtype, device):
         "unsplit", codetta.gemm(a, w, config=dataclasses.replace(cfg, tail_split=1)), ref, a @ w.t()
     )
     assert torch.equal(split, codetta.gemm(a, w, config=cfg))
-    assert not launch._tail_counters(a.device).any(), "a tail counter was left non-zero"
+    assert not engines.tail_counters(a.device).any(), "a tail counter was left non-zero"
 
 
 def test_tail_split_seeded(dtype, device):
@@ -195,8 +212,6 @@ def test_tail_split_seeded(dtype, device):
     y, w = _make(M, N, K, dtype, device, "nn")
     res = rand(M, N, dtype=dtype, device=device)
     gamma = torch.rand(N, device=device) + 0.5
-    if device == "cuda":
-        cfg = tuning.SEEDED_CANDIDATES[0]
     out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=cfg)
     x64, h64, _ = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
     x_t = res + y @ w.t()

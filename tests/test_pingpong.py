@@ -1,84 +1,115 @@
-"""The sm_90 ping-pong mainloop (Gluon): every program that has one, every layout, odd
-shapes, NaN-poisoned outputs, determinism. GPU only (Gluon has no interpreter path);
-on the CPU the kernels are compiled for sm_90a in test_sass.py, and the launcher's
-refusals are checked here."""
+"""The sm_90 ping-pong mainloop (Gluon) runs every program from the program's one body:
+each shipped and test program, each of its ping-pong configurations, against fp64,
+with NaN-poisoned outputs; every layout of the plain GEMM; determinism. GPU only
+(Gluon has no interpreter path); on the CPU the kernels are compiled for sm_90a in
+test_sass.py, and the launcher's refusals are checked here."""
 
 import pytest
 import torch
 from conftest import ON_GPU
 from test_gemm import LAYOUTS
 from test_gemm import _make as make_operands
+from test_programs import ACTIVATIONS, PICK_LSE, SWIGLU_PAIRS, TABLE_SCALE, _program_operands
 from util import SHAPES, assert_within, rand
 
 import codetta
 from codetta import programs as pg
-from codetta import reference as ref
-from codetta.kernels import launch, tuning
+from codetta.kernels import configs
+from codetta.kernels.engines import PINGPONG
+from codetta.kernels.operands import make_call
 
-PP = tuning.PINGPONG_CANDIDATES
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU")
+PROGRAMS = [getattr(pg, n) for n in pg.__all__] + [ACTIVATIONS, PICK_LSE, SWIGLU_PAIRS, TABLE_SCALE]
+GPU_SHAPES = [(77, 2048, 1024), (1000, 1536, 2056)]
 
 
 def _make(M, N, K, dtype, layout):
     return make_operands(M, N, K, dtype, "cuda", layout, w_scale=K**-0.5)
 
 
+def _operands(prog, M, N, dtype):
+    if prog is PICK_LSE:
+        t = torch.randint(0, N, (M,), device="cuda")
+        t[::5] = -100
+        return {"target": t}
+    if prog is TABLE_SCALE:
+        return {
+            "pos": torch.randint(0, 500, (M,), device="cuda"),
+            "cos": torch.randn(500, 128, device="cuda"),
+        }
+    if prog in (ACTIVATIONS, SWIGLU_PAIRS):
+        return {}
+    ops = _program_operands(prog.name, M, N, "cuda")
+    return {
+        k: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
+        for k, v in ops.items()
+    }
+
+
+def check_against_reference(prog, y, w, operands, outs):
+    """Every output against the program's reference in fp64, within 2 x the error of the
+    same reference run on PyTorch's own product in the GEMM's dtype."""
+    acc64 = y.double() @ w.double().t()
+    acc_t = (y @ w.t()).float()
+    seed = next((op.name for op in prog.inputs if op.kind is codetta.Kind.SEED), None)
+    extra = {op.name: y.dtype for op in prog.inputs if op.kind is codetta.Kind.DTYPE}
+    if seed is not None:
+        acc64 = acc64 + operands[seed].double()
+        acc_t = (acc_t + operands[seed].float()).to(y.dtype).float()
+    ops64 = {
+        k: v.double() if isinstance(v, torch.Tensor) and torch.is_floating_point(v) else v
+        for k, v in operands.items()
+    }
+    want = prog.reference(acc64, **ops64, **extra)
+    same = prog.reference(acc_t, **operands, **extra)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    for op, out in zip(prog.outputs, outs):
+        assert out.dtype == (op.dtype or (y.dtype if op.is_tile else torch.float32)), op.name
+        assert_within(op.name, out, want[op.name], same[op.name].to(out.dtype))
+
+
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("cfg", PP, ids=lambda c: c.short())
+@pytest.mark.parametrize("M,N,K", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("prog", PROGRAMS, ids=lambda p: p.name)
+def test_program(prog, M, N, K):
+    """Each program on each of its ping-pong configurations (the body's own math)."""
+    dtype = torch.bfloat16
+    a_t, b_t = prog.layouts[0]
+    y, w = _make(M, N, K, dtype, ("t" if a_t else "n") + ("t" if b_t else "n"))
+    operands = _operands(prog, M, N, dtype)
+    call = make_call(prog, y, w, operands)
+    assert PINGPONG.unsupported(call) is None
+    for cfg in PINGPONG.candidates(prog):
+        outs = codetta.gemm(y, w, epilogue=prog, config=cfg, **operands)
+        check_against_reference(prog, y, w, operands, outs)
+
+
+@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_plain(M, N, K, layout, cfg):
+def test_plain_layouts(M, N, K, layout):
     dtype = torch.bfloat16
     if layout[0] == "t" and (M * 2) % 16:
         pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
     a, w = _make(M, N, K, dtype, layout)
-    out = codetta.gemm(a, w, config=cfg)
-    assert_within("out", out, a.double() @ w.double().t(), a @ w.t())
+    for cfg in configs.PINGPONG_CANDIDATES[:1] + configs.PINGPONG_STREAMING_CANDIDATES[-1:]:
+        out = codetta.gemm(a, w, config=cfg)
+        assert_within("out", out, a.double() @ w.double().t(), a @ w.t())
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_residual_rms(M, N, K, dtype):
+def test_residual_rms_fp16_and_bf16(dtype):
+    M, N, K = SHAPES[2]
     y, w = _make(M, N, K, dtype, "nn")
-    res = rand(M, N, dtype=dtype, device="cuda")
-    gamma = rand(N, dtype=torch.float32, device="cuda")
-    out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=PP[0])
-    x64, h64, _ = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
-    x_t = res + y @ w.t()
-    assert_within("x", out.x, x64, x_t)
-    assert_within("h", out.h, h64, (x_t.float() * gamma).to(dtype))
-    assert out.sumsq.shape == (M, -(-N // PP[0].block_n))
-    assert_within("sumsq", out.sumsq.sum(1), out.x.double().pow(2).sum(-1), out.x.float().pow(2).sum(-1))
-    # the stored stream and h are those of the Triton mainloop, up to fp32 summation order
-    tl_out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma)
-    assert (out.x.float() - tl_out.x.float()).abs().max() <= (x64.abs().max() * 2**-7).item()
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_residual_sumsq(M, N, K):
-    y, w = _make(M, N, K, torch.bfloat16, "nn")
-    res = rand(M, N, dtype=torch.bfloat16, device="cuda")
-    out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_SUMSQ, residual=res, config=PP[1])
-    x64 = res.double() + y.double() @ w.double().t()
-    assert_within("x", out.x, x64, res + y @ w.t())
-    assert_within("sumsq", out.sumsq.sum(1), out.x.double().pow(2).sum(-1), out.x.float().pow(2).sum(-1))
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_row_scale(M, N, K):
-    y, w = _make(M, N, K, torch.bfloat16, "nn")
-    scale = torch.rand(M, device="cuda") + 0.5
-    out = codetta.gemm(y, w, epilogue=pg.ROW_SCALE, scale=scale, config=PP[0])
-    want = (y.double() @ w.double().t()) * scale.double()[:, None]
-    assert_within("out", out, want, ((y @ w.t()).float() * scale[:, None]).to(torch.bfloat16))
+    ops = {"residual": rand(M, N, dtype=dtype, device="cuda"), "gamma": torch.rand(N, device="cuda") + 0.5}
+    for cfg in PINGPONG.candidates(pg.RESIDUAL_RMS):
+        out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, config=cfg, **ops)
+        check_against_reference(pg.RESIDUAL_RMS, y, w, ops, out)
 
 
 @pytest.mark.gpu
@@ -88,27 +119,28 @@ def test_deterministic():
     y, w = _make(M, N, K, torch.bfloat16, "nn")
     res = rand(M, N, dtype=torch.bfloat16, device="cuda")
     gamma = torch.rand(N, device="cuda")
-    one = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=PP[0])
-    two = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=PP[0])
+    cfg = PINGPONG.candidates(pg.RESIDUAL_RMS)[0]
+    one = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=cfg)
+    two = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma, config=cfg)
     for name, a, b in zip(one._fields, one, two):
         assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("fold_gamma", [False, True])
-def test_operator_on_pingpong(monkeypatch, fold_gamma):
-    """The residual + RMSNorm operator, forward and backward, with every program that
-    has an sm90 function run on the ping-pong mainloop."""
+@pytest.mark.parametrize("variant", ["rowwise", "two_pass", "folded", "fold_gamma"])
+def test_operator_on_pingpong(variant):
+    """The residual + RMSNorm operator, forward and backward, with every GEMM on the
+    ping-pong mainloop (its first candidate, untuned)."""
     from test_residual_rmsnorm import check_operator
 
-    real = launch.candidate_configs
-    monkeypatch.setattr(
-        launch, "candidate_configs", lambda ep: list(PP[:1]) + real(ep) if ep.sm90 is not None else real(ep)
-    )
-    monkeypatch.setattr(launch, "_CHOSEN", {})
-    monkeypatch.setenv("CODETTA_AUTOTUNE", "0")
-    check_operator(1000, 2048, 2048, 4096, torch.bfloat16, "cuda", fold_gamma=fold_gamma)
+    from codetta.kernels import settings, tuning
+
+    kw = {"fold_gamma": True} if variant == "fold_gamma" else {"backward": variant}
+    tuning.CHOOSER.clear()
+    with settings.override(autotune=False, prefer_pingpong=True):
+        check_operator(1000, 2048, 2048, 4096, torch.bfloat16, "cuda", **kw)
+    tuning.CHOOSER.clear()
 
 
 def test_refused_off_hopper():
@@ -117,18 +149,21 @@ def test_refused_off_hopper():
         pytest.skip("runs where the ping-pong mainloop is unavailable")
     a, w = rand(64, 64, dtype=torch.float16, device="cpu"), rand(64, 64, dtype=torch.float16, device="cpu")
     with pytest.raises(ValueError, match="ping-pong"):
-        codetta.gemm(a, w, config=PP[0])
+        codetta.gemm(a, w, config=configs.PINGPONG_CANDIDATES[0])
 
 
 def test_unsupported_reasons():
+    import dataclasses
+
     a = torch.zeros(8, 8, dtype=torch.bfloat16)
-    assert "no sm90" in launch.pingpong_unsupported(pg.MUL_COLSUM, a)
-    assert launch.pingpong_unsupported(pg.RESIDUAL_RMS, a) is not None  # a CPU tensor
-    assert pg.STORE.sm90 is not None and pg.RESIDUAL_RMS.sm90 is not None
+    assert "CUDA" in PINGPONG.unsupported(make_call(pg.STORE, a, a, {}))
+    off = dataclasses.replace(pg.STORE, name="store_no_pp", pingpong=False)
+    assert "opts out" in PINGPONG.unsupported(make_call(off, a, a, {}))
+    assert PINGPONG.candidates(off) == []
 
 
 def test_config_round_trip():
-    for cfg in PP:
-        assert tuning.config_from_dict(cfg.__dict__) == cfg
+    for cfg in configs.ALL_PINGPONG:
+        assert configs.config_from_dict(cfg.__dict__) == cfg
     with pytest.raises(ValueError, match="ping-pong"):
-        tuning.config_from_dict({**PP[0].__dict__, "block_n": 256})
+        configs.config_from_dict({**configs.PINGPONG_CANDIDATES[0].__dict__, "block_n": 256})

@@ -1,75 +1,90 @@
-"""Every primitive kind through a program: results against fp64 references."""
+"""Every shipped program and every operand kind, against fp64 references.
+
+On a CPU the programs run through the Triton interpreter on the portable
+mainloop; the ping-pong mainloop runs the very same body (``test_pingpong.py``
+on an sm_90 GPU; compiled for sm_90a on any machine in ``test_sass.py``).
+"""
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
-import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
+import triton.language as tl
 from util import SHAPES, assert_within, rand
 
 import codetta
 from codetta import programs as pg
 from codetta import reference as ref
+from codetta.kernels import configs, settings
 from codetta.kernels import primitives as P
-from codetta.kernels import tuning
-
-CFG = tuning.INTERPRETER_CONFIG if not torch.cuda.is_available() else None
+from codetta.kernels.engines import PINGPONG, TRITON
 
 
 def _inputs(M, N, K, dtype, device):
     return rand(M, K, dtype=dtype, device=device), rand(N, K, dtype=dtype, device=device, scale=K**-0.5)
 
 
+def _acc(y, w):
+    return y.double() @ w.double().t(), (y @ w.t()).float()
+
+
+def check_residual_rms(out, y, w, res, gamma, dtype):
+    x64, h64, _ = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
+    # PyTorch in the same dtype: the unfused chain, the norm statistics in fp32
+    x_t = res + y @ w.t()
+    assert_within("x", out.x, x64, x_t)
+    assert_within("h", out.h, h64, (x_t.float() * gamma).to(dtype))
+    # sumsq is the sum of squares of the stream as stored (out.x), summed in fp32
+    assert out.sumsq.dtype == torch.float32 and out.sumsq.shape == (y.shape[0],)
+    assert_within("sumsq", out.sumsq, out.x.double().pow(2).sum(-1), out.x.float().pow(2).sum(-1))
+
+
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
 def test_residual_rms(M, N, K, dtype, device):
-    """K1: tile load + tile stores + row vector + row partial reduction."""
+    """K1: seeding tile + tile stores + per-column vector + row sum."""
     y, w = _inputs(M, N, K, dtype, device)
     res = rand(M, N, dtype=dtype, device=device)
     gamma = rand(N, dtype=torch.float32, device=device)
     out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=res, gamma=gamma)
-    x64, h64, ss64 = ref.residual_rms_chain(y.double(), w.double(), res.double(), gamma.double())
-    # PyTorch in the same dtype: the unfused chain, the norm statistics in fp32
-    x_t = res + y @ w.t()
-    h_t = (x_t.float() * gamma).to(dtype)
-    assert_within("x", out.x, x64, x_t)
-    assert_within("h", out.h, h64, h_t)
-    # sumsq is the sum of squares of the stream as stored (out.x), summed in fp32
-    assert out.sumsq.dtype == torch.float32
-    ss_ref = out.x.double().pow(2).sum(-1)
-    assert_within("sumsq", out.sumsq.sum(1), ss_ref, out.x.float().pow(2).sum(-1))
-    assert torch.allclose(ss_ref, ss64, rtol=0.05), "the stored stream is far from the exact one"
+    check_residual_rms(out, y, w, res, gamma, dtype)
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_row_scale(M, N, K, dtype, device):
-    """Column-vector load: out = acc * scale[m]."""
+def test_row_scale_and_rms_scale(M, N, K, dtype, device):
+    """Per-row vectors and scalars: out = acc * scale[m];  out = acc * rsqrt(sumsq[m] / d + eps)."""
     y, w = _inputs(M, N, K, dtype, device)
     scale = torch.rand(M, device=device) + 0.5
+    acc64, acc_t = _acc(y, w)
     out = codetta.gemm(y, w, epilogue=pg.ROW_SCALE, scale=scale)
-    want = (y.double() @ w.double().t()) * scale.double()[:, None]
-    assert_within("out", out, want, ((y @ w.t()).float() * scale[:, None]).to(dtype))
+    assert_within("row_scale", out, acc64 * scale.double()[:, None], (acc_t * scale[:, None]).to(dtype))
+    sumsq = torch.rand(M, device=device) * 50
+    out = codetta.gemm(y, w, epilogue=pg.RMS_SCALE, sumsq=sumsq, inv_d=1 / 40, eps=1e-5)
+    r64 = (sumsq.double() / 40 + 1e-5).rsqrt()
+    assert_within(
+        "rms_scale", out, acc64 * r64[:, None], (acc_t * (sumsq / 40 + 1e-5).rsqrt()[:, None]).to(dtype)
+    )
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
 def test_mul_colsum(M, N, K, dtype, device):
-    """Column partial reduction over M-tiles, finished by a sum."""
+    """Tile input + column sum over all rows."""
     y, w = _inputs(M, N, K, dtype, device)
     other = rand(M, N, dtype=dtype, device=device)
     out = codetta.gemm(y, w, epilogue=pg.MUL_COLSUM, other=other)
-    acc64 = y.double() @ w.double().t()
+    acc64, acc_t = _acc(y, w)
     assert_within("out", out.out, acc64, y @ w.t())
-    torch_cs = ((y @ w.t()).float() * other.float()).sum(0)
-    assert_within("colsum", out.colsum.sum(0), (acc64 * other.double()).sum(0), torch_cs)
+    assert out.colsum.shape == (N,)
+    assert_within("colsum", out.colsum, (acc64 * other.double()).sum(0), (acc_t * other.float()).sum(0))
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
-def test_tile_lse(M, N, K, dtype, device):
-    """Stateful online max / sum-exp across sub-tiles, finished across N-tiles."""
+def test_row_lse(M, N, K, dtype, device):
+    """Running max / sum-exp over all N columns of each row."""
     y, w = _inputs(M, N, K, dtype, device)
-    scale = 3.0
-    out = codetta.gemm(y, w, epilogue=pg.TILE_LSE, scale=scale)
-    want = torch.logsumexp((y.double() @ w.double().t()) * scale, dim=1)
-    torch_same = torch.logsumexp((y @ w.t()).float() * scale, dim=1)
-    assert_within("lse", torch.logsumexp(out, dim=1), want, torch_same)
+    out = codetta.gemm(y, w, epilogue=pg.ROW_LSE, scale=3.0)
+    acc64, acc_t = _acc(y, w)
+    assert out.shape == (M,)
+    assert_within("lse", out, torch.logsumexp(acc64 * 3.0, dim=1), torch.logsumexp(acc_t * 3.0, dim=1))
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
@@ -79,9 +94,174 @@ def test_rotate_pairs(M, N, K, dtype, device):
     angle = torch.rand(M, device=device, dtype=torch.float64) * 6.28
     cos, sin = angle.cos().float(), angle.sin().float()
     out = codetta.gemm(y, w, epilogue=pg.ROTATE_PAIRS, cos=cos, sin=sin)
-    want = ref.rotate_pairs(y.double() @ w.double().t(), cos.double(), sin.double())
-    torch_same = ref.rotate_pairs((y @ w.t()).float(), cos, sin).to(dtype)
-    assert_within("out", out, want, torch_same)
+    acc64, acc_t = _acc(y, w)
+    want = ref.rotate_pairs(acc64, cos.double(), sin.double())
+    assert_within("out", out, want, ref.rotate_pairs(acc_t, cos, sin).to(dtype))
+
+
+# ---- operand kinds no shipped program uses yet, through small test programs
+
+
+@triton.jit
+def _pick_lse(acc, target):
+    """What cross-entropy needs of a logits tile: the row's LSE and its target logit."""
+    return acc, acc
+
+
+PICK_LSE = codetta.Program(
+    "test_pick_lse",
+    _pick_lse,
+    inputs=(codetta.PerRow("target", index=True),),
+    outputs=(codetta.RowLogSumExp("lse"), codetta.RowPick("picked", index="target")),
+    reference=lambda acc, target: {
+        "lse": acc.logsumexp(1),
+        "picked": torch.where(
+            (target >= 0) & (target < acc.shape[1]),
+            acc.gather(1, target.clamp(0, acc.shape[1] - 1).long()[:, None])[:, 0],
+            torch.zeros((), dtype=acc.dtype),
+        ),
+    },
+)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_row_pick_and_lse(M, N, K, dtype, device):
+    """A gathered element per row (ignored indices give 0) next to a row LSE."""
+    y, w = _inputs(M, N, K, dtype, device)
+    target = torch.randint(0, N, (M,), device=device)
+    target[::3] = -100  # ignore_index
+    out = codetta.gemm(y, w, epilogue=PICK_LSE, target=target)
+    acc64, acc_t = _acc(y, w)
+    keep = target >= 0
+    want = torch.where(keep, acc64.gather(1, target.clamp(min=0)[:, None])[:, 0], 0.0)
+    same = torch.where(keep, acc_t.gather(1, target.clamp(min=0)[:, None])[:, 0], 0.0)
+    assert_within("picked", out.picked, want, same)
+    assert_within("lse", out.lse, acc64.logsumexp(1), acc_t.logsumexp(1))
+
+
+@triton.jit
+def _table_scale(acc, pos, cos):
+    """out = acc * cos_table[pos[m], n % W]."""
+    return acc * cos
+
+
+TABLE_SCALE = codetta.Program(
+    "test_table_scale",
+    _table_scale,
+    inputs=(codetta.PerRow("pos", index=True), codetta.RowTable("cos", index="pos")),
+    outputs=(codetta.Tile("out"),),
+    reference=lambda acc, pos, cos: {
+        "out": acc * cos.float()[pos.long()].repeat(1, acc.shape[1] // cos.shape[1])
+    },
+)
+
+
+@pytest.mark.parametrize("W", [8, 16])
+def test_row_table(W, dtype, device):
+    """A per-row table read by position: row m, column n reads table[pos[m], n % W]."""
+    M, N, K = 77, 96, 40
+    y, w = _inputs(M, N, K, dtype, device)
+    table = torch.randn(300, W, device=device)
+    pos = torch.randint(0, 300, (M,), device=device, dtype=torch.int32)
+    out = codetta.gemm(y, w, epilogue=TABLE_SCALE, pos=pos, cos=table)
+    acc64, acc_t = _acc(y, w)
+    full = table[pos.long()].repeat(1, N // W)
+    assert_within("out", out, acc64 * full.double(), (acc_t * full).to(dtype))
+    with pytest.raises(ValueError, match="width W divides N"):
+        codetta.gemm(y, w, epilogue=TABLE_SCALE, pos=pos, cos=torch.randn(300, 7, device=device))
+
+
+@triton.jit
+def _swiglu_pairs(acc):
+    """Adjacent columns (gate, up) -> y = silu(gate) * up, half as many columns."""
+    g, u = P.even_odd(acc)
+    return P.silu(g) * u
+
+
+SWIGLU_PAIRS = codetta.Program(
+    "test_swiglu_pairs",
+    _swiglu_pairs,
+    outputs=(codetta.HalfTile("y"),),
+    reference=lambda acc: {"y": F.silu(acc[:, 0::2]) * acc[:, 1::2]},
+)
+
+
+@pytest.mark.parametrize("M,N,K", [s for s in SHAPES if s[1] % 16 == 0], ids=str)
+def test_half_tile(M, N, K, dtype, device):
+    """A half-width output: [M, N] accumulator -> [M, N/2] result."""
+    y, w = _inputs(M, N, K, dtype, device)
+    out = codetta.gemm(y, w, epilogue=SWIGLU_PAIRS)
+    acc64, acc_t = _acc(y, w)
+    assert out.shape == (M, N // 2)
+    assert_within(
+        "y", out, F.silu(acc64[:, 0::2]) * acc64[:, 1::2], (F.silu(acc_t[:, 0::2]) * acc_t[:, 1::2]).to(dtype)
+    )
+
+
+@triton.jit
+def _activations(acc):
+    """gelu = gelu_tanh(acc); silu = silu(acc); rowsum[m] = sum_n acc."""
+    return P.gelu_tanh(acc), P.silu(acc), acc
+
+
+ACTIVATIONS = codetta.Program(
+    "test_activations",
+    _activations,
+    outputs=(codetta.Tile("gelu"), codetta.Tile("silu"), codetta.RowSum("rowsum")),
+    reference=lambda acc: {
+        "gelu": F.gelu(acc, approximate="tanh"),
+        "silu": F.silu(acc),
+        "rowsum": acc.sum(1),
+    },
+)
+
+
+def test_activation_helpers(dtype, device):
+    M, N, K = SHAPES[1]
+    y, w = _inputs(M, N, K, dtype, device)
+    out = codetta.gemm(y, w, epilogue=ACTIVATIONS)
+    acc64, acc_t = _acc(y, w)
+    assert_within(
+        "gelu", out.gelu, F.gelu(acc64, approximate="tanh"), F.gelu(acc_t, approximate="tanh").to(dtype)
+    )
+    assert_within("silu", out.silu, F.silu(acc64), F.silu(acc_t).to(dtype))
+    assert_within("rowsum", out.rowsum, acc64.sum(1), acc_t.sum(1))
+
+
+# ---- the contract: one body, checked here, run by both mainloops
+
+
+def test_both_mainloops_run_the_body():
+    """The ping-pong mainloop gets the program's own body (no twin), as the portable one does."""
+    for name in pg.__all__:
+        prog = getattr(pg, name)
+        kinds = prog.in_kinds
+        assert (
+            TRITON.constexprs(prog, kinds, configs.INTERPRETER_CONFIG, torch.float16, 0, 0, 3)["BODY"]
+            is prog.body
+        )
+        for cfg in PINGPONG.candidates(prog):
+            assert PINGPONG.constexprs(prog, kinds, cfg, torch.bfloat16, 0, 0)["BODY"] is prog.body
+
+
+@triton.jit
+def _residual_rms_off_by_one_percent(acc, gamma, elem):
+    x = acc.to(elem.dtype).to(tl.float32)
+    return x, x * gamma * 1.01, x * x
+
+
+def test_wrong_body_fails(device):
+    """A body that writes h x 1.01 (the defect once seen in a hand-written twin) fails
+    the same check the shipped body passes; both mainloops run what this checks."""
+    import dataclasses
+
+    bad = dataclasses.replace(pg.RESIDUAL_RMS, name="bad_residual_rms", body=_residual_rms_off_by_one_percent)
+    M, N, K = SHAPES[2]
+    y, w = _inputs(M, N, K, torch.float16, device)
+    res, gamma = rand(M, N, dtype=torch.float16, device=device), torch.rand(N, device=device) + 0.5
+    out = codetta.gemm(y, w, epilogue=bad, residual=res, gamma=gamma)
+    with pytest.raises(AssertionError, match="h: error"):
+        check_residual_rms(out, y, w, res, gamma, torch.float16)
 
 
 def test_programs_deterministic(device):
@@ -95,6 +275,26 @@ def test_programs_deterministic(device):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
+def test_reductions_do_not_depend_on_the_config(device):
+    """Row and column reductions come back finished, [M] and [N], whatever the tiles."""
+    M, N, K = SHAPES[2]
+    y, w = _inputs(M, N, K, torch.float16, device)
+    other = rand(M, N, dtype=torch.float16, device=device)
+    cfgs = (
+        [
+            configs.INTERPRETER_CONFIG,
+            configs.Config(16, 64, 16, 1, 4, 1, 4),
+            configs.Config(64, 32, 64, 4, 1, 1, 4),
+        ]
+        if device == "cpu"
+        else TRITON.candidates(pg.MUL_COLSUM)[:3]
+    )
+    outs = [codetta.gemm(y, w, epilogue=pg.MUL_COLSUM, other=other, config=c) for c in cfgs]
+    for o in outs:
+        assert o.colsum.shape == (N,)
+        torch.testing.assert_close(o.colsum, outs[0].colsum, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "operands,exc,match",
     [
@@ -103,6 +303,9 @@ def test_programs_deterministic(device):
         ({"residual": "short", "gamma": "g"}, ValueError, "'residual' must have shape"),
         ({"residual": "ok", "gamma": "long"}, ValueError, "'gamma' must have shape"),
         ({"residual": "strided", "gamma": "g"}, ValueError, "'residual' must be row-contiguous"),
+        ({"residual": "ok", "gamma": "g64"}, TypeError, "'gamma' must be float32, bfloat16, float16"),
+        ({"residual": "ok", "gamma": "gint"}, TypeError, "'gamma' must be float32, bfloat16, float16"),
+        ({"residual": "ok", "gamma": "g", "elem": "g"}, TypeError, "takes no operand"),
     ],
 )
 def test_bad_operands(operands, exc, match, device):
@@ -110,6 +313,8 @@ def test_bad_operands(operands, exc, match, device):
     y, w = _inputs(M, N, K, torch.float16, device)
     vals = {
         "g": torch.ones(N, device=device),
+        "g64": torch.ones(N, device=device, dtype=torch.float64),
+        "gint": torch.ones(N, device=device, dtype=torch.int64),
         "long": torch.ones(N + 1, device=device),
         "ok": rand(M, N, dtype=torch.float16, device=device),
         "short": rand(M - 1, N, dtype=torch.float16, device=device),
@@ -123,8 +328,8 @@ def test_bad_operands(operands, exc, match, device):
 
 def test_scalar_operand_type(device):
     y, w = _inputs(8, 32, 64, torch.float16, device)
-    with pytest.raises(TypeError, match="'scale' must be a Python int or float"):
-        codetta.gemm(y, w, epilogue=pg.TILE_LSE, scale=torch.tensor(1.0))
+    with pytest.raises(TypeError, match="'scale' must be a Python float"):
+        codetta.gemm(y, w, epilogue=pg.ROW_LSE, scale=torch.tensor(1.0))
 
 
 def test_rotate_pairs_odd_n(device):
@@ -140,6 +345,7 @@ def _program_operands(name, M, N, device):
     return {
         "store": {},
         "row_scale": {"scale": torch.rand(M, **f32) + 0.5},
+        "rms_scale": {"sumsq": torch.rand(M, **f32) * 9, "inv_d": 1.0 / N, "eps": 1e-6},
         "mul_colsum": {"other": rand(M, N, dtype=dtype, device=device)},
         "residual_rms": {"residual": rand(M, N, dtype=dtype, device=device), "gamma": torch.rand(N, **f32)},
         "residual_sumsq": {"residual": rand(M, N, dtype=dtype, device=device)},
@@ -147,35 +353,36 @@ def _program_operands(name, M, N, device):
         "rms_backward": {
             "x": rand(M, N, dtype=dtype, device=device),
             "dres": rand(M, N, dtype=dtype, device=device),
-            "rstd": torch.rand(M, **f32) + 0.5,
+            "sumsq": torch.rand(M, **f32) * N + 1,
             "zeta": torch.randn(M, **f32),
             "gamma": torch.rand(N, **f32),
             "inv_d": 1.0 / N,
+            "eps": 1e-6,
         },
         "rms_grad_partials": {
             "x": rand(M, N, dtype=dtype, device=device),
-            "rstd": torch.rand(M, **f32) + 0.5,
+            "sumsq": torch.rand(M, **f32) * N + 1,
             "gamma": torch.rand(N, **f32),
+            "inv_d": 1.0 / N,
+            "eps": 1e-6,
         },
-        "tile_lse": {"scale": 2.0},
+        "row_lse": {"scale": 2.0},
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
     }[name]
 
 
 @pytest.mark.parametrize("name", [getattr(pg, n).name for n in pg.__all__])
-def test_reference_path_matches_kernel(name, device, monkeypatch):
+def test_reference_path_matches_kernel(name, device):
     """Each program's PyTorch reference (the CPU path without the interpreter)
     computes what its kernel computes."""
-    from codetta.kernels import launch
-
-    ep = next(getattr(pg, n) for n in pg.__all__ if getattr(pg, n).name == name)
+    prog = next(getattr(pg, n) for n in pg.__all__ if getattr(pg, n).name == name)
     M, N, K = 77, 96, 64
     y, w = _inputs(M, N, K, torch.float16, device)
     ops = _program_operands(name, M, N, device)
-    kernel = codetta.gemm(y, w, epilogue=ep, config=tuning.INTERPRETER_CONFIG, **ops)
-    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    kernel = codetta.gemm(y, w, epilogue=prog, **ops)
     cpu_ops = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in ops.items()}
-    reference = codetta.gemm(y.cpu(), w.cpu(), epilogue=ep, config=tuning.INTERPRETER_CONFIG, **cpu_ops)
+    with settings.override(force_reference=True):
+        reference = codetta.gemm(y.cpu(), w.cpu(), epilogue=prog, **cpu_ops)
     kernel = kernel if isinstance(kernel, tuple) else (kernel,)
     reference = reference if isinstance(reference, tuple) else (reference,)
     for out_k, out_r in zip(kernel, reference):
@@ -186,15 +393,25 @@ def test_reference_path_matches_kernel(name, device, monkeypatch):
         )
 
 
-def test_program_without_reference_on_cpu(monkeypatch):
+def test_program_without_reference_on_cpu():
     """A program with no PyTorch reference says so on the CPU path instead of crashing."""
-    from codetta.kernels import launch
-
-    bare = codetta.Epilogue("bare_store", pg.STORE.apply, outputs=pg.STORE.outputs)
-    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    bare = codetta.Program("bare_store", pg.STORE.body, outputs=pg.STORE.outputs)
     y, w = _inputs(8, 32, 64, torch.float16, "cpu")
-    with pytest.raises(NotImplementedError, match="no PyTorch reference"):
+    with (
+        settings.override(force_reference=True),
+        pytest.raises(NotImplementedError, match="no PyTorch reference"),
+    ):
         codetta.gemm(y, w, epilogue=bare)
+
+
+def test_reference_with_a_wrong_key():
+    """A reference that forgets an output names the program and the key."""
+    bad = codetta.Program(
+        "bad_ref", pg.STORE.body, outputs=pg.STORE.outputs, reference=lambda acc: {"y": acc}
+    )
+    y, w = _inputs(8, 32, 64, torch.float16, "cpu")
+    with settings.override(force_reference=True), pytest.raises(KeyError, match="'bad_ref'.*no 'out'"):
+        codetta.gemm(y, w, epilogue=bad)
 
 
 @pytest.mark.parametrize(
@@ -202,58 +419,13 @@ def test_program_without_reference_on_cpu(monkeypatch):
     [
         ({"name": "has space"}, "identifier"),
         ({"outputs": ()}, "no outputs"),
-        ({"acc_init": "nope"}, "not a tile input"),
-        ({"inputs": (codetta.Operand("x", codetta.Kind.ROW_PARTIAL),)}, "cannot be"),
+        ({"inputs": (codetta.RowSum("x"),)}, "cannot be ROW_SUM"),
+        ({"inputs": (codetta.Tile("a", seeds_acc=True), codetta.Tile("b", seeds_acc=True))}, "at most one"),
+        ({"outputs": (codetta.RowPick("p", index="t"),)}, "not a PerRow"),
+        ({"outputs": (codetta.Tile("out"), codetta.Tile("out"))}, "repeat"),
     ],
 )
-def test_bad_epilogue_declarations(kwargs, match):
-    base = {"name": "p", "apply": pg.STORE.apply, "outputs": pg.STORE.outputs}
+def test_bad_program_declarations(kwargs, match):
+    base = {"name": "p", "body": pg.STORE.body, "outputs": pg.STORE.outputs}
     with pytest.raises(ValueError, match=match):
-        codetta.Epilogue(**{**base, **kwargs})
-
-
-@triton.jit
-def _activations(acc, off_m, off_n, M, N, ops, state):
-    """gelu = gelu_tanh(acc); silu = silu(acc); rowsum[m] = sum_n acc (one sub-tile spans N)."""
-    gelu_out, silu_out, rowsum = ops
-    P.store_tile(gelu_out, P.gelu_tanh(acc), off_m, off_n)
-    P.store_tile(silu_out, P.silu(acc), off_m, off_n)
-    P.store_col_vector(rowsum, P.row_sum(acc, off_n, N), off_m, M)
-    return state
-
-
-def _activations_ref(acc, lay, **_):
-    import torch.nn.functional as F
-
-    return {"gelu": F.gelu(acc, approximate="tanh"), "silu": F.silu(acc), "rowsum": acc.sum(1)}
-
-
-ACTIVATIONS = codetta.Epilogue(
-    "test_activations",
-    _activations,
-    outputs=(
-        codetta.Operand("gelu", codetta.Kind.TILE),
-        codetta.Operand("silu", codetta.Kind.TILE),
-        codetta.Operand("rowsum", codetta.Kind.COL),
-    ),
-    reference=_activations_ref,
-)
-
-
-def test_elementwise_primitives_and_col_store(dtype, device):
-    """gelu_tanh, silu and a per-row vector store, on a product whose N fits one sub-tile."""
-    import torch.nn.functional as F
-
-    M, K = 77, 64
-    N = 16 if device == "cpu" else 64
-    # one sub-tile spans all N columns, so the per-row store has one writer
-    cfg = tuning.Config(32, N, 32, 2, 1, 1, 4) if device == "cpu" else tuning.Config(128, N, 64, 8, 1, 3, 4)
-    y, w = _inputs(M, N, K, dtype, device)
-    out = codetta.gemm(y, w, epilogue=ACTIVATIONS, config=cfg)
-    acc64 = y.double() @ w.double().t()
-    acc_t = (y @ w.t()).float()
-    assert_within(
-        "gelu", out.gelu, F.gelu(acc64, approximate="tanh"), F.gelu(acc_t, approximate="tanh").to(dtype)
-    )
-    assert_within("silu", out.silu, F.silu(acc64), F.silu(acc_t).to(dtype))
-    assert_within("rowsum", out.rowsum, acc64.sum(1), acc_t.sum(1))
+        codetta.Program(**{**base, **kwargs})

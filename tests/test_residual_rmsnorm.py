@@ -8,6 +8,7 @@ from util import assert_within, rand
 import codetta
 from codetta.nn import ResidualRMSNormLinear
 from codetta.ops import residual_rmsnorm_linear
+from codetta.ops.residual_rmsnorm import residual_rmsnorm_linear_variant
 
 # (tokens, K of the o-proj, d = hidden, N of the next GEMM)
 SHAPES = (
@@ -47,7 +48,7 @@ def check_operator(M, K, d, N, dtype, device, gamma_dtype=torch.float32, **kw):
     """Forward and every gradient of the operator against the fp64 chain."""
     leaves = _leaves(M, K, d, N, dtype, device, gamma_dtype)
     dx, dz = rand(M, d, dtype=dtype, device=device), rand(M, N, dtype=dtype, device=device)
-    ours = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, **kw), leaves, dx, dz)
+    ours = _run(lambda *t: residual_rmsnorm_linear_variant(*t, EPS, **kw), leaves, dx, dz)
     ref = _run(lambda *t: _chain(*t, EPS, torch.float64), [t.double() for t in leaves], dx, dz)
     torch_same = _run(lambda *t: _chain(*t, EPS, dtype), leaves, dx, dz)
     assert_within("x", ours[0], ref[0], torch_same[0])
@@ -160,32 +161,70 @@ def test_opcheck(device):
     [
         ("gamma_shape", ValueError, "gamma must have shape"),
         ("weight_shape", ValueError, "weight must be"),
-        ("dtype_mix", TypeError, "must share a dtype"),
+        ("dtype_mix", TypeError, "residual .* must have y's dtype"),
+        ("w_o_fp32", TypeError, r"w_o \(torch.float32\) must have y's dtype"),
+        ("y_fp64", TypeError, "y must be bfloat16 or float16"),
+        ("y_int", TypeError, "y must be bfloat16 or float16"),
         ("lead_dims", ValueError, "leading dims"),
-        ("gamma_int", TypeError, "gamma must be float32"),
+        ("gamma_int", TypeError, "gamma must be float32 or y's dtype"),
+        ("gamma_fp64", TypeError, "gamma must be float32 or y's dtype"),
+        ("hidden_50", ValueError, "the hidden size d = 50 must be a multiple of 8"),
+        ("n_50", ValueError, "weight's N = 50 must be a multiple of 8"),
+        ("eps_negative", ValueError, "eps must be a finite number >= 0"),
+        ("eps_nan", ValueError, "eps must be a finite number >= 0"),
+        ("weight_meta", ValueError, "weight is on meta but y is on"),
+        ("gamma_meta", ValueError, "gamma is on meta but y is on"),
         ("backward_mode", ValueError, "backward must be one of"),
         ("fold_gamma_mode", ValueError, "fold_gamma=True needs backward='rowwise'"),
     ],
 )
 def test_bad_input(case, exc, match, device):
     y, w_o, res, g, w = _leaves(16, 32, 64, 48, torch.float16, device)
+    kwargs, variant = {}, False
     if case == "gamma_shape":
         g = g[:10]
     elif case == "weight_shape":
         w = w[:, :10]
     elif case == "dtype_mix":
         res = res.float()
+    elif case == "w_o_fp32":
+        w_o = w_o.float()
+    elif case == "y_fp64":
+        y, w_o, res, w = y.double(), w_o.double(), res.double(), w.double()
+    elif case == "y_int":
+        y, w_o, res, w = y.int(), w_o.int(), res.int(), w.int()
     elif case == "lead_dims":
         res = res[:8]
     elif case == "gamma_int":
         g = g.to(torch.int32)
-    kwargs = {
-        "backward_mode": {"backward": "fused"},
-        "fold_gamma_mode": {"fold_gamma": True, "backward": "folded"},
-    }
-    kwargs = kwargs.get(case, {})
+    elif case == "gamma_fp64":
+        g = g.double()
+    elif case == "hidden_50":
+        y, w_o, res, g, w = _leaves(16, 32, 50, 48, torch.float16, device)
+    elif case == "n_50":
+        y, w_o, res, g, w = _leaves(16, 32, 64, 50, torch.float16, device)
+    elif case == "eps_negative":
+        kwargs["eps"] = -1.0
+    elif case == "eps_nan":
+        kwargs["eps"] = float("nan")
+    elif case == "weight_meta":
+        w = w.to("meta")
+    elif case == "gamma_meta":
+        g = g.to("meta")
+    elif case == "backward_mode":
+        kwargs, variant = {"backward": "fused"}, True
+    elif case == "fold_gamma_mode":
+        kwargs, variant = {"fold_gamma": True, "backward": "folded"}, True
+    fn = residual_rmsnorm_linear_variant if variant else residual_rmsnorm_linear
     with pytest.raises(exc, match=match):
-        residual_rmsnorm_linear(y, w_o, res, g, w, **kwargs)
+        fn(y, w_o, res, g, w, **kwargs)
+
+
+def test_module_rejects_bad_eps():
+    with pytest.raises(ValueError, match="eps must be"):
+        ResidualRMSNormLinear(32, 64, 48, eps=-1)
+    with pytest.raises(TypeError):
+        ResidualRMSNormLinear(32, 64, 48, backward="nope")  # research variants are not module options
 
 
 def test_public_api():
@@ -193,20 +232,21 @@ def test_public_api():
 
 
 @pytest.mark.parametrize("M,T", [(1, 1), (77, 5), (130, 40)])
-def test_rstd_finish(M, T, device):
-    from codetta.kernels.finish import rstd_from_partials
+def test_row_finish(M, T, device):
+    """The finish of row partials: sums, and log-sum-exps, in a fixed order."""
+    from codetta.kernels.reductions import row_finish
 
-    parts = torch.rand(M, T, device=device) * 3
-    want = torch.rsqrt(parts.double().sum(1) / 96 + 1e-6)
-    got = rstd_from_partials(parts, 96, 1e-6)
-    torch_same = torch.rsqrt(parts.sum(1) / 96 + 1e-6)
-    assert_within("rstd", got, want, torch_same)
+    parts = torch.randn(M, T, device=device) * 3
+    out = torch.full((M,), float("nan"), device=device)
+    assert_within("sum", row_finish(parts, out), parts.double().sum(1), parts.sum(1))
+    out = torch.full((M,), float("nan"), device=device)
+    assert_within("lse", row_finish(parts, out, lse=True), parts.double().logsumexp(1), parts.logsumexp(1))
 
 
 @pytest.mark.parametrize("R,D", [(1, 1), (37, 17), (300, 40), (528, 100)])
 def test_col_sum(R, D, device):
     """The dgamma finish: fp32 column sums of [R, D] partials."""
-    from codetta.kernels.finish import col_sum
+    from codetta.kernels.reductions import col_sum
 
     parts = torch.randn(R, D, device=device) * 3
     assert_within("col_sum", col_sum(parts), parts.double().sum(0), parts.sum(0))
@@ -220,7 +260,7 @@ def test_col_sum(R, D, device):
 @pytest.mark.parametrize("R,D", [(1, 8), (77, 300)])
 def test_scale_columns(R, D, device):
     """W * gamma for fold_gamma: fp32 product, rounded once."""
-    from codetta.kernels.finish import scale_columns
+    from codetta.programs.norm_rows import scale_columns
 
     w = rand(R, D, dtype=torch.float16, device=device)
     g = torch.rand(D, device=device) + 0.5
@@ -232,7 +272,7 @@ def test_scale_columns(R, D, device):
 
 @pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
 def test_rowdot(M, N, device):
-    from codetta.kernels.finish import rowdot
+    from codetta.programs.norm_rows import rowdot
 
     a, b = rand(M, N, dtype=torch.float16, device=device), rand(M, N, dtype=torch.float16, device=device)
     want = (a.double() * b.double()).sum(1)
@@ -262,9 +302,9 @@ def test_backward_modes_agree(device):
     M, K, d, N = SHAPES[0]
     leaves = _leaves(M, K, d, N, torch.float16, device)
     dx, dz = rand(M, d, dtype=torch.float16, device=device), rand(M, N, dtype=torch.float16, device=device)
-    a = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, backward="folded"), leaves, dx, dz)
-    b = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, backward="two_pass"), leaves, dx, dz)
-    c = _run(lambda *t: residual_rmsnorm_linear(*t, EPS, backward="rowwise"), leaves, dx, dz)
+    a = _run(lambda *t: residual_rmsnorm_linear_variant(*t, EPS, backward="folded"), leaves, dx, dz)
+    b = _run(lambda *t: residual_rmsnorm_linear_variant(*t, EPS, backward="two_pass"), leaves, dx, dz)
+    c = _run(lambda *t: residual_rmsnorm_linear_variant(*t, EPS, backward="rowwise"), leaves, dx, dz)
     for other in (b, c):
         assert torch.equal(a[0], other[0]) and torch.equal(a[1], other[1])
         for ga, gb in zip(a[2], other[2]):
@@ -275,11 +315,13 @@ def test_backward_modes_agree(device):
 @pytest.mark.parametrize("M,D", [(0, 64), (1, 96), (37, 600), (130, 128)])
 def test_rms_backward_rows(M, D, with_gamma, device):
     """The row pass of the rowwise backward (multi-block rows, odd M, no rows, no scale)."""
-    from codetta.kernels.finish import rms_backward_rows
+    from codetta.programs.norm_rows import rms_backward_rows
 
     dtype = torch.float16
     dh, x, dres = (rand(M, D, dtype=dtype, device=device) for _ in range(3))
-    rstd = torch.rand(M, device=device) + 0.5
+    sumsq = torch.rand(M, device=device) * D + 1
+    eps = 1e-5
+    rstd = torch.rsqrt(sumsq.double() / D + eps)
     gamma = torch.rand(D, device=device) + 0.5 if with_gamma else None
 
     def math(dh, x, dres, r, g):
@@ -288,9 +330,9 @@ def test_rms_backward_rows(M, D, with_gamma, device):
         return r * (g * dh - x * r * zeta / D) + dres, x * r * g, (dh * x * r).sum(0)
 
     g64 = gamma.double() if with_gamma else 1.0
-    want = math(dh.double(), x.double(), dres.double(), rstd.double(), g64)
-    same = math(dh.float(), x.float(), dres.float(), rstd, gamma if with_gamma else 1.0)
-    dx, n, parts = rms_backward_rows(dh, x, dres, rstd, gamma)
+    want = math(dh.double(), x.double(), dres.double(), rstd, g64)
+    same = math(dh.float(), x.float(), dres.float(), rstd.float(), gamma if with_gamma else 1.0)
+    dx, n, parts = rms_backward_rows(dh, x, dres, sumsq, gamma, eps)
     if M:
         assert_within("dx", dx, want[0], same[0].to(dtype))
         assert_within("n", n, want[1], same[1].to(dtype))

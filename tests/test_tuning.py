@@ -4,8 +4,9 @@ import json
 from dataclasses import asdict
 
 import pytest
+import torch
 
-from codetta.kernels import tuning
+from codetta.kernels import configs, tuning
 
 FMT = tuning.CACHE_FORMAT
 
@@ -19,7 +20,7 @@ def _write(path, data):
 def test_roundtrip(tmp_path):
     path = tmp_path / "t.json"
     cache = tuning.TuneCache(path, IDENT)
-    cfg = tuning.PLAIN_CANDIDATES[3]
+    cfg = configs.PLAIN_CANDIDATES[3]
     cache.put("store|bfloat16|nn|16384|2048|2048", cfg)
     again = tuning.TuneCache(path, IDENT)
     assert again.get("store|bfloat16|nn|16384|2048|2048") == cfg
@@ -46,17 +47,17 @@ def test_bad_cache_is_ignored(tmp_path, content, match):
 
 
 def test_values_outside_space_rejected():
-    good = asdict(tuning.PLAIN_CANDIDATES[0])
-    assert tuning.config_from_dict(good) == tuning.PLAIN_CANDIDATES[0]
+    good = asdict(configs.PLAIN_CANDIDATES[0])
+    assert configs.config_from_dict(good) == configs.PLAIN_CANDIDATES[0]
     for field, bad in [("num_warps", 7), ("block_n", "256"), ("flatten", 1.0), ("epi_split", 3)]:
         with pytest.raises(ValueError):
-            tuning.config_from_dict({**good, field: bad})
+            configs.config_from_dict({**good, field: bad})
     with pytest.raises(ValueError):
-        tuning.config_from_dict({**good, "extra": 1})
+        configs.config_from_dict({**good, "extra": 1})
 
 
 def test_tune_picks_fastest_and_skips_failures():
-    cands = tuning.PLAIN_CANDIDATES[:3]
+    cands = configs.PLAIN_CANDIDATES[:3]
     times = {cands[0]: 2.0, cands[2]: 1.0}
 
     def prepare(cfg):
@@ -81,46 +82,47 @@ def test_tune_all_fail():
         raise RuntimeError("nope")
 
     with pytest.raises(RuntimeError, match="no configuration"):
-        tuning.tune("k", tuning.PLAIN_CANDIDATES[:2], prepare, lambda fns: {c: 1.0 for c in fns})
+        tuning.tune("k", configs.PLAIN_CANDIDATES[:2], prepare, lambda fns: {c: 1.0 for c in fns})
 
 
 def test_shape_bucket():
-    assert [tuning.shape_bucket(x) for x in (1, 2, 3, 16384, 16385)] == [1, 2, 4, 16384, 32768]
+    assert [configs.shape_bucket(x) for x in (1, 2, 3, 16384, 16385)] == [1, 2, 4, 16384, 32768]
 
 
 def test_tail_splits():
     """How many K parts a partial last wave's tiles get: only when SMs would idle and K is long enough."""
-    cfg = tuning.Config(tail_split=4)
-    assert tuning.tail_splits(cfg, 3072, 132, 64, 4) == 3  # 36 tail tiles on 132 SMs
-    assert tuning.tail_splits(cfg, 8192, 132, 32, 4) == 4  # 8 tail tiles: capped at tail_split
-    assert tuning.tail_splits(cfg, 8192, 132, 8, 4) == 2  # short K: at least 4 K blocks a part
-    assert tuning.tail_splits(cfg, 264, 132, 64, 4) == 1  # no partial wave
-    assert tuning.tail_splits(cfg, 250, 132, 64, 4) == 1  # 118 tail tiles: no room to split
-    assert tuning.tail_splits(tuning.Config(tail_split=1), 3072, 132, 64, 4) == 1
+    cfg = configs.Config(tail_split=4)
+    assert configs.tail_splits(cfg, 3072, 132, 64, 4) == 3  # 36 tail tiles on 132 SMs
+    assert configs.tail_splits(cfg, 8192, 132, 32, 4) == 4  # 8 tail tiles: capped at tail_split
+    assert configs.tail_splits(cfg, 8192, 132, 8, 4) == 2  # short K: at least 4 K blocks a part
+    assert configs.tail_splits(cfg, 264, 132, 64, 4) == 1  # no partial wave
+    assert configs.tail_splits(cfg, 250, 132, 64, 4) == 1  # 118 tail tiles: no room to split
+    assert configs.tail_splits(configs.Config(tail_split=1), 3072, 132, 64, 4) == 1
 
 
 def test_tail_split_opt_out():
-    from codetta.kernels.launch import candidate_configs
-    from codetta.kernels.program import Epilogue, Operand
+    from codetta import Program, Tile
+    from codetta.kernels.engines import TRITON
     from codetta.programs import STORE
 
-    ep = Epilogue("no_tail", STORE.apply, outputs=(Operand("out", STORE.outputs[0].kind),), tail_split=False)
-    assert all(c.tail_split == 1 for c in candidate_configs(ep))
-    assert any(c.tail_split > 1 for c in candidate_configs(STORE))
+    prog = Program("no_tail", STORE.body, outputs=(Tile("out"),), tail_split=False)
+    assert all(c.tail_split == 1 for c in TRITON.candidates(prog))
+    assert any(c.tail_split > 1 for c in TRITON.candidates(STORE))
 
 
-def test_tuning_outputs_shared_per_geometry():
-    """The tuner's candidates share output buffers per tile geometry (not one set each)."""
-    import torch
-
+def test_tuning_workspaces_shared_per_geometry():
+    """The tuner's candidates share the outputs, and workspaces per tile geometry (their
+    partial shapes depend on it, the finished outputs do not)."""
     from codetta import programs as pg
-    from codetta.kernels.launch import _tuning_outputs
+    from codetta.kernels import launch
+    from codetta.kernels.operands import make_call
 
-    outputs_for = _tuning_outputs(pg.RESIDUAL_RMS, 300, 256, torch.float16, torch.device("cpu"))
-    a, b = tuning.Config(128, 256, 64, 8, 2), tuning.Config(128, 256, 64, 8, 2, num_stages=4, flatten=True)
-    c = tuning.Config(128, 256, 64, 8, 4)  # another sub-tile width: other partial shapes
-    assert outputs_for(a) is outputs_for(b)
-    assert outputs_for(c) is not outputs_for(a)
-    assert outputs_for(a)[0].shape == (300, 256) and outputs_for(a)[2].shape == (300, 2)
-    assert outputs_for(c)[2].shape == (300, 4)
-    assert outputs_for(c)[0] is outputs_for(a)[0]  # [M, N] tiles: one buffer for every geometry
+    M, N = 300, 256
+    a16, w16 = torch.zeros(M, 64, dtype=torch.float16), torch.zeros(N, 64, dtype=torch.float16)
+    ops = {"residual": torch.zeros(M, N, dtype=torch.float16), "gamma": torch.ones(N)}
+    call = make_call(pg.RESIDUAL_RMS, a16, w16, ops)
+    a, c = configs.Config(128, 256, 64, 8, 2), configs.Config(128, 256, 64, 8, 4)
+    ws_a, ws_c = launch.alloc_workspaces(call, a), launch.alloc_workspaces(call, c)
+    assert ws_a[0] is None and ws_a[1] is None  # tiles: the outputs themselves
+    assert ws_a[2].shape == (300, 2) and ws_c[2].shape == (300, 4)  # sumsq partials per sub-tile
+    assert [o.shape for o in launch.alloc_outputs(call)] == [(M, N), (M, N), (M,)]

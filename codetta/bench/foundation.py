@@ -1,19 +1,26 @@
 """Issue 'foundation' benchmark: plain GEMM, the K1 program and the backward
 layouts against cuBLAS (and torch.compile / eager for K1), M = 16384 tokens.
 
-Every case times its variants interleaved in one run (harness.compare)."""
+Every case times its variants side by side in one run, paired and in sustained
+blocks (harness.compare)."""
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .. import gemm
-from ..kernels import primitives as P
-from ..kernels.program import Epilogue
 from ..programs import RESIDUAL_RMS
-from .harness import Results, Row, compare, cpu_overhead_us, peak_memory_gb, rand_bf16, rel_error, triton_only
+from .harness import (
+    Results,
+    Row,
+    add_rows,
+    compare,
+    cpu_overhead_us,
+    peak_memory_gb,
+    rand_bf16,
+    rel_error,
+    triton_only,
+)
 
 M = 16384
 PLAIN_SHAPES = [
@@ -35,19 +42,13 @@ def _check(name, ours, ref):
         raise AssertionError(f"{name}: relative error {err:.2e} against cuBLAS")
 
 
-def _add_all(res, case, flops, times, mem=None):
-    base = times["cublas"]
-    for name, ms in times.items():
-        res.add(Row(case, name, ms, flops, base, (mem or {}).get(name, float("nan"))))
-
-
 def _plain_case(res: Results, N: int, K: int):
     a, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
     case = f"plain {M}x{N}x{K}"
     _check(case, gemm(a, w), a @ w.t())
     ours = lambda: gemm(a, w)  # noqa: E731
     times = compare({"cublas": lambda: a @ w.t(), "codetta": ours, "codetta-triton": triton_only(ours)})
-    _add_all(res, case, 2 * M * N * K, times)
+    add_rows(res, case, 2 * M * N * K, times)
 
 
 def _backward_case(res: Results, N: int, K: int):
@@ -56,7 +57,7 @@ def _backward_case(res: Results, N: int, K: int):
     case = f"dX=dY@W {M}x{N}x{K}"
     _check(case, gemm(dy, w.t()), dy @ w)
     ours = lambda: gemm(dy, w.t())  # noqa: E731
-    _add_all(
+    add_rows(
         res,
         case,
         flops,
@@ -66,7 +67,7 @@ def _backward_case(res: Results, N: int, K: int):
     _check(case, gemm(dy.t(), x.t()), dy.t() @ x)
     ours = lambda: gemm(dy.t(), x.t())  # noqa: E731
     times = compare({"cublas": lambda: dy.t() @ x, "codetta": ours, "codetta-triton": triton_only(ours)})
-    _add_all(res, case, flops, times)
+    add_rows(res, case, flops, times)
 
 
 def plain(res: Results, shapes=PLAIN_SHAPES):
@@ -89,42 +90,24 @@ def _k1_chain(y, w, residual, gamma):
 _k1_compiled = torch.compile(_k1_chain)
 
 
-@triton.jit
-def _residual_rms_loaded(acc, off_m, off_n, M, N, ops, state):
-    """The first K1 variant: the residual is read in the epilogue, per sub-tile."""
-    residual, gamma, x_out, h_out, sumsq = ops
-    x = (P.load_tile(residual, off_m, off_n) + acc).to(x_out.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n)
-    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
-    P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
-    return state
-
-
-RESIDUAL_RMS_LOADED = Epilogue(
-    "residual_rms_loaded", _residual_rms_loaded, inputs=RESIDUAL_RMS.inputs, outputs=RESIDUAL_RMS.outputs
-)
-
-
 def _k1_case(res: Results, N: int, K: int):
     y, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
     r, g = rand_bf16(M, N), torch.rand(N, device="cuda") + 0.5
     case = f"K1 {M}x{N}x{K}"
     xr, hr, ssr = _k1_chain(y, w, r, g)
-    for ep in (RESIDUAL_RMS, RESIDUAL_RMS_LOADED):
-        out = gemm(y, w, epilogue=ep, residual=r, gamma=g)
-        _check(f"{case} {ep.name} x", out.x, xr)
-        _check(f"{case} {ep.name} h", out.h, hr)
-        _check(f"{case} {ep.name} sumsq", out.sumsq.sum(1), ssr)
+    out = gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)
+    _check(f"{case} x", out.x, xr)
+    _check(f"{case} h", out.h, hr)
+    _check(f"{case} sumsq", out.sumsq, ssr)
     fns = {
         "cublas": lambda: y @ w.t(),
         "eager": lambda: _k1_chain(y, w, r, g),
         "torch.compile": lambda: _k1_compiled(y, w, r, g),
         "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
-        "codetta-eload": lambda: gemm(y, w, epilogue=RESIDUAL_RMS_LOADED, residual=r, gamma=g),
     }
     fns["codetta-triton"] = triton_only(fns["codetta"])
     mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
-    _add_all(res, case, 2 * M * N * K, compare(fns), mem)
+    add_rows(res, case, 2 * M * N * K, compare(fns), mem)
 
 
 def k1(res: Results, shapes=K1_SHAPES):
@@ -144,7 +127,9 @@ def overhead(res: Results):
     }
     us = {name: cpu_overhead_us(fn) for name, fn in fns.items()}
     for name, t in us.items():
-        res.add(Row("host us/call 64x256x256", name, t / 1e3, 2 * 64 * 256 * 256, us["cublas"] / 1e3))
+        b = us["cublas"] / 1e3
+        res.add(Row("host us/call 64x256x256", name, t / 1e3, 2 * 64 * 256 * 256, b, sustained_ms=t / 1e3,
+                    baseline_sustained_ms=b))  # fmt: skip
 
 
 PARTS = {"plain": plain, "k1": k1, "backward": backward, "overhead": overhead}

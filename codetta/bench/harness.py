@@ -1,6 +1,7 @@
-"""The shared benchmark harness: time variants side by side in one run, record
-ms, TFLOP/s, the ratio to the cuBLAS GEMM-only time, peak memory, the GPU,
-versions and git commit; write CSV + JSON and a PNG plot."""
+"""The shared benchmark harness: time variants side by side in one run, two ways
+(paired: call by call; sustained: blocks of one variant at a time), record ms,
+TFLOP/s, the ratio to the cuBLAS GEMM-only time under each method, peak memory,
+the GPU, versions and git commit; write CSV + JSON and a PNG plot."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import triton
 
-from ..kernels.timing import paired_ms
+from ..kernels import settings
+from ..kernels.timing import paired_ms, sustained_ms
 
 
 def source_hash() -> str:
@@ -73,11 +75,13 @@ def env_info() -> dict:
 class Row:
     case: str  # e.g. "plain 16384x2048x2048"
     variant: str  # cublas, codetta, torch.compile, eager, liger
-    ms: float
+    ms: float  # paired timing
     flops: float
-    baseline_ms: float  # the cuBLAS GEMM-only time of the same case
+    baseline_ms: float  # the cuBLAS GEMM-only time of the same case (paired)
     peak_mem_gb: float = float("nan")
     extra: dict = field(default_factory=dict)
+    sustained_ms: float = float("nan")
+    baseline_sustained_ms: float = float("nan")
 
     @property
     def tflops(self) -> float:
@@ -87,15 +91,36 @@ class Row:
     def ratio(self) -> float:
         return self.ms / self.baseline_ms
 
+    @property
+    def ratio_sustained(self) -> float:
+        return self.sustained_ms / self.baseline_sustained_ms
 
-def compare(fns: dict) -> dict:
-    """Median time in ms of each variant of one case, measured paired
-    (``codetta.kernels.timing.paired_ms``: variants alternate call by call under
-    sustained load, at least 2 s of GPU time)."""
+
+@dataclass
+class Timing:
+    paired: float
+    sustained: float
+
+
+def compare(fns: dict) -> dict[str, Timing]:
+    """Each variant of one case timed two ways in one run: paired
+    (``timing.paired_ms``: call by call, at least 2 s) and sustained blocks
+    (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds)."""
     for fn in fns.values():  # compile, tune, allocate
         fn()
     torch.cuda.synchronize()
-    return paired_ms(fns)
+    paired = paired_ms(fns)
+    sustained = sustained_ms(fns)
+    return {k: Timing(paired[k], sustained[k]) for k in fns}
+
+
+def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | None = None, base="cublas"):
+    """One row per variant, ratios against the ``base`` variant under both methods."""
+    b = times[base]
+    for name, t in times.items():
+        mb = (mem or {}).get(name, float("nan"))
+        res.add(Row(case, name, t.paired, flops, b.paired, mb, sustained_ms=t.sustained,
+                    baseline_sustained_ms=b.sustained))  # fmt: skip
 
 
 def rand_bf16(*shape, scale=1.0):
@@ -109,29 +134,21 @@ def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def with_env(fn, **env):
-    """``fn`` run with these environment variables set (restored after), for A/B variants
-    that differ only in a launcher switch (the tuner keys its choices on them)."""
+def with_settings(fn, **changes):
+    """``fn`` run under these codetta settings (restored after), for A/B variants that
+    differ only in a launcher switch (the tuner keys its choices on them)."""
 
     def run(*args, **kwargs):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with settings.override(**changes):
             return fn(*args, **kwargs)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
 
     return run
 
 
 def triton_only(fn):
     """``fn`` with the sm_90 ping-pong mainloop left out of the tuner's choice: every GEMM
-    on the Triton mainloop, as before it existed (A/B variant)."""
-    return with_env(fn, CODETTA_PINGPONG="0")
+    on the portable mainloop (A/B variant)."""
+    return with_settings(fn, pingpong=False)
 
 
 def cpu_overhead_us(fn, calls: int = 300) -> float:
@@ -172,35 +189,58 @@ class Results:
     def add(self, row: Row) -> Row:
         self.rows.append(row)
         print(
-            f"  {row.case:<34} {row.variant:<16} {row.ms:8.3f} ms  {row.tflops:6.0f} TFLOP/s  "
-            f"x{row.ratio:.3f}",
+            f"  {row.case:<34} {row.variant:<18} {row.ms:8.3f} ms  {row.tflops:6.0f} TFLOP/s  "
+            f"x{row.ratio:.3f} paired, x{row.ratio_sustained:.3f} sustained",
             flush=True,
         )
         return row
 
     def table(self) -> str:
+        """The ratios under both timing methods, one block each."""
         variants = list(dict.fromkeys(r.variant for r in self.rows))
         cases = list(dict.fromkeys(r.case for r in self.rows))
         by = {(r.case, r.variant): r for r in self.rows}
         w = max([16] + [len(v) + 2 for v in variants])
-        head = f"{'case':<34}" + "".join(f"{v:>{w}}" for v in variants)
         lines = [
-            f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})",
-            head,
+            f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})"
         ]
-        for c in cases:
-            cells = [f"{by[(c, v)].ratio:>{w}.3f}" if (c, v) in by else f"{'-':>{w}}" for v in variants]
-            lines.append(f"{c:<34}" + "".join(cells))
-        lines.append(
-            f"{'geomean':<34}"
-            + "".join(f"{geomean(r.ratio for r in self.rows if r.variant == v):>{w}.3f}" for v in variants)
-        )
+        for method, attr in (("paired", "ratio"), ("sustained", "ratio_sustained")):
+            lines.append(f"{'[' + method + ']':<34}" + "".join(f"{v:>{w}}" for v in variants))
+            for c in cases:
+                cells = [
+                    f"{getattr(by[(c, v)], attr):>{w}.3f}" if (c, v) in by else f"{'-':>{w}}"
+                    for v in variants
+                ]
+                lines.append(f"{c:<34}" + "".join(cells))
+            gm = [geomean(getattr(r, attr) for r in self.rows if r.variant == v) for v in variants]
+            lines.append(f"{'geomean':<34}" + "".join(f"{g:>{w}.3f}" for g in gm))
         return "\n".join(lines)
+
+    def markdown(self) -> str:
+        """The table for a README: each cell 'paired / sustained'."""
+        variants = list(dict.fromkeys(r.variant for r in self.rows))
+        cases = list(dict.fromkeys(r.case for r in self.rows))
+        by = {(r.case, r.variant): r for r in self.rows}
+        out = ["| case | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+        for c in cases:
+            cells = [f"{by[(c, v)].ratio:.3f} / {by[(c, v)].ratio_sustained:.3f}" if (c, v) in by else "-"
+                     for v in variants]  # fmt: skip
+            out.append(f"| {c} | " + " | ".join(cells) + " |")
+        return "\n".join(out)
 
     def write(self, out_dir: str) -> None:
         os.makedirs(out_dir, exist_ok=True)
         base = os.path.join(out_dir, self.name)
-        recs = [{**asdict(r), "tflops": r.tflops, "ratio": r.ratio, **self.env} for r in self.rows]
+        recs = [
+            {
+                **asdict(r),
+                "tflops": r.tflops,
+                "ratio": r.ratio,
+                "ratio_sustained": r.ratio_sustained,
+                **self.env,
+            }
+            for r in self.rows
+        ]
         with open(base + ".json", "w") as f:
             json.dump({"env": self.env, "rows": recs}, f, indent=1)
         if recs:
@@ -211,6 +251,8 @@ class Results:
                     w.writerow({k: v for k, v in r.items() if k != "extra"})
         with open(base + ".txt", "w") as f:
             f.write(self.table() + "\n")
+        with open(base + ".md", "w") as f:
+            f.write(self.markdown() + "\n")
         self.plot(base + ".png")
 
     def plot(self, path: str) -> None:
@@ -224,19 +266,21 @@ class Results:
             return
         variants = list(dict.fromkeys(r.variant for r in self.rows))
         cases = list(dict.fromkeys(r.case for r in self.rows))
-        by = {(r.case, r.variant): r.ratio for r in self.rows}
-        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cases)), 4))
+        fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.4 * len(cases)), 4), sharey=True)
         width = 0.8 / len(variants)
-        for i, v in enumerate(variants):
-            xs = [j + i * width for j, c in enumerate(cases) if (c, v) in by]
-            ys = [by[(c, v)] for c in cases if (c, v) in by]
-            ax.bar(xs, ys, width, label=v)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
-        ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("time / cuBLAS GEMM-only")
-        ax.set_title(f"{self.name} on {self.env['gpu']} ({self.env['commit']})", fontsize=9)
-        ax.legend(fontsize=8)
+        for ax, (method, attr) in zip(axes, (("paired", "ratio"), ("sustained", "ratio_sustained"))):
+            by = {(r.case, r.variant): getattr(r, attr) for r in self.rows}
+            for i, v in enumerate(variants):
+                xs = [j + i * width for j, c in enumerate(cases) if (c, v) in by]
+                ys = [by[(c, v)] for c in cases if (c, v) in by]
+                ax.bar(xs, ys, width, label=v)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
+            ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
+            ax.set_title(f"{method} timing", fontsize=9)
+        axes[0].set_ylabel("time / cuBLAS GEMM-only")
+        axes[1].legend(fontsize=7)
+        fig.suptitle(f"{self.name} on {self.env['gpu']} ({self.env['commit']})", fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
-from .harness import Results, Row, compare, peak_memory_gb, rand_bf16, rel_error, triton_only
+from ..ops.residual_rmsnorm import residual_rmsnorm_linear_variant as _variant
+from .harness import Results, add_rows, compare, peak_memory_gb, rand_bf16, rel_error, triton_only
 
 M = 16384
 EPS = 1e-6
@@ -42,15 +43,15 @@ def _codetta(y, w_o, res, g, w):
 
 
 def _codetta_folded(y, w_o, res, g, w):
-    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="folded")
+    return _variant(y, w_o, res, g, w, EPS, backward="folded")
 
 
 def _codetta_two_pass(y, w_o, res, g, w):
-    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, backward="two_pass")
+    return _variant(y, w_o, res, g, w, EPS, backward="two_pass")
 
 
 def _codetta_fold_gamma(y, w_o, res, g, w):
-    return residual_rmsnorm_linear(y, w_o, res, g, w, EPS, fold_gamma=True)
+    return _variant(y, w_o, res, g, w, EPS, fold_gamma=True)
 
 
 def problem(name: str) -> dict:
@@ -91,19 +92,19 @@ def cublas_gemms(p: dict, backward: bool):
     return run
 
 
-def run_width(res_fwd: Results, res_bwd: Results, name: str):
+def run_width(res_fwd: Results, res_bwd: Results, name: str, research: bool = False):
     K, d, N = WIDTHS[name]
     p = problem(name)
     leaves, dx, dz = p["leaves"], p["dx"], p["dz"]
 
-    variants = {
-        "eager": _eager,
-        "torch.compile": _compiled,
-        "codetta": _codetta,
+    variants = {"eager": _eager, "torch.compile": _compiled, "codetta": _codetta}
+    research_variants = {
         "codetta-2pass": _codetta_two_pass,
         "codetta-folded": _codetta_folded,
         "codetta-foldgamma": _codetta_fold_gamma,
     }
+    if research:
+        variants.update(research_variants)
     liger = _liger_fn()
     if liger is not None:
         variants["liger"] = liger
@@ -111,7 +112,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     # correctness against eager (bf16): every output and gradient
     ref_out = _eager(*leaves)
     ref_grads = torch.autograd.grad(ref_out, leaves, (dx, dz))
-    for fn in (_codetta, _codetta_two_pass, _codetta_folded, _codetta_fold_gamma):
+    for fn in [_codetta] + (list(research_variants.values()) if research else []):
         out = fn(*leaves)
         grads = torch.autograd.grad(out, leaves, (dx, dz))
         labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]
@@ -132,22 +133,20 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
         fwd_flops = 2 * M * d * K + 2 * M * N * d
         fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
         fns["codetta-triton"] = triton_only(fns["codetta"])  # A/B of the ping-pong mainloop
-        t = compare(fns)
-        for k, ms in t.items():
-            res_fwd.add(Row(f"{name} fwd", k, ms, fwd_flops, t["cublas"]))
+        add_rows(res_fwd, f"{name} fwd", fwd_flops, compare(fns))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v, p) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     t = compare(fns)
     mem = {k: peak_memory_gb(fwd_bwd(v, p)) for k, v in variants.items()}
-    for k, ms in t.items():
-        res_bwd.add(Row(f"{name} fwd+bwd", k, ms, 3 * fwd_flops, t["cublas"], mem.get(k, float("nan"))))
+    add_rows(res_bwd, f"{name} fwd+bwd", 3 * fwd_flops, t, mem)
 
 
-def run(out_dir: str, widths=("1B", "8B")) -> list[Results]:
+def run(out_dir: str, widths=("1B", "8B"), research: bool = False) -> list[Results]:
+    """``research``: also the alternative backwards (two_pass, folded, fold_gamma)."""
     res_fwd, res_bwd = Results("residual_norm_fwd"), Results("residual_norm_fwdbwd")
     for name in widths:
         print(f"== residual + RMSNorm + next GEMM, {name} width", flush=True)
-        run_width(res_fwd, res_bwd, name)
+        run_width(res_fwd, res_bwd, name, research)
         torch.cuda.empty_cache()
     for res in (res_fwd, res_bwd):
         res.write(out_dir)

@@ -1,21 +1,22 @@
-"""The GEMM mainloop: ``acc = A @ B^T`` handed to an epilogue program.
+"""The portable GEMM mainloop: ``acc = A @ B^T`` handed to an epilogue program.
 
-It runs every program, on every GPU and through the Triton interpreter. On
-sm_90 GPUs the tuner also times its warp-specialized twin (``pingpong.py``,
-Gluon) for programs that give an ``sm90`` function, and keeps the faster.
+It runs every program, on every GPU and through the Triton interpreter (so the
+CPU suite runs the real kernel code). On sm_90 GPUs the tuner also times its
+warp-specialized twin (``pingpong.py``) and keeps the faster.
 
 Persistent grid (one program per SM), host TMA tensor descriptors, grouped
 tile order. The mainloop never writes memory itself: every store, including
-the plain output, belongs to the epilogue program it is given.
+the plain output, belongs to the program it is given (``program.py``).
 
 Layouts (all served by this one kernel):
   A_T = False: A is stored [M, K];  A_T = True: A is stored [K, M] (a transposed view)
   B_T = False: B is stored [N, K] (nn.Linear weight);  B_T = True: B is stored [K, N]
 
-The program is called once per epilogue sub-tile (the accumulator split into
-``EPI_SPLIT`` column blocks) with ``(acc, off_m, off_n, M, N, ops, state)``
-and returns its state; ``EPI_INIT`` makes the state for a tile and
-``EPI_FINISH`` consumes it after the tile's last sub-tile.
+Epilogue: the fp32 tile is split into ``EPI_SPLIT`` column sub-tiles; for each,
+the tile inputs are TMA-loaded at the sub-tile's coordinates, the body runs
+(``epilogue.call_body``), tile outputs are TMA-stored and reductions go to
+their workspaces (``epilogue.store_reductions``). A seeding tile input is read
+once per tile, before the K loop, into the accumulator.
 
 Tail split (``TAIL_SPLIT`` > 1): when the tile count is not a multiple of the
 grid, the last partial wave would leave most SMs idle. Those tail tiles are
@@ -23,17 +24,19 @@ instead split along K into ``tail_splits`` parts run by different programs
 (split-K on the last wave only). Each part writes its fp32 partial tile to a
 workspace and bumps the tile's arrival counter; the part that arrives last
 resets the counter, sums the partials in part order (so results are
-bit-identical run to run, whoever finishes last) and runs the epilogue
-program on the whole tile. Nothing waits on another program.
+bit-identical run to run, whoever finishes last) and runs the epilogue on the
+whole tile. Nothing waits on another program.
 """
 
 import triton
 import triton.language as tl
 
+from . import epilogue as E
+
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    # grouped order: GROUP_M row-tiles share each column sweep, so W tiles stay in L2
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row-tiles share each column sweep, so W tiles stay in L2."""
     num_in_group = GROUP_M * num_pid_n
     group_id = tile_id // num_in_group
     first_m = group_id * GROUP_M
@@ -41,51 +44,6 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (tile_id % group_rows)
     pid_n = (tile_id % num_in_group) // group_rows
     return pid_m, pid_n
-
-
-@triton.jit
-def _split_cols(x, PARTS: tl.constexpr):
-    """Split [BM, BN] into its left and right halves (PARTS must be 2)."""
-    BM: tl.constexpr = x.shape[0]
-    BN: tl.constexpr = x.shape[1]
-    x = tl.reshape(x, (BM, 2, BN // PARTS))
-    x = tl.permute(x, (0, 2, 1))
-    return tl.split(x)
-
-
-MAX_OPERANDS = 12
-
-
-@triton.jit
-def _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.constexpr):
-    # Triton's launcher cannot pass TMA descriptors inside a tuple argument, so
-    # operands arrive as separate slots and are packed into one tuple here.
-    if NUM_OPS == 1:
-        ops = (o0,)
-    elif NUM_OPS == 2:
-        ops = (o0, o1)
-    elif NUM_OPS == 3:
-        ops = (o0, o1, o2)
-    elif NUM_OPS == 4:
-        ops = (o0, o1, o2, o3)
-    elif NUM_OPS == 5:
-        ops = (o0, o1, o2, o3, o4)
-    elif NUM_OPS == 6:
-        ops = (o0, o1, o2, o3, o4, o5)
-    elif NUM_OPS == 7:
-        ops = (o0, o1, o2, o3, o4, o5, o6)
-    elif NUM_OPS == 8:
-        ops = (o0, o1, o2, o3, o4, o5, o6, o7)
-    elif NUM_OPS == 9:
-        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8)
-    elif NUM_OPS == 10:
-        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9)
-    elif NUM_OPS == 11:
-        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10)
-    else:
-        tl.static_assert(NUM_OPS == 12, "at most 12 epilogue operands")
-        ops = (o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11)
-    return ops
 
 
 @triton.jit
@@ -109,39 +67,32 @@ def _accumulate(a_desc, b_desc, acc, off_am, off_bn, k_lo, k_hi, A_T, B_T, BLOCK
 
 
 @triton.jit
-def _column_blocks(acc, EPI_SPLIT: tl.constexpr):
-    """The tile as a tuple of EPI_SPLIT column sub-tiles, left to right."""
-    if EPI_SPLIT == 1:
-        blocks = (acc,)
-    elif EPI_SPLIT == 2:
-        acc0, acc1 = _split_cols(acc, 2)
-        blocks = (acc0, acc1)
-    else:
-        tl.static_assert(EPI_SPLIT == 4, "EPI_SPLIT must be 1, 2 or 4")
-        left, right = _split_cols(acc, 2)
-        acc0, acc1 = _split_cols(left, 2)
-        acc2, acc3 = _split_cols(right, 2)
-        blocks = (acc0, acc1, acc2, acc3)
-    return blocks
+def _load_tiles(ops, IN_KINDS: tl.constexpr, off_m, off_n):
+    """The sub-tile of every non-seeding tile input, as fp32 (0 for other inputs)."""
+    tiles = ()
+    for i in tl.static_range(len(IN_KINDS)):
+        if IN_KINDS[i][0] == E.K_TILE:
+            tiles = tiles + (ops[IN_KINDS[i][1]].load([off_m, off_n]).to(tl.float32),)
+        else:
+            tiles = tiles + (0,)
+    return tiles
 
 
 @triton.jit
-def _epilogue(
-    src,
-    off_m,
-    off_n,
-    M,
-    N,
-    ops,
-    EPI_APPLY: tl.constexpr,
-    EPI_INIT: tl.constexpr,
-    EPI_FINISH: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EPI_SPLIT: tl.constexpr,
-    FROM_PARTIALS: tl.constexpr = False,
-):
-    """Run the program over the tile's EPI_SPLIT column sub-tiles, then its finish.
+def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n):
+    for o in tl.static_range(len(OUT_KINDS)):
+        desc = ops[OUT_KINDS[o][1]]
+        if OUT_KINDS[o][0] == E.K_TILE:
+            desc.store([off_m, off_n], res[o].to(desc.dtype))
+        elif OUT_KINDS[o][0] == E.K_HALF_TILE:
+            desc.store([off_m, off_n // 2], res[o].to(desc.dtype))
+
+
+@triton.jit
+def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
+              OUT_KINDS: tl.constexpr, ELEM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False):  # fmt: skip
+    """Run the program over the tile's EPI_SPLIT column sub-tiles.
 
     ``src`` is the fp32 accumulator tile, or, with FROM_PARTIALS (a split tail
     tile), ``(ws_ptr, slot, n_parts)``: each sub-tile is then the sum of the
@@ -149,15 +100,22 @@ def _epilogue(
     on which part finished last) and read one sub-tile at a time."""
     SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
     if not FROM_PARTIALS:
-        blocks = _column_blocks(src, EPI_SPLIT)
-    state = EPI_INIT(BLOCK_M)
+        blocks = E.column_blocks(src, EPI_SPLIT)
+    rows = off_m + tl.arange(0, BLOCK_M)
     for j in tl.static_range(EPI_SPLIT):
         if FROM_PARTIALS:
-            block = _sum_partials(src, j, BLOCK_M, BLOCK_N, SUB_N)
+            acc = _sum_partials(src, j, BLOCK_M, BLOCK_N, SUB_N)
         else:
-            block = blocks[j]
-        state = EPI_APPLY(block, off_m, off_n + j * SUB_N, M, N, ops, state)
-    EPI_FINISH(state, off_m, off_n, M, N, ops, BLOCK_N)
+            acc = blocks[j]
+        sub_n = off_n + j * SUB_N
+        cols = sub_n + tl.arange(0, SUB_N)
+        tiles = _load_tiles(ops, IN_KINDS, off_m, sub_n)
+        vals = E.body_inputs(ops, tiles, IN_KINDS, rows, cols, M, N, ELEM)
+        res = E.call_body(BODY, acc, vals, len(OUT_KINDS))
+        # reductions first: they shrink their values to vectors before the tile stores
+        E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, tl.cdiv(N, SUB_N),
+                           off_m // BLOCK_M)  # fmt: skip
+        _store_tiles(res, ops, OUT_KINDS, off_m, sub_n)
 
 
 @triton.jit
@@ -174,7 +132,7 @@ def _store_partial(acc, ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
     # in quarters whatever the program's split: each block passes through a
     # layout conversion on its way to memory, and quarters keep that conversion's
     # registers small (halves spill in register-tight programs)
-    blocks = _column_blocks(acc, 4)
+    blocks = E.column_blocks(acc, 4)
     for j in tl.static_range(4):
         tl.store(ws_ptr + _partial_offsets(slot, j, BLOCK_M, BLOCK_N, BLOCK_N // 4), blocks[j])
 
@@ -192,45 +150,17 @@ def _sum_partials(partials, j, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WID
 
 @triton.jit
 def gemm_kernel(
-    a_desc,
-    b_desc,
-    M,
-    N,
-    K,
-    o0,
-    o1,
-    o2,
-    o3,
-    o4,
-    o5,
-    o6,
-    o7,
-    o8,
-    o9,
-    o10,
-    o11,
-    ws_ptr,
-    counts_ptr,
-    tail_splits,
-    NUM_OPS: tl.constexpr,
-    ACC_INIT: tl.constexpr,
-    EPI_APPLY: tl.constexpr,
-    EPI_INIT: tl.constexpr,
-    EPI_FINISH: tl.constexpr,
-    A_T: tl.constexpr,
-    B_T: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-    IEEE: tl.constexpr,
+    a_desc, b_desc, M, N, K,
+    o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
+    ws_ptr, counts_ptr, tail_splits,
+    NUM_OPS: tl.constexpr, SEED: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
+    OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
+    NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
-):
-    ops = _pack(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
+):  # fmt: skip
+    ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
+    ELEM: tl.constexpr = a_desc.dtype
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -248,33 +178,33 @@ def gemm_kernel(
     tile_id_c = start_pid - NUM_SMS
 
     for tile_id in tl.range(start_pid, main_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N
-        if ACC_INIT >= 0:
-            # C = init + A @ B^T: the init tile (e.g. a residual) seeds the accumulator
-            acc = ops[ACC_INIT].load([off_am, off_bn]).to(tl.float32)
+        if SEED >= 0:
+            # C = seed + A @ B^T: the seeding tile (e.g. a residual) starts the accumulator
+            acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
 
         tile_id_c += NUM_SMS
-        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = (pid_m * BLOCK_M).to(tl.int32)
         off_n = (pid_n * BLOCK_N).to(tl.int32)
-        _epilogue(acc, off_m, off_n, M, N, ops, EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT)
+        _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT)
 
     if TAIL_SPLIT > 1:
         if start_pid < tail * tail_splits:
             t = start_pid // tail_splits  # which tail tile
             part = start_pid % tail_splits  # which K range of it
-            pid_m, pid_n = _tile_coords(main_tiles + t, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = tile_coords(main_tiles + t, num_pid_m, num_pid_n, GROUP_M)
             off_m = (pid_m * BLOCK_M).to(tl.int32)
             off_n = (pid_n * BLOCK_N).to(tl.int32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if ACC_INIT >= 0:
+            if SEED >= 0:
                 if part == 0:
-                    acc = ops[ACC_INIT].load([off_m, off_n]).to(tl.float32)
+                    acc = ops[SEED].load([off_m, off_n]).to(tl.float32)
             k_lo = part * k_tiles // tail_splits
             k_hi = (part + 1) * k_tiles // tail_splits
             acc = _accumulate(a_desc, b_desc, acc, off_m, off_n, k_lo, k_hi, A_T, B_T, BLOCK_K, IEEE)
@@ -287,6 +217,6 @@ def gemm_kernel(
             if arrived == tail_splits - 1:
                 tl.store(counts_ptr + t, 0)  # ready for the next launch
                 _epilogue(
-                    (ws_ptr, slot, tail_splits), off_m, off_n, M, N, ops,
-                    EPI_APPLY, EPI_INIT, EPI_FINISH, BLOCK_M, BLOCK_N, EPI_SPLIT, FROM_PARTIALS=True,
+                    (ws_ptr, slot, tail_splits), off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS,
+                    ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT, FROM_PARTIALS=True,
                 )  # fmt: skip

@@ -1,10 +1,8 @@
 """The sm_90 ping-pong mainloop (Gluon): the epilogue of one tile overlaps the K loop of the next.
 
-In the Triton mainloop (``mainloop.py``) a tile's epilogue runs on the warps that
-then run the next tile's K loop, one after the other: Triton 3.6 does not
-warp-specialize on sm_90. For programs that move extra tiles in the epilogue
-(K1: residual in, x and h out) at short K that serialized epilogue was most of
-the gap to cuBLAS (NOTES.md). Here one persistent CTA runs three partitions:
+In the portable mainloop (``mainloop.py``) a tile's epilogue runs on the warps
+that then run the next tile's K loop, one after the other: Triton 3.6 does not
+warp-specialize on sm_90. Here one persistent CTA runs three partitions:
 
 - a loader warp issues the TMA loads of A and B stages into a ring of buffers;
 - two consumer warpgroups take alternate tiles of the CTA (BLOCK_M x BLOCK_N
@@ -12,45 +10,44 @@ the gap to cuBLAS (NOTES.md). Here one persistent CTA runs three partitions:
   mbarrier hand-off), so one consumer's epilogue runs while the other's K loop
   keeps the tensor cores busy.
 
-Each consumer owns one [BLOCK_M, BLOCK_N] shared tile ``buf`` for its epilogue's
-TMA traffic. A program with ``acc_init`` (a tile input that seeds the
-accumulator) gets that tile loaded into ``buf`` by TMA when the consumer starts
-the tile; it lands during the K loop and is added to the accumulator before the
-program runs, so the program sees ``acc = init + A @ B^T`` exactly as in the
-Triton mainloop.
+The epilogue runs the same program body as the portable mainloop, through the
+same shared loaders and sinks (``epilogue.py``); only tile operands move
+differently. Each consumer owns ``EPI_SPLIT`` shared sub-tiles [BLOCK_M,
+BLOCK_N / EPI_SPLIT], used as a ring by the epilogue's TMA traffic: a tile
+input is TMA-loaded into one and read into registers; a tile output is written
+to one and TMA-stored from it (a slot is reused only once the store issued
+from it EPI_SPLIT stores earlier has read it). A seeding tile is TMA-loaded
+into the ring when the consumer starts the tile; it lands during the K loop
+and is added to the accumulator before the body runs, so the body sees
+``acc = seed + A @ B^T`` exactly as in the portable mainloop.
 
-The epilogue program is the Gluon function ``Epilogue.sm90``, called once per
-tile as ``sm90(acc, buf, off_m, off_n, M, N, ops)`` with the whole fp32 tile in
-the wgmma register layout; ``primitives_sm90`` has its building blocks.
+Layouts: A_T / B_T as in ``mainloop.py``; wgmma reads a transposed tile through
+a permuted view of its shared buffer. No tail split: the last partial wave
+runs as it is.
 
-Layouts: A_T / B_T as in ``mainloop.py`` (A stored [M, K] or [K, M]; B stored
-[N, K] or [K, N]); wgmma reads a transposed tile through a permuted view of its
-shared buffer. No tail split: the last partial wave runs as it is.
-
-No interpreter path: Gluon kernels run on sm_90 GPUs only, and the CPU suite
-checks them by compiling for sm_90a (``aot.py``).
+No interpreter path: Gluon kernels run on sm_90 GPUs only; the CPU suite
+compiles them for sm_90a (``aot.py``), and the body they run is the one the
+interpreter tests.
 """
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from .mainloop import _pack
-
-MAX_OPERANDS = 6
+from . import epilogue as E
 
 
 @gluon.jit
 def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
-    """Grouped order (as the Triton mainloop): GROUP_M row-blocks share W tiles in L2."""
+    """Grouped order (as the portable mainloop): GROUP_M row-blocks share W tiles in L2."""
     in_group = GROUP_M * num_pid_n
     group = tile // in_group
     first_m = group * GROUP_M
@@ -93,18 +90,91 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, buf, init_bar, go_mine, go_other, M, N, K, GROUP_M,
-              o0, o1, o2, o3, o4, o5, NUM_OPS: gl.constexpr, ACC_INIT: gl.constexpr,
-              EPI: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, C: gl.constexpr):  # fmt: skip
+def _load_tiles(ops, IN_KINDS: gl.constexpr, ring, ld_bar, ld_phase, like, off_m, off_n):
+    """The sub-tile of every non-seeding tile input, as fp32 in the layout of ``like``
+    (0 for other inputs), each TMA-loaded through ring slot 0 once every store has left it."""
+    tiles = ()
+    for i in gl.static_range(len(IN_KINDS)):
+        if IN_KINDS[i][0] == E.K_TILE:
+            desc = ops[IN_KINDS[i][1]]
+            buf = ring.index(0)
+            tma.store_wait(0)
+            mbarrier.expect(ld_bar, desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc, [off_m, off_n], ld_bar, buf)
+            mbarrier.wait(ld_bar, ld_phase)
+            ld_phase = ld_phase ^ 1
+            tiles = tiles + (buf.load(like.type.layout).to(gl.float32),)
+        else:
+            tiles = tiles + (0,)
+    return tiles, ld_phase
+
+
+@gluon.jit
+def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m, off_n):
+    """TMA-store sub-tile j's tile outputs through the ring, round robin over the tile's
+    stores (OUT_KINDS[o][3]: the output's place among the tile outputs, [4]: their number)."""
+    SLOTS: gl.constexpr = ring.shape[0]
+    for o in gl.static_range(len(OUT_KINDS)):
+        if OUT_KINDS[o][0] == E.K_TILE or OUT_KINDS[o][0] == E.K_HALF_TILE:
+            desc = ops[OUT_KINDS[o][1]]
+            buf = ring.index((j * OUT_KINDS[o][4] + OUT_KINDS[o][3]) % SLOTS)
+            if OUT_KINDS[o][0] == E.K_HALF_TILE:
+                buf = buf._reinterpret(desc.dtype, desc.block_type.shape, desc.layout)
+                off = off_n // 2
+            else:
+                off = off_n
+            tma.store_wait(SLOTS - 1)  # the store issued from this slot SLOTS stores ago is done
+            buf.store(res[o].to(desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(desc, [off_m, off], buf)
+
+
+@gluon.jit
+def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.constexpr,
+              IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
+              ELEM: gl.constexpr):  # fmt: skip
+    """The program over the tile's column sub-tiles (one per ring slot); returns the
+    load barrier's next phase."""
+    EPI_SPLIT: gl.constexpr = ring.shape[0]
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    SUB_N: gl.constexpr = acc.shape[1] // EPI_SPLIT
+    blocks = E.column_blocks(acc, EPI_SPLIT)
+    if SEED >= 0:
+        # the seed landed in the ring during the K loop: add all of it first, freeing the ring
+        seeded = ()
+        for j in gl.static_range(EPI_SPLIT):
+            seeded = seeded + (blocks[j] + ring.index(j).load(blocks[j].type.layout).to(gl.float32),)
+        blocks = seeded
+    for j in gl.static_range(EPI_SPLIT):
+        a = blocks[j]
+        sub_n = off_n + j * SUB_N
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, a.type.layout))
+        cols = sub_n + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, a.type.layout))
+        tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, a, off_m, sub_n)
+        vals = E.body_inputs(ops, tiles, IN_KINDS, rows, cols, M, N, ELEM)
+        res = E.call_body(BODY, a, vals, len(OUT_KINDS))
+        # reductions first: they shrink their values to vectors before the tile stores
+        E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, gl.cdiv(N, SUB_N),
+                           off_m // BLOCK_M)  # fmt: skip
+        _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n)
+    return ld_phase
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
+              o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
+              BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, A_T: gl.constexpr,
+              B_T: gl.constexpr, C: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
+    EPI_SPLIT: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2] if B_T else b_bufs.shape[1]
+    ELEM: gl.constexpr = a_bufs.dtype
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
-    # operands arrive in slots (descriptors cannot travel inside a tuple argument)
-    ops = _pack(o0, o1, o2, o3, o4, o5, None, None, None, None, None, None, NUM_OPS)
+    ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -112,16 +182,19 @@ def _consumer(a_bufs, b_bufs, ready, empty, buf, init_bar, go_mine, go_other, M,
     # this consumer takes the CTA's tiles j = C, C + 2, C + 4, ...
     j = C
     n_done = 0
+    ld_phase = 0
     for tile in range(gl.program_id(0) + C * nprog, num_pid_m * num_pid_n, 2 * nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        # buf is free once this consumer's stores of its last tile have read it
+        # the ring is free once this consumer's stores of its last tile have read it
         tma.store_wait(0)
-        if ACC_INIT >= 0:
-            init_desc = ops[ACC_INIT]
-            mbarrier.expect(init_bar, init_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(init_desc, [off_m, off_n], init_bar, buf)
+        if SEED >= 0:
+            seed = ops[SEED]
+            mbarrier.expect(seed_bar, EPI_SPLIT * seed.block_type.nbytes)
+            for q in gl.static_range(EPI_SPLIT):
+                tma.async_copy_global_to_shared(seed, [off_m, off_n + q * (BLOCK_N // EPI_SPLIT)], seed_bar,
+                                                ring.index(q))  # fmt: skip
         # The K loops of the two consumers take turns (consumer 0 first): one waits
         # until the other has passed every ready-barrier wait of its tile. Without
         # it, consumer 1 could wait on a stage's barrier two phases ahead of the
@@ -146,44 +219,50 @@ def _consumer(a_bufs, b_bufs, ready, empty, buf, init_bar, go_mine, go_other, M,
         mbarrier.arrive(go_other, count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index(prev), count=1)
-        if ACC_INIT >= 0:
-            mbarrier.wait(init_bar, n_done & 1)
-            acc = acc + buf.load(layout).to(gl.float32)
-        EPI(acc, buf, off_m, off_n, M, N, ops)
+        if SEED >= 0:
+            mbarrier.wait(seed_bar, n_done & 1)
+        ld_phase = _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS,
+                             SEED, ELEM)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5,
-                    NUM_OPS: gl.constexpr, ACC_INIT: gl.constexpr, EPI: gl.constexpr,
-                    BUF_DTYPE: gl.constexpr, BUF_LAYOUT: gl.constexpr, A_T: gl.constexpr,
-                    B_T: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):  # fmt: skip
+def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
+                    NUM_OPS: gl.constexpr, SEED: gl.constexpr, BODY: gl.constexpr, IN_KINDS: gl.constexpr,
+                    OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr, RING_LAYOUT: gl.constexpr,
+                    EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1] if A_T else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    bufs = gl.allocate_shared_memory(BUF_DTYPE, [2, BLOCK_M, BLOCK_N], BUF_LAYOUT)
+    ring0 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
+    ring1 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    seed_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ld_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     go = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
-        mbarrier.init(init_bars.index(i), count=1)
+        mbarrier.init(seed_bars.index(i), count=1)
+        mbarrier.init(ld_bars.index(i), count=1)
         mbarrier.init(go.index(i), count=1)
     gl.warp_specialize(
         [
-            (_consumer, (a_bufs, b_bufs, ready, empty, bufs.index(0), init_bars.index(0), go.index(0),
-                         go.index(1), M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, NUM_OPS, ACC_INIT, EPI,
-                         A_T, B_T, 0)),
-            (_consumer, (a_bufs, b_bufs, ready, empty, bufs.index(1), init_bars.index(1), go.index(1),
-                         go.index(0), M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, NUM_OPS, ACC_INIT, EPI,
-                         A_T, B_T, 1)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, ring0, seed_bars.index(0), ld_bars.index(0),
+                         go.index(0), go.index(1), M, N, K, GROUP_M,
+                         o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, ring1, seed_bars.index(1), ld_bars.index(1),
+                         go.index(1), go.index(0), M, N, K, GROUP_M,
+                         o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1)),
             (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T)),
         ],
         [4, 1],
@@ -197,7 +276,3 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5,
 # consumer gets the rest (256).
 MAXNREG = 168
 CONSUMER_REGS = 232
-
-
-def grid_size(M: int, N: int, cfg, num_sms: int) -> int:
-    return min(num_sms, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n))

@@ -1,9 +1,39 @@
-"""How an epilogue program is declared to the launcher.
+"""How an epilogue program is declared: a math-only body and its operands, by kind.
 
-An :class:`Epilogue` names its Triton functions and its operands. The launcher
-validates the operands a caller passes, allocates the outputs, builds TMA
-descriptors for tile operands and hands the kernel one tuple ``ops``: the
-inputs in declared order, then the outputs in declared order.
+A program body is a ``@triton.jit`` function ``body(acc, *inputs) -> outputs``
+over register tensors: ``acc`` is the fp32 accumulator (sub-)tile [BM, BNs]
+and each input arrives already loaded, in the shape its kind says (below).
+It returns its outputs in declared order (one output: the bare value). It
+never loads, stores, masks or indexes: each mainloop (``mainloop.py``, the
+portable Triton one; ``pingpong.py``, the sm_90 Gluon one) implements every
+operand kind's loader and sink once, so the same body runs on both, and the
+Triton interpreter checks on a CPU the very math the GPU runs.
+
+Shapes are those of the GEMM output [M, N]; "row" means one of the M output
+rows, "column" one of the N output columns.
+
+Inputs (what the body receives for a [BM, BNs] sub-tile):
+  ``Tile``       [M, N] tensor                     -> fp32 [BM, BNs]
+  ``Tile(seeds_acc=True)``  [M, N], added to the accumulator before the K loop
+                 (``acc = tile + A @ B^T``); the body does not receive it
+  ``PerRow``     [M] vector, one value per row     -> fp32 [BM, 1] (int32 with ``index=True``)
+  ``PerCol``     [N] vector, one value per column  -> fp32 [1, BNs]
+  ``Scalar``     a Python float                    -> fp32 scalar
+  ``DType``      nothing to pass: a zero scalar of the GEMM's element type, whose
+                 ``.dtype`` a body rounds to (``x = acc.to(elem.dtype)``)
+  ``RowTable(index=...)``  [P, W] table: row m reads table[index[m], n % W]
+                 -> fp32 [BM, BNs] (RoPE's cos/sin by position)
+Outputs (what the body returns -> what the caller gets):
+  ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
+  ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
+  ``RowSum``     fp32 [BM, BNs] -> fp32 [M], the sum over all N columns
+  ``RowLogSumExp``  fp32 [BM, BNs] -> fp32 [M], log sum exp over all N columns
+  ``RowPick(index=...)``  fp32 [BM, BNs] -> fp32 [M], the value in column
+                 index[m] (0 where index[m] is outside [0, N): e.g. ignore_index)
+  ``ColSum``     fp32 [BM, BNs] -> fp32 [N], the sum over all M rows
+Reductions are computed per sub-tile into a workspace and finished by a small
+deterministic kernel (fixed order, no atomics), so the result's shape and bits
+do not depend on the tile configuration beyond fp32 summation order.
 """
 
 from __future__ import annotations
@@ -14,113 +44,237 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import primitives
-from .mainloop import MAX_OPERANDS
+import torch
+
+MAX_OPERANDS = 12  # kernel argument slots (mainloop.py, pingpong.py)
 
 
-class Kind(enum.Enum):
-    """Shape of an operand, in terms of the GEMM output [M, N]."""
+class Kind(enum.IntEnum):
+    """Operand kinds; the numbers are the codes the mainloops dispatch on."""
 
-    TILE = "tile"  # [M, N], read or written at the tile's coordinates (TMA)
-    ROW = "row"  # [N], one value per output column (broadcast over rows)
-    COL = "col"  # [M], one value per output row (broadcast over columns)
-    SCALAR = "scalar"  # a Python float or int
-    ROW_PARTIAL = "row_partial"  # out: fp32 [M, cdiv(N, sub-tile width)]
-    TILE_ROW_PARTIAL = "tile_row_partial"  # out: fp32 [M, cdiv(N, BLOCK_N)]
-    COL_PARTIAL = "col_partial"  # out: fp32 [cdiv(M, BLOCK_M), N]
+    TILE = 1
+    SEED = 2
+    PER_ROW = 3
+    PER_ROW_INDEX = 4
+    PER_COL = 5
+    SCALAR = 6
+    DTYPE = 7
+    ROW_TABLE = 8
+    HALF_TILE = 9
+    ROW_SUM = 10
+    ROW_LSE = 11
+    ROW_PICK = 12
+    COL_SUM = 13
 
 
-INPUT_KINDS = (Kind.TILE, Kind.ROW, Kind.COL, Kind.SCALAR)
-OUTPUT_KINDS = (Kind.TILE, Kind.COL, Kind.ROW_PARTIAL, Kind.TILE_ROW_PARTIAL, Kind.COL_PARTIAL)
+INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
+               Kind.DTYPE, Kind.ROW_TABLE}  # fmt: skip
+OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
+ROW_REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK}
+REDUCTIONS = ROW_REDUCTIONS | {Kind.COL_SUM}
+TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as TMA descriptors
+# what the caller passes for each input kind (DType: nothing)
+_CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
+                  Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]"}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Operand:
-    """One named operand. ``dtype`` of an output: None = the GEMM's input dtype
-    for tiles, float32 for everything else; or a ``torch.dtype``."""
+    """One named operand. ``dtype``: of an output, None = the GEMM's dtype for tiles,
+    float32 for reductions. ``index``: the PerRow index input a RowTable or RowPick reads."""
 
     name: str
     kind: Kind
     dtype: Any = None
+    index: str | None = None
+
+    @property
+    def is_tile(self) -> bool:
+        return self.kind in TILE_KINDS
+
+
+def Tile(name: str, *, seeds_acc: bool = False, dtype: torch.dtype | None = None) -> Operand:  # noqa: N802
+    """An [M, N] tensor read or written at the tile's coordinates."""
+    return Operand(name, Kind.SEED if seeds_acc else Kind.TILE, dtype)
+
+
+def HalfTile(name: str, *, dtype: torch.dtype | None = None) -> Operand:  # noqa: N802
+    """An [M, N/2] output: the body returns half as many columns as the accumulator."""
+    return Operand(name, Kind.HALF_TILE, dtype)
+
+
+def PerRow(name: str, *, index: bool = False) -> Operand:  # noqa: N802
+    """An [M] input, one value per output row (``index=True``: integers, e.g. positions)."""
+    return Operand(name, Kind.PER_ROW_INDEX if index else Kind.PER_ROW)
+
+
+def PerCol(name: str) -> Operand:  # noqa: N802
+    """An [N] input, one value per output column (e.g. a norm weight)."""
+    return Operand(name, Kind.PER_COL)
+
+
+def Scalar(name: str) -> Operand:  # noqa: N802
+    """A Python float input."""
+    return Operand(name, Kind.SCALAR)
+
+
+def DType(name: str) -> Operand:  # noqa: N802
+    """A zero scalar of the GEMM's element type: its ``.dtype`` rounds a value as the
+    GEMM's outputs will store it (``acc.to(elem.dtype)``)."""
+    return Operand(name, Kind.DTYPE)
+
+
+def RowTable(name: str, *, index: str) -> Operand:  # noqa: N802
+    """A [P, W] table; row m of the sub-tile reads table[index[m], n % W] (W divides N)."""
+    return Operand(name, Kind.ROW_TABLE, index=index)
+
+
+def RowSum(name: str) -> Operand:  # noqa: N802
+    """fp32 [M]: the sum of the body's value over all N columns of each row."""
+    return Operand(name, Kind.ROW_SUM)
+
+
+def RowLogSumExp(name: str) -> Operand:  # noqa: N802
+    """fp32 [M]: log sum exp of the body's value over all N columns of each row."""
+    return Operand(name, Kind.ROW_LSE)
+
+
+def RowPick(name: str, *, index: str) -> Operand:  # noqa: N802
+    """fp32 [M]: the body's value in column index[m] of row m (0 if index[m] is not in [0, N))."""
+    return Operand(name, Kind.ROW_PICK, index=index)
+
+
+def ColSum(name: str) -> Operand:  # noqa: N802
+    """fp32 [N]: the sum of the body's value over all M rows of each column."""
+    return Operand(name, Kind.COL_SUM)
+
+
+@dataclass(frozen=True)
+class Program:
+    """An epilogue program: a math-only ``body`` and its declared operands.
+
+    ``reference(acc, **inputs) -> {output name: tensor}`` is the same math in
+    PyTorch on the fp32 product ``acc`` [M, N] (seed added): the CPU path and
+    the documentation of what the program computes; reductions come finished
+    ([M] or [N]). ``check(M, N)`` raises ValueError for shapes the program
+    cannot serve. ``configs`` overrides the Triton mainloop's candidate
+    configurations (default: by the number of tile operands). ``layouts``: the
+    (A transposed, B transposed) layouts the program is used with, for the
+    sm_90a compile check. ``tail_split=False`` opts out of splitting a partial
+    last wave along K. ``sm90_body``: an escape hatch, a Gluon-specific body
+    with the same contract for the ping-pong mainloop (default: ``body``);
+    ``pingpong=False`` keeps the program on the Triton mainloop.
+    """
+
+    name: str
+    body: Any
+    inputs: tuple[Operand, ...] = ()
+    outputs: tuple[Operand, ...] = ()
+    reference: Callable[..., dict] | None = None
+    check: Callable[[int, int], None] | None = None
+    configs: tuple | None = None
+    layouts: tuple = ((False, False),)
+    tail_split: bool = True
+    sm90_body: Any = None
+    pingpong: bool = True
+    result: type = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        where = f"program {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a program's name must be an identifier, got {self.name!r}")
+        if not hasattr(self.body, "fn") and not callable(self.body):
+            raise TypeError(f"{where}: body must be a @triton.jit function")
+        for op in self.inputs + self.outputs:
+            if not isinstance(op, Operand):
+                raise TypeError(f"{where}: operands are made by Tile(), PerRow(), ... not {op!r}")
+        names = [op.name for op in self.inputs + self.outputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{where}: operand names repeat: {names}")
+        for op in self.inputs:
+            if op.kind not in INPUT_KINDS:
+                raise ValueError(f"{where}: input {op.name!r} cannot be {op.kind.name}")
+        for op in self.outputs:
+            if op.kind not in OUTPUT_KINDS:
+                raise ValueError(f"{where}: output {op.name!r} cannot be {op.kind.name}")
+        if sum(op.kind is Kind.SEED for op in self.inputs) > 1:
+            raise ValueError(f"{where}: at most one input seeds the accumulator")
+        index_inputs = {op.name for op in self.inputs if op.kind is Kind.PER_ROW_INDEX}
+        for op in self.inputs + self.outputs:
+            if op.kind in (Kind.ROW_TABLE, Kind.ROW_PICK) and op.index not in index_inputs:
+                raise ValueError(
+                    f"{where}: {op.name!r} reads index {op.index!r}, which is not a PerRow(index=True) input"
+                )
+        if not self.outputs:
+            raise ValueError(f"{where} has no outputs")
+        slots = [op for op in self.inputs + self.outputs if op.kind is not Kind.DTYPE]
+        if len(slots) > MAX_OPERANDS:
+            raise ValueError(f"{where}: at most {MAX_OPERANDS} operands, got {len(slots)}")
+        result = collections.namedtuple(f"{self.name}_result", [op.name for op in self.outputs])
+        object.__setattr__(self, "result", result)
+
+    # ---- what the mainloops need, derived once
+
+    @property
+    def caller_inputs(self) -> tuple[Operand, ...]:
+        """The inputs a caller passes (all but DType)."""
+        return tuple(op for op in self.inputs if op.kind is not Kind.DTYPE)
+
+    @property
+    def slots(self) -> tuple[Operand, ...]:
+        """Operands in kernel-slot order: the caller's inputs, then the outputs."""
+        return self.caller_inputs + self.outputs
+
+    @property
+    def seed_slot(self) -> int:
+        """Slot of the accumulator-seeding tile, or -1."""
+        return next((i for i, op in enumerate(self.slots) if op.kind is Kind.SEED), -1)
+
+    @property
+    def in_kinds(self) -> tuple:
+        """Per declared input (DType included): (kind code, slot, index slot, 0); a
+        RowTable's last field is its table width, filled in per call."""
+        names = [op.name for op in self.slots]
+        return tuple(
+            (
+                int(op.kind),
+                -1 if op.kind is Kind.DTYPE else names.index(op.name),
+                names.index(op.index) if op.index is not None else -1,
+                0,
+            )
+            for op in self.inputs
+        )
+
+    @property
+    def out_kinds(self) -> tuple:
+        """Per output: (kind code, slot, index slot, its place among the tile outputs,
+        their number)."""
+        names = [op.name for op in self.slots]
+        tiles = [op.name for op in self.outputs if op.is_tile]
+        return tuple(
+            (
+                int(op.kind),
+                names.index(op.name),
+                names.index(op.index) if op.index else -1,
+                tiles.index(op.name) if op.is_tile else -1,
+                len(tiles),
+            )
+            for op in self.outputs
+        )
+
+    def __hash__(self):
+        return hash(self.name)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The tile geometry a launch used; references need it to lay out partials."""
+    """The tile geometry of a launch: what its reduction workspaces are shaped by."""
 
     block_m: int
     block_n: int
     sub_n: int
 
 
-@dataclass(frozen=True)
-class Epilogue:
-    """An epilogue program.
-
-    ``apply(acc, off_m, off_n, M, N, ops, state) -> state`` runs on each fp32
-    sub-tile; ``init(BLOCK_M) -> state`` before a tile's first sub-tile;
-    ``finish(state, off_m, off_n, M, N, ops, BLOCK_N)`` after its last.
-    ``reference(acc, layout, **inputs) -> {output name: tensor}`` is the same
-    math in PyTorch on the fp32 product ``acc`` [M, N]: the CPU path and the
-    documentation of what the program stores. ``configs`` overrides the GPU
-    configurations the tuner tries (default: by the number of tile operands).
-    ``check(M, N)`` raises ValueError for output shapes the program cannot serve.
-    ``acc_init`` names a tile input that seeds the accumulator (``acc = init +
-    A @ B^T``, like a GEMM's beta = 1): it is read once per tile, before the
-    K loop, and costs the epilogue nothing; ``apply`` and ``reference`` then
-    see the sum. ``layouts`` lists the (A transposed, B transposed) layouts
-    the program is used with, for the sm_90a compile check. ``tail_split``:
-    whether the tiles of a partial last wave may be split along K
-    (``mainloop.py``); the launcher already runs a configuration unsplit when
-    its tail path would spill registers, so False is only an opt-out.
-    ``sm90``: the same program as a Gluon function for the sm_90 ping-pong
-    mainloop (``pingpong.py``), ``sm90(acc, buf, off_m, off_n, M, N, ops)`` on the
-    whole tile; with it the tuner also tries that mainloop on Hopper GPUs.
-    """
-
-    name: str
-    apply: Any
-    inputs: tuple[Operand, ...] = ()
-    outputs: tuple[Operand, ...] = ()
-    reference: Callable[..., dict] | None = None
-    init: Any = primitives.no_state
-    finish: Any = primitives.no_finish
-    configs: tuple | None = None
-    check: Callable[[int, int], None] | None = None
-    acc_init: str | None = None
-    layouts: tuple = ((False, False),)
-    tail_split: bool = True
-    sm90: Any = None
-    result: type = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        if not self.name.isidentifier():
-            raise ValueError(f"epilogue name must be an identifier, got {self.name!r}")
-        names = [op.name for op in self.inputs + self.outputs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"epilogue {self.name!r}: operand names repeat: {names}")
-        for op in self.inputs:
-            if op.kind not in INPUT_KINDS:
-                raise ValueError(f"epilogue {self.name!r}: input {op.name!r} cannot be {op.kind}")
-        for op in self.outputs:
-            if op.kind not in OUTPUT_KINDS:
-                raise ValueError(f"epilogue {self.name!r}: output {op.name!r} cannot be {op.kind}")
-        if len(names) > MAX_OPERANDS:
-            raise ValueError(f"epilogue {self.name!r}: at most {MAX_OPERANDS} operands, got {len(names)}")
-        if self.acc_init is not None and self.acc_init not in [
-            op.name for op in self.inputs if op.kind is Kind.TILE
-        ]:
-            raise ValueError(f"epilogue {self.name!r}: acc_init {self.acc_init!r} is not a tile input")
-        if not self.outputs:
-            raise ValueError(f"epilogue {self.name!r} has no outputs")
-        result = collections.namedtuple(f"{self.name}_result", [op.name for op in self.outputs])
-        object.__setattr__(self, "result", result)
-
-    @property
-    def acc_init_index(self) -> int:
-        """Position of the accumulator-seeding operand in ``ops``, or -1."""
-        names = [op.name for op in self.inputs]
-        return names.index(self.acc_init) if self.acc_init is not None else -1
-
-    def __hash__(self):
-        return hash(self.name)
+def caller_shape(op: Operand) -> str:
+    """What a caller passes for this input, for error messages."""
+    return _CALLER_PASSES[op.kind]

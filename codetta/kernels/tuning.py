@@ -1,4 +1,4 @@
-"""Kernel configurations, the autotuner and its on-disk cache.
+"""Config selection: the autotuner, its on-disk cache and the per-shape memo.
 
 The cache is one JSON file of plain data (no code, no pickles) keyed by GPU
 name, triton version and codetta version. A file that does not parse, holds
@@ -13,190 +13,19 @@ import os
 import sys
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
-CACHE_FORMAT = 2
+import torch
+import triton
 
+from . import configs, device, timing
+from .configs import Config, config_from_dict
+from .engines import PINGPONG, TRITON
+from .operands import GemmCall
+from .settings import SETTINGS
 
-@dataclass(frozen=True)
-class Config:
-    """One kernel configuration. ``epi_split``: the epilogue sees the tile in that
-    many column sub-tiles; ``flatten``: Triton flattens the persistent and K loops so
-    the next tile's loads start during this tile's epilogue; ``warp_specialize``:
-    Triton's automatic warp specialization, a no-op on sm_90 with triton 3.6 (same
-    SASS), so no shipped candidate sets it; ``occupancy``: persistent programs per SM;
-    ``tail_split``: split the tiles of a last, partial wave along K into up to that
-    many parts (1 = off; see ``mainloop.py``); ``pingpong``: run the sm_90 Gluon
-    mainloop (``pingpong.py``: 128x128 tiles, a loader warp and two consumer
-    warpgroups, ``num_warps`` per consumer) instead of the Triton one."""
-
-    block_m: int = 128
-    block_n: int = 256
-    block_k: int = 64
-    group_m: int = 8
-    epi_split: int = 2
-    num_stages: int = 3
-    num_warps: int = 8
-    flatten: bool = False
-    warp_specialize: bool = False
-    occupancy: int = 1
-    tail_split: int = 1
-    pingpong: bool = False
-
-    @property
-    def sub_n(self) -> int:
-        return self.block_n // self.epi_split
-
-    def short(self) -> str:
-        flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
-        flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
-        flags += f"t{self.tail_split}" if self.tail_split > 1 else ""
-        flags += "P" if self.pingpong else ""
-        return (
-            f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
-            f"e{self.epi_split}g{self.group_m}{flags}"
-        )
-
-
-_ALLOWED = {
-    "block_m": {16, 32, 64, 128, 256},
-    "block_n": {16, 32, 64, 128, 256},
-    "block_k": {16, 32, 64, 128},
-    "group_m": {1, 2, 4, 8, 16},
-    "epi_split": {1, 2, 4},
-    "num_stages": {1, 2, 3, 4, 5, 6},
-    "num_warps": {4, 8},
-    "flatten": {True, False},
-    "warp_specialize": {True, False},
-    "occupancy": {1, 2},
-    "tail_split": {1, 2, 3, 4, 8},
-    "pingpong": {True, False},
-}
-
-
-def config_from_dict(d: dict) -> Config:
-    """Build a Config from untrusted plain data; raise ValueError if it is off."""
-    if not isinstance(d, dict) or set(d) != {f.name for f in fields(Config)}:
-        raise ValueError(f"not a config: {d!r}")
-    for k, v in d.items():
-        if type(v) not in (int, bool) or v not in _ALLOWED[k]:
-            raise ValueError(f"config field {k}={v!r} is outside the known space")
-    cfg = Config(**d)
-    if cfg.block_n % cfg.epi_split or cfg.sub_n < 16:
-        raise ValueError(f"config {cfg} splits its tile too finely")
-    if cfg.pingpong and cfg not in PINGPONG_CANDIDATES:
-        raise ValueError(f"config {cfg} is not a ping-pong configuration")
-    return cfg
-
-
-# Configurations the interpreter uses: small tiles so that CPU tests at sizes in
-# the low hundreds still cover many tiles, several per persistent program, and
-# every epilogue split.
-INTERPRETER_CONFIG = Config(
-    block_m=32, block_n=32, block_k=32, group_m=2, epi_split=2, num_stages=1, num_warps=4, tail_split=3
-)
-INTERPRETER_NUM_SMS = 3
-
-
-SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may use
-SMEM_PER_SM = 233472  # bytes per SM; each resident block also reserves 1 KB
-REGS_PER_SM = 65536
-
-
-def fits(cfg: Config, shared: int, regs: int) -> bool:
-    """Whether ``cfg.occupancy`` blocks of this kernel fit on one SM together."""
-    occ = cfg.occupancy
-    # ping-pong: two consumer warpgroups and the loader's warpgroup, at the launch's register cap
-    warps = 12 if cfg.pingpong else cfg.num_warps
-    return (
-        shared <= SMEM_LIMIT
-        and occ * (shared + 1024) <= SMEM_PER_SM
-        and occ * regs * 32 * warps <= REGS_PER_SM
-    )
-
-
-# Every GPU candidate splits a partial last wave along K into up to this many parts.
-TAIL_SPLIT = 4
-
-
-def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
-    return [
-        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT)
-        for bm, bn, stages, warps in tiles
-        for split in splits
-        for flatten in flattens
-    ]
-
-
-# Plain stores: the tile shapes the persistent TMA GEMM is known to like on Hopper,
-# plus two programs per SM on 128x128 tiles.
-PLAIN_CANDIDATES = (
-    _grid(((128, 256, 3, 8), (256, 128, 3, 8)), (1, 2))
-    + _grid(((128, 256, 4, 8), (256, 128, 4, 8)), (2,))
-    + _grid(((128, 128, 4, 4),), (1, 2))
-    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
-)
-
-# Programs that stream extra tiles through shared memory in the epilogue: their
-# TMA buffers are per sub-tile, so they split the epilogue finer.
-STREAMING_CANDIDATES = (
-    _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,))
-    + _grid(((256, 128, 3, 8),), (2,))
-    + _grid(((128, 128, 4, 8),), (2,))
-)
-
-# Programs whose accumulator is seeded from a tile (acc_init): flattening the
-# loops defeats the pipelining there (measured 2x slower), so none is flattened.
-SEEDED_CANDIDATES = (
-    _grid(((128, 256, 3, 8), (256, 128, 3, 8)), (2, 4), (False,))
-    + _grid(((128, 256, 4, 8),), (4,), (False,))
-    + _grid(((256, 128, 4, 8),), (2,), (False,))
-    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
-)
-
-
-# The RMSNorm backward program (two tile loads, two tile stores, three vectors):
-# only these fit its registers without spilling.
-BACKWARD_CANDIDATES = _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,), (True,)) + _grid(
-    ((128, 128, 4, 8),), (2,)
-)
-
-
-# The sm_90 ping-pong mainloop (programs with an ``sm90`` function, 16-bit tiles):
-# 128x128 tiles per consumer, a ring of 5 or 4 stages (5 fills the shared memory
-# next to the two consumers' epilogue tiles).
-PINGPONG_CANDIDATES = tuple(Config(128, 128, 64, 8, 1, stages, 4, pingpong=True) for stages in (5, 4))
-
-
-def gpu_candidates(n_tile_operands: int) -> list[Config]:
-    """The small Hopper search space for a program with that many tile operands."""
-    return list(PLAIN_CANDIDATES if n_tile_operands <= 1 else STREAMING_CANDIDATES)
-
-
-# A tail part gets at least this many K blocks on the GPU (fewer would not fill
-# the TMA pipeline); the interpreter splits down to one block so small tests
-# reach the tail path.
-MIN_K_BLOCKS_PER_PART = 4
-
-
-def tail_splits(cfg: Config, tiles: int, programs: int, k_blocks: int, min_k_blocks: int) -> int:
-    """How many K parts each tile of the last, partial wave is split into (1 = none).
-
-    The ``tiles % programs`` tail tiles would run on that many programs while the
-    rest idle; split into s parts they occupy ``tail * s <= programs`` programs."""
-    if os.environ.get("CODETTA_TAIL_SPLIT") == "0":
-        return 1
-    tail = tiles % programs
-    if cfg.tail_split < 2 or tail == 0:
-        return 1
-    s = min(cfg.tail_split, programs // tail, k_blocks // min_k_blocks)
-    return s if s >= 2 else 1
-
-
-def shape_bucket(x: int) -> int:
-    """Round up to a power of two, so nearby shapes share a tuned config."""
-    return 1 << max(0, (x - 1).bit_length())
+CACHE_FORMAT = 3
 
 
 class TuneCache:
@@ -250,13 +79,6 @@ class TuneCache:
             warnings.warn(f"codetta: could not save tuning cache {self.path}: {exc}", stacklevel=3)
 
 
-def default_cache_path() -> Path:
-    root = os.environ.get("CODETTA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetta"
-    )
-    return Path(root) / "tuning.json"
-
-
 def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
     """Time each candidate's launch ``prepare(cfg)()``; return the fastest."""
     times = tune_times(key, candidates, prepare, measure)
@@ -274,6 +96,7 @@ def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Con
     registers) is skipped; if none runs, the error of the first is raised.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
+    compile_concurrently(candidates, prepare)
     fns, first_err = {}, None
     for cfg in candidates:
         try:
@@ -285,9 +108,110 @@ def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Con
     if not fns:
         raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
     med = measure(fns)
-    if os.environ.get("CODETTA_TUNE_VERBOSE") == "1":
+    if SETTINGS.tune_verbose:
         for cfg, ms in med.items():
             print(f"codetta:   {cfg.short():<28} {ms:.4f} ms", file=sys.stderr, flush=True)
     best = min(med, key=med.get)
     print(f"codetta: tuned {key}: {best.short()} ({med[best]:.3f} ms)", file=sys.stderr, flush=True)
     return med
+
+
+def compile_concurrently(candidates: list[Config], prepare) -> None:
+    """Compile every candidate first, in threads (Triton's async compile mode: ptxas and
+    part of the compiler run outside the GIL); failures surface at the first real run.
+    ``prepare(cfg)`` must accept ``warmup=True`` (compile only); others are skipped."""
+    if device.interpreting() or len(candidates) < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    workers = min(len(candidates), os.cpu_count() or 1, 16)
+    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for cfg in candidates:
+            try:
+                prepare(cfg)(warmup=True)
+            except Exception:  # noqa: BLE001 - a candidate that cannot compile fails again in its real run
+                pass
+
+
+def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
+    """The configurations the tuner tries for a call: the portable mainloop's, then the
+    ping-pong mainloop's where it can run (and ``pingpong``, default the setting, allows)."""
+    allow = SETTINGS.pingpong if pingpong is None else pingpong
+    cands = TRITON.candidates(call.program)
+    if allow and PINGPONG.unsupported(call) is None:
+        cands += PINGPONG.candidates(call.program)
+    return cands
+
+
+def _measure(fns: dict) -> dict:
+    torch.cuda.synchronize()
+    return timing.paired_ms(fns, min_s=1.0, min_cycles=7, warm_s=0.5)
+
+
+class Chooser:
+    """Picks a call's configuration: from the per-process memo, the tuning cache, or by
+    tuning (timing every candidate). ``clear()`` forgets the memo (tests)."""
+
+    def __init__(self):
+        self._chosen: dict = {}
+        self._caches: dict = {}
+
+    def clear(self) -> None:
+        self._chosen.clear()
+        self._caches.clear()
+
+    def cache(self, device_index: int) -> TuneCache:
+        if device_index not in self._caches:
+            from .. import __version__
+
+            identity = {
+                "gpu": device.name(device_index),
+                "triton": triton.__version__,
+                "codetta": __version__,
+            }
+            self._caches[device_index] = TuneCache(SETTINGS.cache_dir / "tuning.json", identity)
+        return self._caches[device_index]
+
+    @staticmethod
+    def key(call: GemmCall, pingpong: bool) -> str:
+        prog = call.program
+        # the body's source hash keeps two programs of one name (or an edited body) apart
+        src = getattr(prog.body, "cache_key", "")[:10] + getattr(prog.sm90_body, "cache_key", "")[:6]
+        parts = [f"{prog.name}@{src}" if src else prog.name, str(call.dtype).removeprefix("torch."),
+                 ("t" if call.a_t else "n") + ("t" if call.b_t else "n")]  # fmt: skip
+        parts += [str(configs.shape_bucket(x)) for x in (call.M, call.N, call.K)]
+        return "|".join(parts) + ("" if pingpong else "|no-pingpong")
+
+    def choose(self, call: GemmCall, prepare) -> Config:
+        """``prepare(cfg) -> fn`` makes a runnable launch of the call for tuning."""
+        if device.interpreting():
+            return configs.INTERPRETER_CONFIG
+        pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
+        memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, call.device, pp)
+        cfg = self._chosen.get(memo)
+        if cfg is None:
+            cfg = self._chosen[memo] = self._tuned(call, prepare, pp)
+        return cfg
+
+    def _tuned(self, call: GemmCall, prepare, pp: bool) -> Config:
+        cands = candidates(call, pingpong=pp)
+        if not SETTINGS.autotune:
+            pingpong = [c for c in cands if c.pingpong]
+            return pingpong[0] if SETTINGS.prefer_pingpong and pingpong else cands[0]
+        cache = self.cache(call.device.index or 0)
+        key = self.key(call, pp)
+        cfg = cache.get(key)
+        if cfg is None:
+            times = tune_times(key, cands, prepare, _measure)
+            cfg = min(times, key=times.get)
+            cache.put(key, cfg)
+            portable = {c: ms for c, ms in times.items() if not c.pingpong}
+            if pp and portable:
+                # one sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs)
+                cache.put(self.key(call, False), min(portable, key=portable.get))
+        return cfg
+
+
+CHOOSER = Chooser()

@@ -17,25 +17,14 @@ class ResidualRMSNormLinear(nn.Module):
     (``proj``), ``nn.RMSNorm(hidden, eps)`` (``norm_weight``) and
     ``nn.Linear(hidden, out_features, bias=False)`` (``weight``), so existing
     weights load by copying. ``norm_dtype`` may be float32 (default) or the
-    activation dtype; ``backward`` and ``fold_gamma`` as in
-    ``codetta.ops.residual_rmsnorm_linear``.
+    activation dtype.
     """
 
-    def __init__(
-        self,
-        in_features,
-        hidden,
-        out_features,
-        eps=None,
-        device=None,
-        dtype=None,
-        norm_dtype=None,
-        backward="rowwise",
-        fold_gamma=False,
-    ):
+    def __init__(self, in_features, hidden, out_features, eps=None, device=None, dtype=None, norm_dtype=None):
         super().__init__()
-        self.backward = backward
-        self.fold_gamma = fold_gamma
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0
+                                or not math.isfinite(eps)):  # fmt: skip
+            raise ValueError(f"eps must be a finite number >= 0 or None, got {eps!r}")
         kw = {"device": device, "dtype": dtype}
         self.eps = eps
         self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))
@@ -45,10 +34,7 @@ class ResidualRMSNormLinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor):
-        return residual_rmsnorm_linear(
-            y, self.proj, residual, self.norm_weight, self.weight, self.eps,
-            backward=self.backward, fold_gamma=self.fold_gamma,
-        )  # fmt: skip
+        return residual_rmsnorm_linear(y, self.proj, residual, self.norm_weight, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         h, k = self.proj.shape

@@ -1,8 +1,15 @@
-"""Epilogue programs: each a few lines over the primitives of codetta.kernels.primitives."""
+"""Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
 from .basic import MUL_COLSUM, ROW_SCALE, STORE
-from .lse import TILE_LSE
-from .norm import GAMMA_WEIGHT_GRAD, RESIDUAL_RMS, RESIDUAL_SUMSQ, RMS_BACKWARD, RMS_GRAD_PARTIALS
+from .lse import ROW_LSE
+from .norm import (
+    GAMMA_WEIGHT_GRAD,
+    RESIDUAL_RMS,
+    RESIDUAL_SUMSQ,
+    RMS_BACKWARD,
+    RMS_GRAD_PARTIALS,
+    RMS_SCALE,
+)
 from .rope import ROTATE_PAIRS
 
 __all__ = [
@@ -11,9 +18,10 @@ __all__ = [
     "MUL_COLSUM",
     "RESIDUAL_RMS",
     "RESIDUAL_SUMSQ",
+    "RMS_SCALE",
     "GAMMA_WEIGHT_GRAD",
     "RMS_BACKWARD",
     "RMS_GRAD_PARTIALS",
-    "TILE_LSE",
+    "ROW_LSE",
     "ROTATE_PAIRS",
 ]

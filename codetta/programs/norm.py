@@ -1,160 +1,146 @@
-"""Residual add + RMSNorm: the K1 producer (DESIGN.md 2.6) and the backward programs."""
+"""Residual add + RMSNorm (DESIGN, docs/programs.md): the K1 producer, the norm's scale
+applied by the next GEMM, and the programs of the norm's backward.
+
+The norm's per-row scale is r = rsqrt(sumsq / d + eps), formed wherever it is
+used from K1's row sums ``sumsq`` (so no kernel writes r on its own).
+"""
 
 import triton
 import triton.language as tl
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 
-from .. import reference as ref
-from ..kernels import primitives as P
-from ..kernels import primitives_sm90 as G
-from ..kernels.program import Epilogue, Kind, Operand
-from ..kernels.tuning import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
+from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
+from ..kernels.program import ColSum, DType, PerCol, PerRow, Program, RowSum, Scalar, Tile
 
 
 @triton.jit
-def _residual_rms(acc, off_m, off_n, M, N, ops, state):
+def rms_scale_of(sumsq, inv_d, eps):
+    """r = rsqrt(sumsq / d + eps): the RMSNorm scale of a row from its sum of squares."""
+    return tl.rsqrt(sumsq * inv_d + eps)
+
+
+@triton.jit
+def residual_rms(acc, gamma, elem):
     """x = acc (= residual + y W^T: the residual seeds the accumulator);
-    h = x * gamma[n];  sumsq[m, j] = sum over sub-tile j of x^2.
+    h = x * gamma[n];  sumsq[m] = sum_n x^2.
 
-    x is rounded to the stream dtype before h and sumsq are formed, so the
-    norm is that of the residual stream as stored.
-    """
-    residual, gamma, x_out, h_out, sumsq = ops
-    x = acc.to(x_out.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n)
-    P.store_tile(h_out, x * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
-    P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
-    return state
+    x is rounded to the stream dtype before h and sumsq are formed, so the norm
+    is that of the residual stream as stored."""
+    x = acc.to(elem.dtype).to(tl.float32)
+    return x, x * gamma, x * x
 
 
-def _residual_rms_ref(acc, lay, residual, gamma):
-    x = ref.round_to(acc, residual.dtype)
-    return {"x": x, "h": x * gamma.float(), "sumsq": ref.row_partials(x * x, lay.sub_n)}
+def _round(acc, dtype):
+    return acc.to(dtype).to(acc.dtype)
 
 
-@gluon.jit
-def _residual_rms_sm90(acc, buf, off_m, off_n, M, N, ops):
-    """As ``_residual_rms``, on the whole tile (sumsq: one partial per N-tile)."""
-    residual, gamma, x_out, h_out, sumsq = ops
-    x = acc.to(x_out.dtype).to(gl.float32)
-    G.store_tile(x_out, buf, x, off_m, off_n)
-    G.store_row_sum_partial(sumsq, x * x, acc, off_m, off_n, M, N)
-    G.store_tile(h_out, buf, x * G.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
-
-
-RESIDUAL_RMS = Epilogue(
+RESIDUAL_RMS = Program(
     "residual_rms",
-    _residual_rms,
-    inputs=(Operand("residual", Kind.TILE), Operand("gamma", Kind.ROW)),
-    outputs=(Operand("x", Kind.TILE), Operand("h", Kind.TILE), Operand("sumsq", Kind.ROW_PARTIAL)),
-    reference=_residual_rms_ref,
-    acc_init="residual",
+    residual_rms,
+    inputs=(Tile("residual", seeds_acc=True), PerCol("gamma"), DType("elem")),
+    outputs=(Tile("x"), Tile("h"), RowSum("sumsq")),
+    reference=lambda acc, residual, gamma, elem: {
+        "x": _round(acc, elem),
+        "h": _round(acc, elem) * gamma.to(acc.dtype),
+        "sumsq": _round(acc, elem).pow(2).sum(1),
+    },
     configs=tuple(SEEDED_CANDIDATES),
-    sm90=_residual_rms_sm90,
 )
 
 
 @triton.jit
-def _residual_sumsq(acc, off_m, off_n, M, N, ops, state):
+def residual_sumsq(acc, elem):
     """K1 without h (gamma folded into the next GEMM's weight): x = acc (residual-seeded),
-    sumsq[m, j] = sum over sub-tile j of x^2."""
-    residual, x_out, sumsq = ops
-    x = acc.to(x_out.dtype).to(tl.float32)
-    P.store_tile(x_out, x, off_m, off_n)
-    P.store_row_sum_partial(sumsq, x * x, off_m, off_n, M, N)
-    return state
+    sumsq[m] = sum_n x^2."""
+    x = acc.to(elem.dtype).to(tl.float32)
+    return x, x * x
 
 
-def _residual_sumsq_ref(acc, lay, residual):
-    x = ref.round_to(acc, residual.dtype)
-    return {"x": x, "sumsq": ref.row_partials(x * x, lay.sub_n)}
-
-
-@gluon.jit
-def _residual_sumsq_sm90(acc, buf, off_m, off_n, M, N, ops):
-    residual, x_out, sumsq = ops
-    x = acc.to(x_out.dtype).to(gl.float32)
-    G.store_tile(x_out, buf, x, off_m, off_n)
-    G.store_row_sum_partial(sumsq, x * x, acc, off_m, off_n, M, N)
-
-
-RESIDUAL_SUMSQ = Epilogue(
+RESIDUAL_SUMSQ = Program(
     "residual_sumsq",
-    _residual_sumsq,
-    inputs=(Operand("residual", Kind.TILE),),
-    outputs=(Operand("x", Kind.TILE), Operand("sumsq", Kind.ROW_PARTIAL)),
-    reference=_residual_sumsq_ref,
-    acc_init="residual",
+    residual_sumsq,
+    inputs=(Tile("residual", seeds_acc=True), DType("elem")),
+    outputs=(Tile("x"), RowSum("sumsq")),
+    reference=lambda acc, residual, elem: {
+        "x": _round(acc, elem),
+        "sumsq": _round(acc, elem).pow(2).sum(1),
+    },
     configs=tuple(SEEDED_CANDIDATES),
-    sm90=_residual_sumsq_sm90,
 )
 
 
 @triton.jit
-def _gamma_weight_grad(acc, off_m, off_n, M, N, ops, state):
-    """The dW GEMM when gamma is folded into the weight (W' = W gamma): acc = dz^T n [out, d].
-
-    dW = acc * gamma[k];  dgamma[i, k] = sum over the rows j of row-tile i of acc W[j, k]."""
-    gamma, w, dw_out, dgamma = ops
-    P.store_tile(dw_out, acc * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n)
-    P.store_col_partial(dgamma, acc * P.load_tile(w, off_m, off_n), off_m, off_n, M, N)
-    return state
+def rms_scale(acc, sumsq, inv_d, eps):
+    """out = acc * r[m], r = rsqrt(sumsq[m] / d + eps): the GEMM after an RMSNorm whose
+    gamma was applied on the producer's side (K1's h)."""
+    return acc * rms_scale_of(sumsq, inv_d, eps)
 
 
-def _gamma_weight_grad_ref(acc, lay, gamma, w):
-    return {"dw": acc * gamma.float(), "dgamma": ref.col_partials(acc * w.float(), lay.block_m)}
+def _r(sumsq, inv_d, eps):
+    return (sumsq * inv_d + eps).rsqrt()
 
 
-GAMMA_WEIGHT_GRAD = Epilogue(
+RMS_SCALE = Program(
+    "rms_scale",
+    rms_scale,
+    inputs=(PerRow("sumsq"), Scalar("inv_d"), Scalar("eps")),
+    outputs=(Tile("out"),),
+    reference=lambda acc, sumsq, inv_d, eps: {"out": acc * _r(sumsq.to(acc.dtype), inv_d, eps)[:, None]},
+)
+
+
+@triton.jit
+def gamma_weight_grad(acc, gamma, w):
+    """The dW GEMM when gamma is folded into the weight (W' = W gamma): acc = dz^T n' [out, d].
+
+    dw = acc * gamma[k];  dgamma[k] = sum_j acc[j, k] W[j, k]."""
+    return acc * gamma, acc * w
+
+
+GAMMA_WEIGHT_GRAD = Program(
     "gamma_weight_grad",
-    _gamma_weight_grad,
-    inputs=(Operand("gamma", Kind.ROW), Operand("w", Kind.TILE)),
-    outputs=(Operand("dw", Kind.TILE), Operand("dgamma", Kind.COL_PARTIAL)),
-    reference=_gamma_weight_grad_ref,
+    gamma_weight_grad,
+    inputs=(PerCol("gamma"), Tile("w")),
+    outputs=(Tile("dw"), ColSum("dgamma")),
+    reference=lambda acc, gamma, w: {
+        "dw": acc * gamma.to(acc.dtype),
+        "dgamma": (acc * w.to(acc.dtype)).sum(0),
+    },
     layouts=((True, True),),  # dz^T @ n: both operands enter as transposed views
 )
 
 
 @triton.jit
-def _rms_backward(acc, off_m, off_n, M, N, ops, state):
+def rms_backward(acc, x, dres, sumsq, zeta, gamma, inv_d, eps):
     """RMSNorm backward on the dX GEMM: acc = dn = dz W (over the norm's d columns).
 
     dx = r (gamma dn - x r zeta / d) + dres;  n = x r gamma (stored for dW);
-    dgamma[i, k] = sum over the rows m of M-tile i of dn x r.
-    """
-    x, dres, rstd, zeta, gamma, inv_d, dx_out, n_out, dgamma = ops
-    xt = P.load_tile(x, off_m, off_n)
-    r = P.load_col_vector(rstd, acc, off_m, M)  # [BM, 1]
-    zt = P.load_col_vector(zeta, acc, off_m, M)
-    g = P.load_row_vector(gamma, acc, off_n, N)  # [1, BNs]
-    xr = xt * r
-    dx = r * (g * acc - xr * zt * inv_d) + P.load_tile(dres, off_m, off_n)
-    P.store_tile(dx_out, dx, off_m, off_n)
-    P.store_tile(n_out, xr * g, off_m, off_n)
-    P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
-    return state
+    dgamma[k] = sum_m dn x r."""
+    r = rms_scale_of(sumsq, inv_d, eps)
+    xr = x * r
+    return r * (gamma * acc - xr * zeta * inv_d) + dres, xr * gamma, acc * xr
 
 
-def _rms_backward_ref(acc, lay, x, dres, rstd, zeta, gamma, inv_d):
-    xr = x.float() * rstd.float()[:, None]
-    g = gamma.float()
-    dx = rstd.float()[:, None] * (g * acc - xr * zeta.float()[:, None] * inv_d) + dres.float()
-    return {"dx": dx, "n": xr * g, "dgamma": ref.col_partials(acc * xr, lay.block_m)}
+def _rms_backward_ref(acc, x, dres, sumsq, zeta, gamma, inv_d, eps):
+    r = _r(sumsq.to(acc.dtype), inv_d, eps)[:, None]
+    xr = x.to(acc.dtype) * r
+    g = gamma.to(acc.dtype)
+    dx = r * (g * acc - xr * zeta.to(acc.dtype)[:, None] * inv_d) + dres.to(acc.dtype)
+    return {"dx": dx, "n": xr * g, "dgamma": (acc * xr).sum(0)}
 
 
-RMS_BACKWARD = Epilogue(
+RMS_BACKWARD = Program(
     "rms_backward",
-    _rms_backward,
+    rms_backward,
     inputs=(
-        Operand("x", Kind.TILE),
-        Operand("dres", Kind.TILE),
-        Operand("rstd", Kind.COL),
-        Operand("zeta", Kind.COL),
-        Operand("gamma", Kind.ROW),
-        Operand("inv_d", Kind.SCALAR),
-    ),
-    outputs=(Operand("dx", Kind.TILE), Operand("n", Kind.TILE), Operand("dgamma", Kind.COL_PARTIAL)),
+        Tile("x"),
+        Tile("dres"),
+        PerRow("sumsq"),
+        PerRow("zeta"),
+        PerCol("gamma"),
+        Scalar("inv_d"),
+        Scalar("eps"),
+    ),  # fmt: skip
+    outputs=(Tile("dx"), Tile("n"), ColSum("dgamma")),
     reference=_rms_backward_ref,
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),  # dz @ W: the weight enters as a transposed view
@@ -162,38 +148,24 @@ RMS_BACKWARD = Epilogue(
 
 
 @triton.jit
-def _rms_grad_partials(acc, off_m, off_n, M, N, ops, state):
+def rms_grad_partials(acc, x, sumsq, gamma, inv_d, eps):
     """The dX GEMM of the two-pass RMSNorm backward: acc = dn = dz W (over the d columns).
 
-    dn stored;  zeta[m, j] = sum over sub-tile j of dn x r gamma (= dn . n);
-    dgamma[i, k] = sum over the rows m of M-tile i of dn x r.
-    """
-    x, rstd, gamma, dn_out, zeta, dgamma = ops
-    xr = P.load_tile(x, off_m, off_n) * P.load_col_vector(rstd, acc, off_m, M)
-    P.store_tile(dn_out, acc, off_m, off_n)
-    P.store_row_sum_partial(zeta, acc * xr * P.load_row_vector(gamma, acc, off_n, N), off_m, off_n, M, N)
-    P.store_col_partial(dgamma, acc * xr, off_m, off_n, M, N)
-    return state
+    dn stored;  zeta[m] = sum_k dn x r gamma (= dn . n);  dgamma[k] = sum_m dn x r."""
+    xr = x * rms_scale_of(sumsq, inv_d, eps)
+    return acc, acc * xr * gamma, acc * xr
 
 
-def _rms_grad_partials_ref(acc, lay, x, rstd, gamma):
-    xr = x.float() * rstd.float()[:, None]
-    return {
-        "dn": acc,
-        "zeta": ref.row_partials(acc * xr * gamma.float(), lay.sub_n),
-        "dgamma": ref.col_partials(acc * xr, lay.block_m),
-    }
+def _rms_grad_partials_ref(acc, x, sumsq, gamma, inv_d, eps):
+    xr = x.to(acc.dtype) * _r(sumsq.to(acc.dtype), inv_d, eps)[:, None]
+    return {"dn": acc, "zeta": (acc * xr * gamma.to(acc.dtype)).sum(1), "dgamma": (acc * xr).sum(0)}
 
 
-RMS_GRAD_PARTIALS = Epilogue(
+RMS_GRAD_PARTIALS = Program(
     "rms_grad_partials",
-    _rms_grad_partials,
-    inputs=(Operand("x", Kind.TILE), Operand("rstd", Kind.COL), Operand("gamma", Kind.ROW)),
-    outputs=(
-        Operand("dn", Kind.TILE),
-        Operand("zeta", Kind.ROW_PARTIAL),
-        Operand("dgamma", Kind.COL_PARTIAL),
-    ),
+    rms_grad_partials,
+    inputs=(Tile("x"), PerRow("sumsq"), PerCol("gamma"), Scalar("inv_d"), Scalar("eps")),
+    outputs=(Tile("dn"), RowSum("zeta"), ColSum("dgamma")),
     reference=_rms_grad_partials_ref,
     layouts=((False, True),),
 )

@@ -5,19 +5,18 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 from .. import reference as ref
 from ..kernels import primitives as P
-from ..kernels.program import Epilogue, Kind, Operand
+from ..kernels.program import PerRow, Program, Tile
 
 
 @triton.jit
-def _rotate_pairs(acc, off_m, off_n, M, N, ops, state):
+def rotate_pairs(acc, cos, sin):
     """For each column pair (a, b) = (acc[:, 2i], acc[:, 2i+1]) of row m, with c = cos[m], s = sin[m]:
     out[:, 2i] = a c - b s,  out[:, 2i+1] = b c + a s."""
-    cos, sin, out = ops
-    c = P.load_col_vector(cos, acc, off_m, M)  # [BM, 1]
-    s = P.load_col_vector(sin, acc, off_m, M)
-    a, b = P.even_odd(acc)
-    P.store_tile(out, P.interleave(a * c - b * s, b * c + a * s), off_m, off_n)
-    return state
+    # scale before splitting: per-row factors then share the halves' register layout
+    # (the ping-pong mainloop does not convert layouts behind a body's back)
+    ac, bc = P.even_odd(acc * cos)
+    a_s, b_s = P.even_odd(acc * sin)
+    return P.interleave(ac - b_s, bc + a_s)
 
 
 def _check_even(M, N):
@@ -25,11 +24,11 @@ def _check_even(M, N):
         raise ValueError(f"rotate_pairs pairs adjacent columns: N must be even, got N={N}")
 
 
-ROTATE_PAIRS = Epilogue(
+ROTATE_PAIRS = Program(
     "rotate_pairs",
-    _rotate_pairs,
-    inputs=(Operand("cos", Kind.COL), Operand("sin", Kind.COL)),
-    outputs=(Operand("out", Kind.TILE),),
-    reference=lambda acc, lay, cos, sin: {"out": ref.rotate_pairs(acc, cos.float(), sin.float())},
+    rotate_pairs,
+    inputs=(PerRow("cos"), PerRow("sin")),
+    outputs=(Tile("out"),),
+    reference=lambda acc, cos, sin: {"out": ref.rotate_pairs(acc, cos.to(acc.dtype), sin.to(acc.dtype))},
     check=_check_even,
 )

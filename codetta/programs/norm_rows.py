@@ -1,17 +1,30 @@
-"""Finishing kernels: the small row-wise reductions that epilogue programs hand over."""
+"""The RMSNorm operator's own passes over whole rows (beside its GEMM programs in norm.py):
+the rowwise backward, the two-pass backward's finish, zeta = rowsum(dz z) and W * gamma.
+
+Each row pass forms the norm's scale r = rsqrt(sumsq / d + eps) from K1's row
+sums, exactly as the GEMM programs do (``norm.rms_scale_of``).
+"""
 
 import torch
 import triton
 import triton.language as tl
 
-from .launch import _num_sms, _on_device, interpreting
+from ..kernels import device
+from ..kernels.settings import SETTINGS
+from .norm import rms_scale_of
 
 
 def _torch_path(x: torch.Tensor) -> bool:
     """CPU tensors run these passes in PyTorch unless the interpreter is on, and bf16
     ones always: the triton 3.6 interpreter rounds fp32 -> bf16 by truncation (twice
     the error of round-to-nearest)."""
-    return x.device.type == "cpu" and (not interpreting() or x.dtype == torch.bfloat16)
+    return x.device.type == "cpu" and (
+        not device.interpreting() or SETTINGS.force_reference or x.dtype == torch.bfloat16
+    )
+
+
+def _r(sumsq: torch.Tensor, d: int, eps: float) -> torch.Tensor:
+    return torch.rsqrt(sumsq.float() / d + eps)[:, None]
 
 
 def _check_rows(x, dx_out, **same_as_x):
@@ -55,42 +68,9 @@ def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return out
     if _torch_path(a):
         return (a.double() * b.double()).sum(1).float()
-    with _on_device(a.device):
+    with device.on_device(a.device):
         _rowdot_kernel[(M,)](
             a, b, out, N, a.stride(0), b.stride(0), BLOCK=min(4096, triton.next_power_of_2(N))
-        )
-    return out
-
-
-@triton.jit
-def _col_sum_kernel(p_ptr, out_ptr, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start in range(0, R, BLOCK_R):
-        rows = start + tl.arange(0, BLOCK_R)
-        m = (rows < R)[:, None] & cmask[None, :]
-        acc += tl.load(p_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, 0).to(out_ptr.dtype.element_ty), mask=cmask)
-
-
-def col_sum(parts: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[D] = parts.sum(0) for fp32 partials [R, D] (a few hundred rows: the dgamma
-    partials of the norm backward), summed in fp32 and rounded once to ``dtype``.
-    Narrow column blocks give every SM work; torch's dim-0 reduction of such a
-    shape ran 19 us against this kernel's 5 us at d = 2048 on an H200 (run 13)."""
-    if parts.dim() != 2 or parts.dtype != torch.float32 or not parts.is_contiguous():
-        raise ValueError(
-            f"parts must be a contiguous float32 [R, D] tensor, got {parts.dtype} {tuple(parts.shape)}"
-        )
-    R, D = parts.shape
-    if _torch_path(parts) or R == 0:
-        return parts.sum(0).to(dtype)
-    out = torch.empty(D, dtype=dtype, device=parts.device)
-    block_d = 16
-    with _on_device(parts.device):
-        _col_sum_kernel[(triton.cdiv(D, block_d),)](
-            parts, out, R, D, BLOCK_R=min(256, triton.next_power_of_2(R)), BLOCK_D=block_d, num_warps=4
         )
     return out
 
@@ -117,7 +97,7 @@ def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         return (w.float() * gamma.float()).to(w.dtype)
     R, D = w.shape
     out = torch.empty_like(w)
-    with _on_device(w.device):
+    with device.on_device(w.device):
         _scale_columns_kernel[(triton.cdiv(R, 32), triton.cdiv(D, 256))](
             w, gamma, out, R, D, BLOCK_R=32, BLOCK_D=256
         )
@@ -125,49 +105,15 @@ def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rstd_kernel(part_ptr, out_ptr, M, T, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    acc = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, T, BLOCK_T):
-        cols = start + tl.arange(0, BLOCK_T)
-        mask = (rows < M)[:, None] & (cols < T)[None, :]
-        acc += tl.sum(
-            tl.load(part_ptr + rows[:, None].to(tl.int64) * T + cols[None, :], mask=mask, other=0.0), 1
-        )
-    tl.store(out_ptr + rows, 1.0 / tl.sqrt(acc * inv_d + eps), mask=rows < M)
-
-
-def rstd_from_partials(sumsq: torch.Tensor, d: int, eps: float) -> torch.Tensor:
-    """r[m] = rsqrt(sum_j sumsq[m, j] / d + eps): the finish of the K1 program's partial sums."""
-    if sumsq.dim() != 2 or sumsq.dtype != torch.float32 or not sumsq.is_contiguous():
-        raise ValueError(
-            f"sumsq must be a contiguous float32 [M, T] tensor, got {sumsq.dtype} {tuple(sumsq.shape)}"
-        )
-    M, T = sumsq.shape
-    if _torch_path(sumsq):
-        return torch.rsqrt(sumsq.sum(1) / d + eps)
-    out = torch.empty(M, dtype=torch.float32, device=sumsq.device)
-    if M:
-        with _on_device(sumsq.device):
-            _rstd_kernel[(triton.cdiv(M, 64),)](sumsq, out, M, T, 1.0 / d, eps, BLOCK_M=64, BLOCK_T=32)
-    return out
-
-
-@triton.jit
 def _rms_backward_finish_kernel(
-    dn_ptr, x_ptr, dres_ptr, rstd_ptr, zpart_ptr, gamma_ptr, dx_ptr, n_ptr,
-    M, D, T, inv_d,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    dn_ptr, x_ptr, dres_ptr, sumsq_ptr, zeta_ptr, gamma_ptr, dx_ptr, n_ptr, M, D, inv_d, eps,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
-    zeta = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, T, BLOCK_T):
-        t = start + tl.arange(0, BLOCK_T)
-        m = rmask[:, None] & (t < T)[None, :]
-        zeta += tl.sum(tl.load(zpart_ptr + rows64[:, None] * T + t[None, :], mask=m, other=0.0), 1)
-    r = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    r = rms_scale_of(tl.load(sumsq_ptr + rows, mask=rmask, other=1.0), inv_d, eps)
+    zeta = tl.load(zeta_ptr + rows, mask=rmask, other=0.0)
     c = (r * r * zeta * inv_d)[:, None]  # [BM, 1]
     r = r[:, None]
     for start in range(0, D, BLOCK_D):
@@ -182,42 +128,37 @@ def _rms_backward_finish_kernel(
         tl.store(n_ptr + offs, (x * r * g).to(n_ptr.dtype.element_ty), mask=m)
 
 
-def rms_backward_finish(dn, x, dres, rstd, zeta_parts, gamma, *, dx_out=None):
-    """The RMSNorm backward after the dX GEMM stored dn = dz W and partial sums of
-    zeta = sum_k dn_k n_k: dx = r (gamma dn - x r zeta / d) + dres and n = x r gamma.
+def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
+    """The RMSNorm backward after the dX GEMM stored dn = dz W and zeta = sum_k dn_k n_k:
+    dx = r (gamma dn - x r zeta / d) + dres and n = x r gamma, r = rsqrt(sumsq / d + eps).
 
-    dn, x, dres: contiguous [M, d]; rstd [M]; zeta_parts fp32 [M, T]; gamma [d].
-    Returns (dx, n) in x's dtype. ``dx_out`` (optional, may be ``dn`` itself:
-    each element is read before it is overwritten) receives dx.
-    """
+    dn, x, dres: contiguous [M, d]; sumsq, zeta fp32 [M]; gamma [d]. Returns (dx, n)
+    in x's dtype. ``dx_out`` (optional, may be ``dn`` itself: each element is read
+    before it is overwritten) receives dx."""
     M, D = x.shape
     dx = _check_rows(x, dx_out, dn=dn, dres=dres)
-    if not (zeta_parts.is_contiguous() and zeta_parts.shape[0] == M):
-        raise ValueError("zeta_parts must be a contiguous [M, T] tensor")
     n = torch.empty_like(x)
     if M == 0:
         return dx, n
     if _torch_path(x):
-        r = rstd.float()[:, None]
-        zeta = zeta_parts.sum(1)[:, None]
+        r = _r(sumsq, D, eps)
         g = gamma.float()
         xf = x.float()
-        dx.copy_(r * (g * dn.float() - xf * r * zeta / D) + dres.float())
+        dx.copy_(r * (g * dn.float() - xf * r * zeta.float()[:, None] / D) + dres.float())
         n.copy_(xf * r * g)
         return dx, n
-    T = zeta_parts.shape[1]
-    with _on_device(x.device):
+    with device.on_device(x.device):
         _rms_backward_finish_kernel[(triton.cdiv(M, 16),)](
-            dn, x, dres, rstd, zeta_parts, gamma, dx, n, M, D, T, 1.0 / D,
-            BLOCK_M=16, BLOCK_D=min(256, triton.next_power_of_2(D)), BLOCK_T=32,
+            dn, x, dres, sumsq, zeta, gamma, dx, n, M, D, 1.0 / D, eps,
+            BLOCK_M=16, BLOCK_D=min(256, triton.next_power_of_2(D)),
         )  # fmt: skip
     return dx, n
 
 
 @triton.jit
 def _rms_backward_rows_kernel(
-    dh_ptr, x_ptr, dres_ptr, rstd_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
-    M, D, inv_d, rows_per_prog,
+    dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
+    M, D, inv_d, eps, rows_per_prog,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr,
 ):  # fmt: skip
     # each program walks its own run of whole rows (zeta needs the full row), one
@@ -238,7 +179,7 @@ def _rms_backward_rows_kernel(
         rmask = rows < last
         m = rmask[:, None] & cmask[None, :]
         offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        r1 = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        r1 = rms_scale_of(tl.load(sumsq_ptr + rows, mask=rmask, other=1.0), inv_d, eps)
         r = r1[:, None]
         dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
         xr = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * r
@@ -256,28 +197,29 @@ def _rms_backward_rows_kernel(
 MAX_ROW = 16384  # the row kernel holds whole rows in registers
 
 
-def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
+def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     """The RMSNorm backward as one pass over whole rows, from dh = dz W (the plain dX GEMM):
-    zeta = sum_k dh_k gamma_k x_k r,  dx = r (gamma dh - x r zeta / d) + dres,
-    n = x r gamma (the next GEMM's input, for its dW), and dgamma partials
-    [programs, d] (sum them over dim 0) of dh x r over each program's rows.
+    r = rsqrt(sumsq / d + eps),  zeta = sum_k dh_k gamma_k x_k r,
+    dx = r (gamma dh - x r zeta / d) + dres,  n = x r gamma (the next GEMM's input, for
+    its dW), and dgamma partials [programs, d] (sum them over dim 0) of dh x r over
+    each program's rows.
 
-    dh, x, dres: contiguous [M, d], d <= 16384; rstd fp32 [M]; gamma [d], or None
+    dh, x, dres: contiguous [M, d], d <= 16384; sumsq fp32 [M]; gamma [d], or None
     for a norm without a scale (then n = x r and no dgamma: None is returned).
     Returns (dx, n, dgamma partials); ``dx_out`` (may be ``dh``: each element is
     read before it is written over) receives dx.
     """
     M, D = x.shape
     dx = _check_rows(x, dx_out, dh=dh, dres=dres)
-    if rstd.shape != (M,) or (gamma is not None and gamma.shape != (D,)):
-        raise ValueError("rstd must be [M] and gamma [d]")
+    if sumsq.shape != (M,) or (gamma is not None and gamma.shape != (D,)):
+        raise ValueError("sumsq must be [M] and gamma [d]")
     if D > MAX_ROW:
         raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
     n = torch.empty_like(x)
     on_cpu = x.device.type == "cpu"
     block_d = triton.next_power_of_2(D)
     block_m = max(1, 8192 // block_d)
-    slots = 4 if on_cpu else 4 * _num_sms(x.device.index or 0)
+    slots = 4 if on_cpu else 4 * device.num_sms(x.device.index or 0)
     programs = max(1, min(slots, triton.cdiv(M, block_m)))
     rows_per_prog = max(1, triton.cdiv(triton.cdiv(M, programs), block_m)) * block_m
     programs = max(1, triton.cdiv(M, rows_per_prog))
@@ -285,7 +227,7 @@ def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
     if M == 0:
         return dx, n, None if dgamma is None else dgamma.zero_()
     if _torch_path(x):
-        r = rstd.float()[:, None]
+        r = _r(sumsq, D, eps)
         g, xf, dhf = (1.0 if gamma is None else gamma.float()), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)
         if dgamma is not None:
@@ -294,9 +236,9 @@ def rms_backward_rows(dh, x, dres, rstd, gamma, *, dx_out=None):
         dx.copy_(r * (g * dhf - xf * r * zeta / D) + dres.float())
         n.copy_(xf * r * g)
         return dx, n, dgamma
-    with _on_device(x.device):
+    with device.on_device(x.device):
         _rms_backward_rows_kernel[(programs,)](
-            dh, x, dres, rstd, gamma, dx, n, dgamma, M, D, 1.0 / D, rows_per_prog,
+            dh, x, dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps, rows_per_prog,
             BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
             num_warps=8 if block_d <= 4096 else 16,
         )  # fmt: skip

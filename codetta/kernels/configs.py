@@ -1,0 +1,193 @@
+"""Kernel configurations: the space, the candidates each mainloop tries, and the
+rules that size a launch from one (tail split, occupancy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Config:
+    """One kernel configuration. ``epi_split``: the epilogue sees the tile in that many
+    column sub-tiles; ``flatten``: Triton flattens the persistent and K loops so the
+    next tile's loads start during this tile's epilogue; ``warp_specialize``: Triton's
+    automatic warp specialization, a no-op on sm_90 with triton 3.6 (same SASS), so
+    no shipped candidate sets it; ``occupancy``: persistent programs per SM;
+    ``tail_split``: split the tiles of a last, partial wave along K into up to that
+    many parts (1 = off; ``mainloop.py``); ``pingpong``: run the sm_90 Gluon mainloop
+    (``pingpong.py``: 128x128 tiles, a loader warp and two consumer warpgroups of
+    ``num_warps`` each, a ring of ``num_stages`` A/B stages) instead of the portable one."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    epi_split: int = 2
+    num_stages: int = 3
+    num_warps: int = 8
+    flatten: bool = False
+    warp_specialize: bool = False
+    occupancy: int = 1
+    tail_split: int = 1
+    pingpong: bool = False
+
+    @property
+    def sub_n(self) -> int:
+        return self.block_n // self.epi_split
+
+    def short(self) -> str:
+        flags = ("F" if self.flatten else "") + ("W" if self.warp_specialize else "")
+        flags += f"x{self.occupancy}" if self.occupancy > 1 else ""
+        flags += f"t{self.tail_split}" if self.tail_split > 1 else ""
+        flags += "P" if self.pingpong else ""
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}w{self.num_warps}"
+            f"e{self.epi_split}g{self.group_m}{flags}"
+        )
+
+
+_ALLOWED = {
+    "block_m": {16, 32, 64, 128, 256},
+    "block_n": {16, 32, 64, 128, 256},
+    "block_k": {16, 32, 64, 128},
+    "group_m": {1, 2, 4, 8, 16},
+    "epi_split": {1, 2, 4},
+    "num_stages": {1, 2, 3, 4, 5, 6},
+    "num_warps": {4, 8},
+    "flatten": {True, False},
+    "warp_specialize": {True, False},
+    "occupancy": {1, 2},
+    "tail_split": {1, 2, 3, 4, 8},
+    "pingpong": {True, False},
+}
+
+
+def config_from_dict(d: dict) -> Config:
+    """Build a Config from untrusted plain data; raise ValueError if it is off."""
+    if not isinstance(d, dict) or set(d) != {f.name for f in fields(Config)}:
+        raise ValueError(f"not a config: {d!r}")
+    for k, v in d.items():
+        if type(v) not in (int, bool) or v not in _ALLOWED[k]:
+            raise ValueError(f"config field {k}={v!r} is outside the known space")
+    cfg = Config(**d)
+    if cfg.block_n % cfg.epi_split or cfg.sub_n < 16:
+        raise ValueError(f"config {cfg} splits its tile too finely")
+    if cfg.pingpong and cfg not in ALL_PINGPONG:
+        raise ValueError(f"config {cfg} is not a ping-pong configuration")
+    return cfg
+
+
+# What the interpreter runs: small tiles, so that CPU tests at sizes in the low
+# hundreds still cover many tiles, several per persistent program, every
+# epilogue split and the tail split.
+INTERPRETER_CONFIG = Config(
+    block_m=32, block_n=32, block_k=32, group_m=2, epi_split=2, num_stages=1, num_warps=4, tail_split=3
+)
+INTERPRETER_NUM_SMS = 3
+
+
+SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may use
+SMEM_PER_SM = 233472  # bytes per SM; each resident block also reserves 1 KB
+REGS_PER_SM = 65536
+
+
+def fits(cfg: Config, shared: int, regs: int) -> bool:
+    """Whether ``cfg.occupancy`` blocks of this kernel fit on one SM together."""
+    occ = cfg.occupancy
+    # ping-pong: two consumer warpgroups and the loader's warpgroup, at the launch's register cap
+    warps = 12 if cfg.pingpong else cfg.num_warps
+    return (
+        shared <= SMEM_LIMIT
+        and occ * (shared + 1024) <= SMEM_PER_SM
+        and occ * regs * 32 * warps <= REGS_PER_SM
+    )
+
+
+# Every GPU candidate of the portable mainloop splits a partial last wave along K
+# into up to this many parts.
+TAIL_SPLIT = 4
+
+
+def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
+    return [
+        Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT)
+        for bm, bn, stages, warps in tiles
+        for split in splits
+        for flatten in flattens
+    ]
+
+
+# Plain stores: the tile shapes the persistent TMA GEMM is known to like on Hopper,
+# plus two programs per SM on 128x128 tiles. Pruned to the configurations that won
+# a tuning run on the H200 (NOTES.md: the tuning caches of runs 18-23).
+PLAIN_CANDIDATES = (
+    _grid(((128, 256, 3, 8),), (1,))
+    + _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (2,))
+    + _grid(((256, 128, 4, 8),), (2,), (False,))
+    + _grid(((128, 128, 4, 4),), (1,), (True,))
+    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
+)
+
+# Programs that stream extra tiles through shared memory in the epilogue: their
+# TMA buffers are per sub-tile, so they split the epilogue finer.
+STREAMING_CANDIDATES = (
+    _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,))
+    + _grid(((256, 128, 3, 8),), (2,))
+    + _grid(((128, 128, 4, 8),), (2,))
+)
+
+# Programs whose accumulator is seeded from a tile: flattening the loops defeats
+# the pipelining there (measured 2x slower), so none is flattened.
+SEEDED_CANDIDATES = (
+    _grid(((128, 256, 3, 8), (256, 128, 3, 8)), (2, 4), (False,))
+    + _grid(((128, 256, 4, 8),), (4,), (False,))
+    + _grid(((256, 128, 4, 8),), (2,), (False,))
+    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
+)
+
+# Programs with two tile inputs and two tile outputs (the RMSNorm backward): 128x256
+# tiles spill there (the whole fp32 tile stays live while a sub-tile's loads, vectors
+# and outputs are held), so 128x128 tiles with 8 warps.
+BACKWARD_CANDIDATES = _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (2, 4), (False,)) + _grid(
+    ((128, 128, 4, 8),), (4,), (True,)
+)
+
+
+def _pingpong(stages, splits):
+    return tuple(Config(128, 128, 64, 8, split, s, 4, pingpong=True) for s in stages for split in splits)
+
+
+# The sm_90 ping-pong mainloop: 128x128 tiles per consumer, a ring of 5 A/B stages
+# (it fills the shared memory next to the two consumers' epilogue rings; 4 stages
+# lost to 5 everywhere, NOTES.md run 20).
+# The more tiles a program's epilogue holds in registers at once, the finer it
+# splits the tile (whole tiles spill there; the sm_90a compile check in CI holds
+# every candidate to no spills).
+PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
+PINGPONG_STREAMING_CANDIDATES = _pingpong((5,), (2, 4))
+PINGPONG_HEAVY_CANDIDATES = _pingpong((5,), (4,))
+ALL_PINGPONG = frozenset(_pingpong((5, 4), (1, 2, 4)))
+
+
+# A tail part gets at least this many K blocks on the GPU (fewer would not fill
+# the TMA pipeline); the interpreter splits down to one block so small tests
+# reach the tail path.
+MIN_K_BLOCKS_PER_PART = 4
+
+
+def tail_splits(cfg: Config, tiles: int, programs: int, k_blocks: int, min_k_blocks: int,
+                enabled: bool = True) -> int:  # fmt: skip
+    """How many K parts each tile of the last, partial wave is split into (1 = none).
+
+    The ``tiles % programs`` tail tiles would run on that many programs while the
+    rest idle; split into s parts they occupy ``tail * s <= programs`` programs."""
+    tail = tiles % programs
+    if not enabled or cfg.tail_split < 2 or tail == 0:
+        return 1
+    s = min(cfg.tail_split, programs // tail, k_blocks // min_k_blocks)
+    return s if s >= 2 else 1
+
+
+def shape_bucket(x: int) -> int:
+    """Round up to a power of two, so nearby shapes share a tuned config."""
+    return 1 << max(0, (x - 1).bit_length())

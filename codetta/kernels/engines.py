@@ -1,0 +1,298 @@
+"""The two mainloops as host-side objects: their candidate configurations, kernel
+signatures, constexprs and descriptors, built in one place for both a launch and
+the ahead-of-time sm_90a compile check (``aot.py``).
+
+``TRITON`` (``mainloop.py``) runs every program everywhere, the interpreter
+included; ``PINGPONG`` (``pingpong.py``) runs bf16/fp16 programs on sm_90 GPUs.
+Operand slots carry, in the program's slot order: a TMA descriptor per tile
+operand, a pointer per vector, table or reduction workspace, a float per scalar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import configs, device, pingpong
+from .configs import Config
+from .mainloop import gemm_kernel
+from .operands import GemmCall, leading_stride
+from .program import MAX_OPERANDS, REDUCTIONS, Kind, Program
+from .settings import SETTINGS
+
+_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+       torch.int64: "i64"}  # fmt: skip
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def tile_block(op, cfg: Config, whole: bool = False) -> list[int]:
+    """The TMA block of a tile operand: a sub-tile (half as wide for a HalfTile), or
+    the whole tile (the portable mainloop's seed)."""
+    width = cfg.block_n if whole else cfg.sub_n
+    return [cfg.block_m, width // 2 if op.kind is Kind.HALF_TILE else width]
+
+
+def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a slot's tensor has in the ahead-of-time compile (a launch specializes
+    on the real tensors)."""
+    if op.kind in REDUCTIONS or op.kind in (Kind.PER_ROW, Kind.PER_COL, Kind.ROW_TABLE):
+        return torch.float32
+    if op.kind is Kind.PER_ROW_INDEX:
+        return torch.int64
+    return op.dtype or dtype
+
+
+def _matrix_descs(make, call: GemmCall, cfg: Config):
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    M, N, K = call.M, call.N, call.K
+    a, w = call.a, call.w
+    a_lead, w_lead = leading_stride(a, call.a_t), leading_stride(w, call.b_t)
+    a_desc = make(a, [K, M], [a_lead, 1], [bk, bm]) if call.a_t else make(a, [M, K], [a_lead, 1], [bm, bk])
+    b_desc = make(w, [K, N], [w_lead, 1], [bk, bn]) if call.b_t else make(w, [N, K], [w_lead, 1], [bn, bk])
+    return a_desc, b_desc
+
+
+def _tile_shape(op, call: GemmCall) -> list[int]:
+    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
+
+
+class TritonEngine:
+    """The portable persistent mainloop (``mainloop.py``)."""
+
+    name = "triton"
+
+    def __init__(self):
+        # (program, config, dtype, layout, device) whose tail-split kernel spills registers
+        self._tail_spills: set = set()
+
+    def candidates(self, program: Program) -> list[Config]:
+        if program.configs is not None:
+            cfgs = list(program.configs)
+        else:
+            n_tiles = sum(op.is_tile for op in program.slots)
+            cfgs = list(configs.PLAIN_CANDIDATES if n_tiles <= 1 else configs.STREAMING_CANDIDATES)
+        if not program.tail_split:
+            cfgs = list(dict.fromkeys(dataclasses.replace(c, tail_split=1) for c in cfgs))
+        return cfgs
+
+    def unsupported(self, call: GemmCall) -> str | None:
+        return None
+
+    def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t, num_sms) -> dict:
+        return {
+            "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "BODY": program.body,
+            "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "A_T": a_t, "B_T": b_t,
+            "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+            "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
+            "FLATTEN": cfg.flatten, "WARP_SPECIALIZE": cfg.warp_specialize,
+            "IEEE": dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split,
+        }  # fmt: skip
+
+    def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:
+        """Argument types for the ahead-of-time compile (constexprs excluded)."""
+        t = _TY[dtype]
+        a_block = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
+        b_block = [cfg.block_k, cfg.block_n] if b_t else [cfg.block_n, cfg.block_k]
+        sig = {
+            "a_desc": f"tensordesc<{t}[{a_block[0]}, {a_block[1]}]>",
+            "b_desc": f"tensordesc<{t}[{b_block[0]}, {b_block[1]}]>",
+            "M": "i32", "N": "i32", "K": "i32",
+        }  # fmt: skip
+        for i, op in enumerate(program.slots):
+            sig[f"o{i}"] = _slot_type(op, dtype, tile_block(op, cfg, whole=op.kind is Kind.SEED))
+        for i in range(len(program.slots), MAX_OPERANDS):
+            sig[f"o{i}"] = "constexpr"
+        sig.update({"ws_ptr": "*fp32", "counts_ptr": "*i32", "tail_splits": "i32"})
+        return sig
+
+    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
+        """Run the call with this configuration (``warmup``: only compile it)."""
+        program, M, N, K = call.program, call.M, call.N, call.K
+        spill_key = (program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+        if cfg.tail_split > 1 and spill_key in self._tail_spills:
+            cfg = dataclasses.replace(cfg, tail_split=1)
+        interp = device.interpreting()
+        a_desc, b_desc = _matrix_descs(TensorDescriptor, call, cfg)
+        slots = []
+        for op, v in zip(program.slots, list(call.inputs) + list(outs)):
+            if op.is_tile:
+                block = tile_block(op, cfg, whole=op.kind is Kind.SEED)
+                slots.append(TensorDescriptor(v, _tile_shape(op, call), [leading_stride(v, False), 1], block))
+            else:
+                slots.append(v)
+        num_sms = (
+            configs.INTERPRETER_NUM_SMS if interp else device.num_sms(call.device.index or 0) * cfg.occupancy
+        )
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
+        splits = configs.tail_splits(
+            cfg, tiles, num_sms, triton.cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split
+        )
+        if splits > 1:
+            tail = tiles % num_sms
+            # one fp32 partial tile per tail part
+            ws = torch.empty(
+                tail * splits * cfg.block_m * cfg.block_n, dtype=torch.float32, device=call.device
+            )
+            counts = tail_counters(call.device)
+            grid = min(num_sms, max(tiles, tail * splits))
+        else:
+            ws, counts = _dummy(call.device, torch.float32), _dummy(call.device, torch.int32)
+            grid = min(num_sms, tiles)
+        slots += [None] * (MAX_OPERANDS - len(slots))
+        consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
+        with device.on_device(call.device):
+            kernel = gemm_kernel.run(
+                a_desc, b_desc, M, N, K, *slots, ws, counts, splits, **consts,
+                grid=(grid,), warmup=warmup, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+        if not warmup and cfg.tail_split > 1 and getattr(kernel, "n_spills", 0):
+            # the program leaves no registers for the tail path: run this config unsplit
+            self._tail_spills.add(spill_key)
+
+
+def _slot_type(op, dtype, block) -> str:
+    if op.is_tile:
+        return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
+    if op.kind is Kind.SCALAR:
+        return "fp32"
+    return "*" + _TY[slot_dtype(op, dtype)]
+
+
+@functools.cache
+def _gl_layout(block: tuple, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+
+
+def _gl_desc(t: torch.Tensor, shape, strides, block):
+    return GluonTensorDescriptor(t, shape, strides, block, _gl_layout(tuple(block), t.dtype))
+
+
+class PingPongEngine:
+    """The warp-specialized sm_90 mainloop (``pingpong.py``), bf16/fp16 only."""
+
+    name = "pingpong"
+
+    def candidates(self, program: Program) -> list[Config]:
+        if not program.pingpong:
+            return []
+        # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
+        loads = sum(op.kind is Kind.TILE for op in program.caller_inputs)
+        held = loads + len(program.outputs)
+        if loads >= 2 or held >= 4:
+            return list(configs.PINGPONG_HEAVY_CANDIDATES)
+        if held >= 3:
+            return list(configs.PINGPONG_STREAMING_CANDIDATES)
+        return list(configs.PINGPONG_CANDIDATES)
+
+    def unsupported(self, call: GemmCall) -> str | None:
+        """Why this mainloop cannot run the call (None: it can)."""
+        program = call.program
+        if not program.pingpong:
+            return f"program {program.name!r} opts out of the ping-pong mainloop"
+        if call.device.type != "cuda" or device.interpreting():
+            return "the ping-pong mainloop runs on CUDA devices only (no interpreter path)"
+        if device.capability(call.device.index or 0) != (9, 0):
+            return f"the ping-pong mainloop needs an sm_90 GPU, not {device.name(call.device.index or 0)}"
+        if call.dtype not in _GL_DTYPES:
+            return f"the ping-pong mainloop takes bfloat16 or float16, not {call.dtype}"
+        values = list(call.inputs) + [None] * len(program.outputs)
+        bad = [
+            op.name
+            for op, v in zip(program.slots, values)
+            if op.is_tile
+            and (op.dtype not in (None, call.dtype) or (v is not None and v.dtype != call.dtype))
+        ]
+        if bad:
+            return f"tile operands {bad} are not in the GEMM's dtype (its epilogue ring is {call.dtype})"
+        return None
+
+    def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t) -> dict:
+        gl_dtype = _GL_DTYPES[dtype]
+        return {
+            "NUM_OPS": len(program.slots), "SEED": program.seed_slot,
+            "BODY": program.sm90_body or program.body,
+            "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": gl_dtype,
+            "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), dtype), "EPI_SPLIT": cfg.epi_split,
+            "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
+        }  # fmt: skip
+
+    def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:
+        from triton.runtime.jit import mangle_type
+
+        dummy = torch.empty(256, 256, dtype=dtype)
+
+        def desc(block, t=dummy):
+            return mangle_type(GluonTensorDescriptor.from_tensor(t, block, _gl_layout(tuple(block), t.dtype)))
+
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        sig = {
+            "a_desc": desc([bk, bm] if a_t else [bm, bk]),
+            "b_desc": desc([bk, bn] if b_t else [bn, bk]),
+            "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
+        }  # fmt: skip
+        for i, op in enumerate(program.slots):
+            sig[f"o{i}"] = desc(tile_block(op, cfg)) if op.is_tile else _slot_type(op, dtype, None)
+        for i in range(len(program.slots), MAX_OPERANDS):
+            sig[f"o{i}"] = "constexpr"
+        return sig
+
+    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
+        """Run the call with this configuration (``warmup``: only compile it)."""
+        why = self.unsupported(call)
+        if why is not None:
+            raise ValueError(f"config {cfg.short()}: {why}")
+        program = call.program
+        a_desc, b_desc = _matrix_descs(_gl_desc, call, cfg)
+        slots = [
+            _gl_desc(v, _tile_shape(op, call), [leading_stride(v, False), 1], tile_block(op, cfg))
+            if op.is_tile else v
+            for op, v in zip(program.slots, list(call.inputs) + list(outs))
+        ]  # fmt: skip
+        slots += [None] * (MAX_OPERANDS - len(slots))
+        sms = device.num_sms(call.device.index or 0)
+        grid = min(sms, triton.cdiv(call.M, cfg.block_m) * triton.cdiv(call.N, cfg.block_n))
+        consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t)
+        with device.on_device(call.device):
+            pingpong.pingpong_kernel.run(
+                a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, *slots, **consts,
+                grid=(grid,), warmup=warmup, num_warps=cfg.num_warps, maxnreg=pingpong.MAXNREG,
+            )  # fmt: skip
+
+
+def tail_counters(dev: torch.device) -> torch.Tensor:
+    """Per-tile arrival counters of the tail split, zero between launches (the last
+    part of each tile resets its counter). One buffer per device and stream, so
+    launches on different streams never share one."""
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    key = (dev, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None:
+        buf = _COUNTERS[key] = torch.zeros(1024, dtype=torch.int32, device=dev)
+    return buf
+
+
+def _dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    # stands in for the workspace and counters when no tile is split (never read)
+    buf = _DUMMIES.get((dev, dtype))
+    if buf is None:
+        buf = _DUMMIES[dev, dtype] = torch.zeros(16, dtype=dtype, device=dev)
+    return buf
+
+
+_COUNTERS: dict = {}
+_DUMMIES: dict = {}
+
+TRITON = TritonEngine()
+PINGPONG = PingPongEngine()
+ENGINES = (TRITON, PINGPONG)
+
+
+def engine_of(cfg: Config):
+    return PINGPONG if cfg.pingpong else TRITON

@@ -1,0 +1,226 @@
+"""Validation of a GEMM call and its program's operands, and the frozen call object
+the rest of the launcher works on.
+
+Every check raises a ``TypeError`` (wrong type or dtype) or ``ValueError`` (shape,
+device, layout) that names the argument. Operators call these helpers with their
+own argument names, so a user reads ``w_o`` rather than an internal name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .program import Kind, Program, caller_shape
+
+GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_same_device(tensors: dict) -> torch.device:
+    """All named tensors on one device (the first one's); returns it."""
+    items = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor)]
+    first, dev = items[0][0], items[0][1].device
+    for k, v in items[1:]:
+        if v.device != dev:
+            raise ValueError(f"{k} is on {v.device} but {first} is on {dev}: move them to one device")
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"{first}: device {dev} is not supported (cuda, or cpu)")
+    return dev
+
+
+def check_dtype(name: str, t: torch.Tensor, allowed, what: str = "") -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{name} must be {what or names}, got {t.dtype}")
+
+
+def check_gemm_dtype(name: str, t: torch.Tensor) -> None:
+    """A GEMM operand: bf16/fp16 (fp32 on CPU, for tests)."""
+    check_dtype(name, t, GEMM_DTYPES, "bfloat16 or float16 (float32 on CPU only)")
+    if t.device.type == "cuda" and t.dtype == torch.float32:
+        raise TypeError(
+            f"{name}: float32 GEMMs are not served on the GPU (bfloat16 or float16); use torch.matmul"
+        )
+
+
+def row_alignment_problem(t: torch.Tensor, lead: int) -> str | None:
+    """Why rows of ``t`` (leading stride ``lead`` elements) cannot be TMA rows, or None."""
+    es = t.element_size()
+    if (lead * es) % 16:
+        return (
+            f"rows must start on 16-byte boundaries for TMA: a stride of {lead} {t.dtype} elements is "
+            f"{lead * es} bytes; the contiguous dimension must be a multiple of {16 // es}"
+        )
+    if t.data_ptr() % 16:
+        return "its data must start on a 16-byte boundary (a slice at an odd offset); call .clone()"
+    return None
+
+
+def check_matrix(name: str, t, dims: str) -> bool:
+    """Validate a 2-D GEMM operand ``[dims]``; return True if it is a transposed view
+    (unit stride in its first dimension)."""
+    check_tensor(name, t)
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [{dims}], got shape {tuple(t.shape)}")
+    if t.stride(1) == 1 or t.shape[1] == 1:
+        transposed = False
+    elif t.stride(0) == 1 or t.shape[0] == 1:
+        transposed = True
+    else:
+        raise ValueError(
+            f"{name} must have unit stride in one dimension (contiguous or a transposed view), "
+            f"got strides {t.stride()}; call .contiguous() first"
+        )
+    return transposed
+
+
+def leading_stride(t: torch.Tensor, transposed: bool) -> int:
+    """The stride between the rows a TMA descriptor walks (a single row: its length)."""
+    if transposed:
+        return t.stride(1) if t.shape[1] > 1 else t.shape[0]
+    return t.stride(0) if t.shape[0] > 1 else t.shape[1]
+
+
+def check_matrix_alignment(name: str, t: torch.Tensor, transposed: bool, dims: str) -> None:
+    why = row_alignment_problem(t, leading_stride(t, transposed))
+    if why:
+        raise ValueError(f"{name} [{dims}] = {tuple(t.shape)}, strides {t.stride()}: {why}")
+
+
+def check_operand(program: Program, op, value, device: torch.device, M: int, N: int):
+    """One caller-passed operand of ``program``; returns it."""
+    where = f"program {program.name!r} operand {op.name!r}"
+    if op.kind is Kind.SCALAR:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
+        return float(value)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where} must be a torch.Tensor {caller_shape(op)}, got {type(value).__name__}")
+    if value.device != device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {device}")
+    if op.kind in (Kind.TILE, Kind.SEED):
+        want = (M, N)
+    elif op.kind in (Kind.PER_ROW, Kind.PER_ROW_INDEX):
+        want = (M,)
+    elif op.kind is Kind.PER_COL:
+        want = (N,)
+    else:  # ROW_TABLE
+        if value.dim() != 2 or value.shape[1] < 1 or N % value.shape[1]:
+            raise ValueError(
+                f"{where} must be a [P, W] table whose width W divides N={N}, got {tuple(value.shape)}"
+            )
+        want = tuple(value.shape)
+    if tuple(value.shape) != want:
+        raise ValueError(f"{where} must have shape {want} ({caller_shape(op)}), got {tuple(value.shape)}")
+    if op.kind is Kind.PER_ROW_INDEX:
+        check_dtype(where, value, INDEX_DTYPES)
+    elif op.kind in (Kind.TILE, Kind.SEED):
+        check_dtype(where, value, GEMM_DTYPES)
+    else:
+        check_dtype(where, value, VECTOR_DTYPES)
+    if op.kind in (Kind.TILE, Kind.SEED):
+        if value.stride(1) != 1 and N > 1:
+            raise ValueError(f"{where} must be row-contiguous, got strides {value.stride()}")
+        why = row_alignment_problem(value, leading_stride(value, False))
+        if why:
+            raise ValueError(f"{where} [{M}, {N}]: {why}")
+    elif not value.is_contiguous():
+        raise ValueError(f"{where} must be contiguous, got strides {value.stride()}")
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class GemmCall:
+    """A validated call: ``program(a @ w.T)``, its inputs in the program's caller order."""
+
+    program: Program
+    a: torch.Tensor
+    w: torch.Tensor
+    a_t: bool
+    b_t: bool
+    inputs: tuple
+
+    @property
+    def M(self) -> int:  # noqa: N802
+        return self.a.shape[0]
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.w.shape[0]
+
+    @property
+    def K(self) -> int:  # noqa: N802
+        return self.a.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.a.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.a.device
+
+    @property
+    def in_kinds(self) -> tuple:
+        """The program's input codes with each RowTable's width filled in."""
+        tables = {op.name: v.shape[1] for op, v in zip(self.program.caller_inputs, self.inputs)
+                  if op.kind is Kind.ROW_TABLE}  # fmt: skip
+        return tuple(
+            (k, s, i, tables[op.name] if op.kind is Kind.ROW_TABLE else 0)
+            for op, (k, s, i, _) in zip(self.program.inputs, self.program.in_kinds)
+        )
+
+
+def make_call(program: Program, a, weight, operands: dict) -> GemmCall:
+    """Validate ``gemm(a, weight, program, **operands)``; return the call."""
+    if not isinstance(program, Program):
+        raise TypeError(f"epilogue must be a codetta Program, got {type(program).__name__}")
+    a_t = check_matrix("a", a, "M, K")
+    b_t = check_matrix("weight", weight, "N, K")
+    device = check_same_device({"a": a, "weight": weight})
+    check_gemm_dtype("a", a)
+    check_gemm_dtype("weight", weight)
+    if a.dtype != weight.dtype:
+        raise TypeError(f"a and weight must share a dtype, got {a.dtype} and {weight.dtype}")
+    M, K = a.shape
+    N, K2 = weight.shape
+    if K != K2:
+        raise ValueError(f"a is [M={M}, K={K}] but weight is [N={N}, K={K2}]: K must match")
+    if N == 0 or K == 0:
+        raise ValueError(f"N and K must be >= 1, got N={N}, K={K}")
+    check_matrix_alignment("a", a, a_t, "M, K")
+    check_matrix_alignment("weight", weight, b_t, "N, K")
+    if program.check is not None:
+        program.check(M, N)
+    for op in program.outputs:
+        if not op.is_tile:
+            continue
+        half = op.kind is Kind.HALF_TILE
+        unit = (2 if half else 1) * 16 // (op.dtype or a.dtype).itemsize
+        if N % unit:
+            raise ValueError(
+                f"program {program.name!r}: output {op.name!r} has rows of {N // 2 if half else N} elements, "
+                f"which TMA cannot store (rows move in 16-byte units): N={N} must be a multiple of {unit}"
+            )
+    names = {op.name for op in program.caller_inputs}
+    unknown = set(operands) - names
+    if unknown:
+        raise TypeError(
+            f"program {program.name!r} takes no operand(s) {sorted(unknown)}; it takes {sorted(names)}"
+        )
+    missing = [op.name for op in program.caller_inputs if op.name not in operands]
+    if missing:
+        raise TypeError(f"program {program.name!r} needs operand(s) {missing}")
+    inputs = tuple(
+        check_operand(program, op, operands[op.name], device, M, N) for op in program.caller_inputs
+    )
+    return GemmCall(program, a, weight, a_t, b_t, inputs)

@@ -1,0 +1,108 @@
+"""Finishing the reduction outputs: per-sub-tile partials -> [M] or [N] results.
+
+The mainloops write row partials as fp32 [M, T] (T = one column per sub-tile of
+the N axis) and column partials as fp32 [R, N] (R = one row per M-tile). These
+kernels combine them in a fixed order (no atomics): the same inputs give the same
+bits, run to run. Their shapes depend on the tile configuration; the finished
+outputs do not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import device
+from .program import Kind, Layout
+
+
+def workspace_shape(kind: Kind, M: int, N: int, lay: Layout) -> tuple:
+    """The partials a launch with this geometry writes for a reduction output."""
+    if kind is Kind.COL_SUM:
+        return (triton.cdiv(M, lay.block_m), N)
+    return (M, triton.cdiv(N, lay.sub_n))
+
+
+@triton.jit
+def _rows_kernel(p_ptr, out_ptr, M, T, LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    base = p_ptr + rows.to(tl.int64)[:, None] * T
+    if LSE:
+        run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        for start in range(0, T, BLOCK_T):
+            t = start + tl.arange(0, BLOCK_T)
+            m = rmask[:, None] & (t < T)[None, :]
+            run_max = tl.maximum(run_max, tl.max(tl.load(base + t[None, :], mask=m, other=float("-inf")), 1))
+        safe = tl.where(run_max == float("-inf"), 0.0, run_max)
+    acc = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, T, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        m = rmask[:, None] & (t < T)[None, :]
+        if LSE:
+            acc += tl.sum(tl.exp(tl.load(base + t[None, :], mask=m, other=float("-inf")) - safe[:, None]), 1)
+        else:
+            acc += tl.sum(tl.load(base + t[None, :], mask=m, other=0.0), 1)
+    if LSE:
+        acc = safe + tl.log(acc)
+    tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _cols_kernel(p_ptr, out_ptr, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start in range(0, R, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        m = (rows < R)[:, None] & cmask[None, :]
+        acc += tl.load(p_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, 0).to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+def _torch_path(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and not device.interpreting()
+
+
+def row_finish(parts: torch.Tensor, out: torch.Tensor, lse: bool = False) -> torch.Tensor:
+    """out[m] = sum_t parts[m, t] (or log sum_t exp(parts[m, t]) with ``lse``), in fp32."""
+    M, T = parts.shape
+    if M == 0:
+        return out
+    if _torch_path(parts):
+        return out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
+    with device.on_device(parts.device):
+        _rows_kernel[(triton.cdiv(M, 64),)](parts, out, M, T, LSE=lse, BLOCK_M=64, BLOCK_T=32)
+    return out
+
+
+def col_sum(parts: torch.Tensor, dtype: torch.dtype = torch.float32, *, out: torch.Tensor | None = None):
+    """[D] = parts.sum(0) for fp32 partials [R, D], summed in fp32 and rounded once to
+    ``out``'s dtype (or ``dtype``). Narrow column blocks give every SM work; torch's
+    dim-0 reduction of such a shape ran 19 us against this kernel's 5 us at d = 2048
+    on an H200 (NOTES.md, run 13)."""
+    if parts.dim() != 2 or parts.dtype != torch.float32 or not parts.is_contiguous():
+        raise ValueError(
+            f"parts must be a contiguous float32 [R, D] tensor, got {parts.dtype} {tuple(parts.shape)}"
+        )
+    R, D = parts.shape
+    if out is None:
+        out = torch.empty(D, dtype=dtype, device=parts.device)
+    if R == 0:
+        return out.zero_()
+    if _torch_path(parts):
+        return out.copy_(parts.sum(0))
+    with device.on_device(parts.device):
+        _cols_kernel[(triton.cdiv(D, 16),)](
+            parts, out, R, D, BLOCK_R=min(256, triton.next_power_of_2(R)), BLOCK_D=16, num_warps=4
+        )
+    return out
+
+
+def finish(kind: Kind, parts: torch.Tensor, out: torch.Tensor) -> None:
+    """Combine one reduction output's partials into ``out``."""
+    if kind is Kind.COL_SUM:
+        col_sum(parts, out=out)
+    else:
+        row_finish(parts, out, lse=kind is Kind.ROW_LSE)

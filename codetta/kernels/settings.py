@@ -1,0 +1,72 @@
+"""Environment switches, read once at import, and the public hooks that change them.
+
+| variable | default | meaning |
+|---|---|---|
+| ``CODETTA_AUTOTUNE`` | 1 | 0: never tune; take the first candidate of each shape |
+| ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
+| ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
+| ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
+| ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
+
+Tests and benchmarks change them through :func:`override`, never by setting
+the environment after import or by patching module globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+
+
+@dataclasses.dataclass
+class Settings:
+    autotune: bool = True
+    pingpong: bool = True
+    tail_split: bool = True
+    tune_verbose: bool = False
+    cache_dir: Path = Path("~/.cache/codetta")
+    # test hooks: fill every output with NaN before a launch (an unwritten element
+    # cannot pass); run CPU calls through the PyTorch references even where the
+    # Triton interpreter is on
+    poison_outputs: bool = False
+    force_reference: bool = False
+    # untuned choices (autotune off) take the ping-pong mainloop's first candidate
+    # where it can run, instead of the portable mainloop's
+    prefer_pingpong: bool = False
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> Settings:
+        def flag(name: str, default: bool) -> bool:
+            return env.get(name, "1" if default else "0") != "0"
+
+        cache = env.get("CODETTA_CACHE_DIR") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetta"
+        )
+        return cls(
+            autotune=flag("CODETTA_AUTOTUNE", True),
+            pingpong=flag("CODETTA_PINGPONG", True),
+            tail_split=flag("CODETTA_TAIL_SPLIT", True),
+            tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
+            cache_dir=Path(cache),
+        )
+
+
+SETTINGS = Settings.from_env()
+
+
+@contextlib.contextmanager
+def override(**changes):
+    """Change settings inside a ``with`` block (tests, A/B benchmark variants)."""
+    unknown = set(changes) - {f.name for f in dataclasses.fields(Settings)}
+    if unknown:
+        raise TypeError(f"unknown codetta settings: {sorted(unknown)}")
+    old = {k: getattr(SETTINGS, k) for k in changes}
+    for k, v in changes.items():
+        setattr(SETTINGS, k, v)
+    try:
+        yield SETTINGS
+    finally:
+        for k, v in old.items():
+            setattr(SETTINGS, k, v)
