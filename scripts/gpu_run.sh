@@ -21,8 +21,9 @@ nvidia-smi dmon -s pc -d 1 > "$OUT/dmon.txt" 2>&1 &
 DMON=$!
 if [ -z "${SKIP_TESTS:-}" ]; then
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m "not slow" --maxfail=25 -p no:cacheprovider ${TESTS:-tests} 2>&1 \
-    | tail -60 | tee "$OUT/tests.txt"
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -rf --tb=short -m "not slow" --maxfail=25 -p no:cacheprovider \
+    ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} > "$OUT/tests.txt" 2>&1
+  grep -E "passed|failed|FAILED|^E " "$OUT/tests.txt" | tail -40
 fi
 if [ "$#" -gt 0 ]; then
   timeout "${BENCH_TIMEOUT:-540}" python3 -m codetta bench --out "$OUT/results" --parts "$@" ${BENCH_ARGS:-} 2>&1 \

@@ -122,6 +122,8 @@ def test_bad_input(case, exc, match, device):
     elif case == "k_zero":
         a, w = a[:, :0], w[:, :0]
     elif case == "fp32_misaligned":
+        if device == "cuda":
+            pytest.skip("float32 GEMMs are refused on the GPU before alignment is looked at")
         a, w = a[:, :62].float().contiguous(), w[:, :62].float().contiguous()
     elif case == "offset":
         a = rand(16 * 64 + 8, dtype=torch.float16, device=device)[1 : 1 + 16 * 64].view(16, 64)

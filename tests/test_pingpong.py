@@ -77,6 +77,8 @@ def test_program(prog, M, N, K):
     """Each program on each of its ping-pong configurations (the body's own math)."""
     dtype = torch.bfloat16
     a_t, b_t = prog.layouts[0]
+    if a_t:
+        M = -(-M // 8) * 8  # a transposed A's rows are M long: 16-byte multiples for TMA
     y, w = _make(M, N, K, dtype, ("t" if a_t else "n") + ("t" if b_t else "n"))
     operands = _operands(prog, M, N, dtype)
     call = make_call(prog, y, w, operands)

@@ -231,7 +231,7 @@ def test_public_api():
     assert codetta.ops.residual_rmsnorm_linear is residual_rmsnorm_linear
 
 
-@pytest.mark.parametrize("M,T", [(1, 1), (77, 5), (130, 40)])
+@pytest.mark.parametrize("M,T", [(1, 1), (77, 5), (130, 40), (64, 16), (200, 32), (33, 100)])
 def test_row_finish(M, T, device):
     """The finish of row partials: sums, and log-sum-exps, in a fixed order."""
     from codetta.kernels.reductions import row_finish

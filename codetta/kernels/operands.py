@@ -43,10 +43,11 @@ def check_dtype(name: str, t: torch.Tensor, allowed, what: str = "") -> None:
         raise TypeError(f"{name} must be {what or names}, got {t.dtype}")
 
 
-def check_gemm_dtype(name: str, t: torch.Tensor) -> None:
-    """A GEMM operand: bf16/fp16 (fp32 on CPU, for tests)."""
+def check_gemm_dtype(name: str, t: torch.Tensor, on_gpu_too: bool = True) -> None:
+    """A GEMM operand: bf16/fp16 (fp32 on CPU, for tests; ``on_gpu_too=False`` leaves the
+    GPU's refusal of fp32 to a later call, so a dtype mismatch is reported first)."""
     check_dtype(name, t, GEMM_DTYPES, "bfloat16 or float16 (float32 on CPU only)")
-    if t.device.type == "cuda" and t.dtype == torch.float32:
+    if on_gpu_too and t.device.type == "cuda" and t.dtype == torch.float32:
         raise TypeError(
             f"{name}: float32 GEMMs are not served on the GPU (bfloat16 or float16); use torch.matmul"
         )
@@ -187,10 +188,11 @@ def make_call(program: Program, a, weight, operands: dict) -> GemmCall:
     a_t = check_matrix("a", a, "M, K")
     b_t = check_matrix("weight", weight, "N, K")
     device = check_same_device({"a": a, "weight": weight})
-    check_gemm_dtype("a", a)
-    check_gemm_dtype("weight", weight)
+    check_gemm_dtype("a", a, on_gpu_too=False)
+    check_gemm_dtype("weight", weight, on_gpu_too=False)
     if a.dtype != weight.dtype:
         raise TypeError(f"a and weight must share a dtype, got {a.dtype} and {weight.dtype}")
+    check_gemm_dtype("a", a)
     M, K = a.shape
     N, K2 = weight.shape
     if K != K2:

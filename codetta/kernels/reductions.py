@@ -29,23 +29,23 @@ def _rows_kernel(p_ptr, out_ptr, M, T, LSE: tl.constexpr, BLOCK_M: tl.constexpr,
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     base = p_ptr + rows.to(tl.int64)[:, None] * T
-    if LSE:
-        run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        for start in range(0, T, BLOCK_T):
-            t = start + tl.arange(0, BLOCK_T)
-            m = rmask[:, None] & (t < T)[None, :]
-            run_max = tl.maximum(run_max, tl.max(tl.load(base + t[None, :], mask=m, other=float("-inf")), 1))
-        safe = tl.where(run_max == float("-inf"), 0.0, run_max)
     acc = tl.zeros([BLOCK_M], tl.float32)
+    run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, T, BLOCK_T):
         t = start + tl.arange(0, BLOCK_T)
         m = rmask[:, None] & (t < T)[None, :]
+        x = tl.load(base + t[None, :], mask=m, other=0.0)
         if LSE:
-            acc += tl.sum(tl.exp(tl.load(base + t[None, :], mask=m, other=float("-inf")) - safe[:, None]), 1)
+            # online: (max, sum exp) over the row's partial log-sum-exps
+            x = tl.where(m, x, float("-inf"))
+            new_max = tl.maximum(run_max, tl.max(x, 1))
+            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+            acc = acc * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
+            run_max = new_max
         else:
-            acc += tl.sum(tl.load(base + t[None, :], mask=m, other=0.0), 1)
+            acc += tl.sum(x, 1)
     if LSE:
-        acc = safe + tl.log(acc)
+        acc = tl.where(run_max == float("-inf"), 0.0, run_max) + tl.log(acc)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 

@@ -180,10 +180,11 @@ def _check(y, w_o, residual, gamma, w, eps) -> float:
         check_tensor(name, t)
     check_same_device(named)
     for name in ("y", "w_o", "residual", "weight"):
-        check_gemm_dtype(name, named[name])
+        check_gemm_dtype(name, named[name], on_gpu_too=False)
     for name in ("w_o", "residual", "weight"):
         if named[name].dtype != y.dtype:
             raise TypeError(f"{name} ({named[name].dtype}) must have y's dtype ({y.dtype})")
+    check_gemm_dtype("y", y)
     check_dtype("gamma", gamma, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
     if w_o.dim() != 2 or w.dim() != 2:
         raise ValueError(f"w_o and weight must be 2-D, got shapes {tuple(w_o.shape)} and {tuple(w.shape)}")
