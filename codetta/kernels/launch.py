@@ -71,13 +71,18 @@ def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False
 
 def _prepare_for_tuning(call: GemmCall):
     """``cfg -> fn`` for the tuner: outputs shared by all candidates (programs only write
-    them), workspaces per tile geometry (their shapes depend on it)."""
-    outs = alloc_outputs(call)
+    them), workspaces per tile geometry (their shapes depend on it). Nothing is
+    allocated until the tuner asks (a memoized choice never does)."""
+    outs: list = []
     by_geometry: dict = {}
 
     def prepare(cfg: Config):
+        if not outs:
+            outs.extend(alloc_outputs(call))
         lay = (cfg.block_m, cfg.block_n, cfg.sub_n)
-        ws = by_geometry.setdefault(lay, alloc_workspaces(call, cfg))
+        if lay not in by_geometry:
+            by_geometry[lay] = alloc_workspaces(call, cfg)
+        ws = by_geometry[lay]
         return lambda warmup=False: _run(call, cfg, outs, ws, warmup)
 
     return prepare

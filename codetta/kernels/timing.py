@@ -5,9 +5,10 @@ between about 1.3 and 1.6 GHz on a 10-100 ms scale. Timing each variant over
 its own stretch of time (even interleaved in rounds) left +-3 % between
 variants that ran identical kernels (NOTES.md, runs 13-15); calls made side by
 side see the same clock, and the median over many such calls is stable to
-about 0.3 % (run 16). The tuner times this way. Paired timing alone moved some
-ratios by 3-10 % against sustained blocks of one variant at a time (NOTES.md),
-so the benchmark harness reports both: a ratio counts only if it holds under each.
+about 0.3 % (run 16). Paired timing alone moved some ratios by 3-10 % against
+sustained blocks of one variant at a time (NOTES.md), so the benchmark harness
+reports both (a ratio counts only if it holds under each), and the tuner times
+candidates in sustained blocks, the way a training step runs them.
 """
 
 from __future__ import annotations
