@@ -66,11 +66,11 @@ def _bench(args) -> int:
         return 2
     from codetta.bench import foundation, residual_norm
 
-    fparts = [p for p in args.parts if p in foundation.PARTS]
-    if fparts:
-        foundation.run(args.out, parts=fparts)
-    if "residual_norm" in args.parts:
-        residual_norm.run(args.out, widths=args.widths, research=args.research)
+    for part in args.parts:  # in the order given
+        if part == "residual_norm":
+            residual_norm.run(args.out, widths=args.widths, research=args.research)
+        else:
+            foundation.run(args.out, parts=[part])
     return 0
 
 

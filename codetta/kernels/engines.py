@@ -31,6 +31,21 @@ _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", tor
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a constexpr function: slow on the host path
+
+
+def tma_desc(base: torch.Tensor, shape, strides, block, layout=None):
+    """A host TMA descriptor (Triton's, or Gluon's with ``layout``) built without its
+    dataclass checks: the operands were validated once already (operands.py), and the
+    checks cost ~10 us a descriptor, several per launch."""
+    d = object.__new__(TensorDescriptor if layout is None else GluonTensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block, "zero"
+    if layout is not None:
+        d.layout = layout
+    return d
+
+
 def tile_block(op, cfg: Config, whole: bool = False) -> list[int]:
     """The TMA block of a tile operand: a sub-tile (half as wide for a HalfTile), or
     the whole tile (the portable mainloop's seed)."""
@@ -49,6 +64,7 @@ def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
 
 
 def _matrix_descs(make, call: GemmCall, cfg: Config):
+    """The A and B descriptors (``make(t, shape, strides, block)``)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     M, N, K = call.M, call.N, call.K
     a, w = call.a, call.w
@@ -70,6 +86,7 @@ class TritonEngine:
     def __init__(self):
         # (program, config, dtype, layout, device) whose tail-split kernel spills registers
         self._tail_spills: set = set()
+        self._consts: dict = {}  # constexpr dicts, built once per kernel variant
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -118,22 +135,20 @@ class TritonEngine:
         if cfg.tail_split > 1 and spill_key in self._tail_spills:
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
-        a_desc, b_desc = _matrix_descs(TensorDescriptor, call, cfg)
+        a_desc, b_desc = _matrix_descs(tma_desc, call, cfg)
         slots = []
         for op, v in zip(program.slots, list(call.inputs) + list(outs)):
             if op.is_tile:
                 block = tile_block(op, cfg, whole=op.kind is Kind.SEED)
-                slots.append(TensorDescriptor(v, _tile_shape(op, call), [leading_stride(v, False), 1], block))
+                slots.append(tma_desc(v, _tile_shape(op, call), [leading_stride(v, False), 1], block))
             else:
                 slots.append(v)
         num_sms = (
             configs.INTERPRETER_NUM_SMS if interp else device.num_sms(call.device.index or 0) * cfg.occupancy
         )
-        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
-        splits = configs.tail_splits(
-            cfg, tiles, num_sms, triton.cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split
-        )
+        splits = configs.tail_splits(cfg, tiles, num_sms, _cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
         if splits > 1:
             tail = tiles % num_sms
             # one fp32 partial tile per tail part
@@ -146,7 +161,10 @@ class TritonEngine:
             ws, counts = _dummy(call.device, torch.float32), _dummy(call.device, torch.int32)
             grid = min(num_sms, tiles)
         slots += [None] * (MAX_OPERANDS - len(slots))
-        consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
+        key = (program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
+        consts = self._consts.get(key)
+        if consts is None:
+            consts = self._consts[key] = self.constexprs(*key)
         with device.on_device(call.device):
             kernel = gemm_kernel.run(
                 a_desc, b_desc, M, N, K, *slots, ws, counts, splits, **consts,
@@ -171,13 +189,16 @@ def _gl_layout(block: tuple, dtype: torch.dtype):
 
 
 def _gl_desc(t: torch.Tensor, shape, strides, block):
-    return GluonTensorDescriptor(t, shape, strides, block, _gl_layout(tuple(block), t.dtype))
+    return tma_desc(t, shape, strides, block, _gl_layout(tuple(block), t.dtype))
 
 
 class PingPongEngine:
     """The warp-specialized sm_90 mainloop (``pingpong.py``), bf16/fp16 only."""
 
     name = "pingpong"
+
+    def __init__(self):
+        self._consts: dict = {}  # constexpr dicts, built once per kernel variant
 
     def candidates(self, program: Program) -> list[Config]:
         if not program.pingpong:
@@ -257,8 +278,11 @@ class PingPongEngine:
         ]  # fmt: skip
         slots += [None] * (MAX_OPERANDS - len(slots))
         sms = device.num_sms(call.device.index or 0)
-        grid = min(sms, triton.cdiv(call.M, cfg.block_m) * triton.cdiv(call.N, cfg.block_n))
-        consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t)
+        grid = min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
+        key = (program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t)
+        consts = self._consts.get(key)
+        if consts is None:
+            consts = self._consts[key] = self.constexprs(*key)
         with device.on_device(call.device):
             pingpong.pingpong_kernel.run(
                 a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, *slots, **consts,

@@ -8,6 +8,7 @@ own argument names, so a user reads ``w_o`` rather than an internal name.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -170,7 +171,7 @@ class GemmCall:
     def device(self) -> torch.device:
         return self.a.device
 
-    @property
+    @functools.cached_property
     def in_kinds(self) -> tuple:
         """The program's input codes with each RowTable's width filled in."""
         tables = {op.name: v.shape[1] for op, v in zip(self.program.caller_inputs, self.inputs)

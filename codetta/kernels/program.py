@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,22 +216,22 @@ class Program:
 
     # ---- what the mainloops need, derived once
 
-    @property
+    @functools.cached_property
     def caller_inputs(self) -> tuple[Operand, ...]:
         """The inputs a caller passes (all but DType)."""
         return tuple(op for op in self.inputs if op.kind is not Kind.DTYPE)
 
-    @property
+    @functools.cached_property
     def slots(self) -> tuple[Operand, ...]:
         """Operands in kernel-slot order: the caller's inputs, then the outputs."""
         return self.caller_inputs + self.outputs
 
-    @property
+    @functools.cached_property
     def seed_slot(self) -> int:
         """Slot of the accumulator-seeding tile, or -1."""
         return next((i for i, op in enumerate(self.slots) if op.kind is Kind.SEED), -1)
 
-    @property
+    @functools.cached_property
     def in_kinds(self) -> tuple:
         """Per declared input (DType included): (kind code, slot, index slot, 0); a
         RowTable's last field is its table width, filled in per call."""
@@ -245,7 +246,7 @@ class Program:
             for op in self.inputs
         )
 
-    @property
+    @functools.cached_property
     def out_kinds(self) -> tuple:
         """Per output: (kind code, slot, index slot, its place among the tile outputs,
         their number)."""

@@ -20,8 +20,8 @@ from .program import Kind, Layout
 def workspace_shape(kind: Kind, M: int, N: int, lay: Layout) -> tuple:
     """The partials a launch with this geometry writes for a reduction output."""
     if kind is Kind.COL_SUM:
-        return (triton.cdiv(M, lay.block_m), N)
-    return (M, triton.cdiv(N, lay.sub_n))
+        return (-(-M // lay.block_m), N)
+    return (M, -(-N // lay.sub_n))
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def row_finish(parts: torch.Tensor, out: torch.Tensor, lse: bool = False) -> tor
     if _torch_path(parts):
         return out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
     with device.on_device(parts.device):
-        _rows_kernel[(triton.cdiv(M, 64),)](parts, out, M, T, LSE=lse, BLOCK_M=64, BLOCK_T=32)
+        _rows_kernel[(-(-M // 64),)](parts, out, M, T, LSE=lse, BLOCK_M=64, BLOCK_T=32)
     return out
 
 

@@ -7,8 +7,8 @@ variants that ran identical kernels (NOTES.md, runs 13-15); calls made side by
 side see the same clock, and the median over many such calls is stable to
 about 0.3 % (run 16). Paired timing alone moved some ratios by 3-10 % against
 sustained blocks of one variant at a time (NOTES.md), so the benchmark harness
-reports both (a ratio counts only if it holds under each), and the tuner times
-candidates in sustained blocks, the way a training step runs them.
+reports both (a ratio counts only if it holds under each). The tuner times
+paired (sustained-block tuning picked worse configs, NOTES.md).
 """
 
 from __future__ import annotations

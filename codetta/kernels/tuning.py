@@ -90,9 +90,9 @@ def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Con
 
     Every candidate is compiled (and run once) first; ``measure`` then times all
     the runnable ones together, ``{cfg: fn} -> {cfg: ms}`` (on the GPU:
-    ``timing.sustained_ms``, each candidate in blocks of back-to-back calls, the
-    blocks rotating, so a config is timed at the clock its own load sets, as in
-    training). A candidate that fails to compile or launch (shared memory,
+    ``timing.paired_ms``, candidates alternating call by call under sustained load,
+    so a config timed after an idle compile pause does not look faster than it
+    is in training). A candidate that fails to compile or launch (shared memory,
     registers) is skipped; if none runs, the error of the first is raised.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
@@ -146,10 +146,11 @@ def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
 
 
 def _measure(fns: dict) -> dict:
-    # sustained blocks, as a training step runs a kernel: at the 700 W cap a config's
-    # own power draw sets its clock, which call-by-call alternation would average away
+    # paired: candidates alternate call by call. Timing each in sustained blocks instead
+    # picked configs that lost 3-10 % in the operators' own fwd+bwd under both timings
+    # (NOTES.md, runs 2 and 3 of this engine)
     torch.cuda.synchronize()
-    return timing.sustained_ms(fns, block_ms=60.0, blocks=5, warm_s=0.3)
+    return timing.paired_ms(fns, min_s=1.0, min_cycles=7, warm_s=0.5)
 
 
 class Chooser:
