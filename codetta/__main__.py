@@ -1,5 +1,9 @@
-"""Command line: ``python -m codetta`` runs the benchmark on a GPU and the
-interpreter demo on a CPU; ``demo`` and ``bench`` pick one."""
+"""Command line of codetta.
+
+python -m codetta          the benchmark on a GPU, the interpreter demo on a CPU
+python -m codetta demo     run the K1 program once and check it against float64
+python -m codetta bench    the benchmarks against cuBLAS, eager, torch.compile and Liger (GPU)
+"""
 
 from __future__ import annotations
 
@@ -75,7 +79,9 @@ def _bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="codetta", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="codetta", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")

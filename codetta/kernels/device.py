@@ -6,15 +6,20 @@ import contextlib
 import functools
 
 import torch
-from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from .mainloop import gemm_kernel
+
+# decided once, when the kernels were decorated: TRITON_INTERPRET=1 at import makes
+# them interpreted functions (no JITFunction; its module needs numpy, so it is not
+# imported here: codetta itself runs without numpy)
+_INTERPRETING = not isinstance(gemm_kernel, JITFunction)
 
 
 def interpreting() -> bool:
     """True when the Triton kernels run through the interpreter (TRITON_INTERPRET=1
     set before codetta was imported)."""
-    return isinstance(gemm_kernel, InterpretedFunction)
+    return _INTERPRETING
 
 
 @functools.cache

@@ -1,0 +1,61 @@
+"""What a new user meets first: the import, the command line, the README's promises."""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+NO_NUMPY = """
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
+
+sys.meta_path.insert(0, Block())
+import torch
+import codetta
+a, w = torch.randn(16, 64).half(), torch.randn(32, 64).half()
+assert codetta.gemm(a, w).shape == (16, 32)
+print("ok without numpy")
+"""
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_imports_without_numpy():
+    """numpy is a test dependency (the interpreter's), not a runtime one."""
+    proc = subprocess.run([sys.executable, "-c", NO_NUMPY], env=_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and "ok without numpy" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_help_is_plain_text():
+    proc = subprocess.run(
+        [sys.executable, "-m", "codetta", "--help"], env=_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert "``" not in proc.stdout and "python -m codetta demo" in proc.stdout
+
+
+def test_readme_options_exist():
+    """Every ``python -m codetta ...`` option the README shows is one the CLI takes."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    uses = re.findall(r"python -m codetta(?: (demo|bench))?((?: --[a-z-]+)*)", readme)
+    assert uses
+    for cmd, opts in uses:
+        for opt in opts.split():
+            if not cmd:
+                raise AssertionError(
+                    f"the README gives 'python -m codetta {opt}': options belong to a subcommand"
+                )
+            proc = subprocess.run(
+                [sys.executable, "-m", "codetta", cmd, "--help"], env=_env(), capture_output=True, text=True
+            )
+            assert opt in proc.stdout, f"'python -m codetta {cmd}' has no {opt}"
