@@ -1,4 +1,4 @@
-"""Residual add + RMSNorm (DESIGN, docs/programs.md): the K1 producer, the norm's scale
+"""Residual add + RMSNorm (docs/design.md): the K1 producer, the norm's scale
 applied by the next GEMM, and the programs of the norm's backward.
 
 The norm's per-row scale is r = rsqrt(sumsq / d + eps), formed wherever it is
