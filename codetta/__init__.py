@@ -1,8 +1,7 @@
 """codetta: Transformer blocks as GEMM + epilogue programs, on Triton."""
 
-__version__ = "0.2.0"
-
 from . import nn, ops  # noqa: E402
+from ._version import __version__
 from .kernels.configs import Config  # noqa: E402
 from .kernels.device import interpreting  # noqa: E402
 from .kernels.launch import gemm  # noqa: E402

@@ -18,7 +18,11 @@ def test_sm90_sass():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "codetta.kernels.aot"], env=env, capture_output=True, text=True, timeout=1200
+        [sys.executable, "-m", "codetta.programs.sm90_check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
     assert "all sm_90a kernels" in proc.stdout

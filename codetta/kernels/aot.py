@@ -26,7 +26,7 @@ from .configs import Config
 from .engines import PINGPONG, TRITON
 from .mainloop import gemm_kernel
 from .pingpong import MAXNREG, pingpong_kernel
-from .program import MAX_OPERANDS, Kind, Program
+from .program import MAX_OPERANDS, STORE, Kind, Program
 
 
 @dataclass
@@ -160,8 +160,6 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     one per CPU); return one line per problem found."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from ..programs import STORE
-
     jobs = [
         (program, cfg, torch.bfloat16, a_t, b_t)
         for program in programs
@@ -179,15 +177,3 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
             print(line, flush=True)
             problems += found
     return problems
-
-
-if __name__ == "__main__":
-    import sys
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        sys.exit("unset TRITON_INTERPRET: the sm_90a compiler needs the real JIT functions")
-    from .. import programs as pg
-
-    bad = check_all([getattr(pg, n) for n in pg.__all__])
-    print("\n".join(bad) if bad else "all sm_90a kernels: HGMMA + TMA, no spills, shared memory fits")
-    sys.exit(1 if bad else 0)

@@ -23,7 +23,7 @@ from . import configs, device, reductions
 from .configs import Config
 from .engines import engine_of
 from .operands import GemmCall, make_call
-from .program import REDUCTIONS, Kind, Layout, Program
+from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
 from .tuning import CHOOSER
 
@@ -132,13 +132,6 @@ def _warn_bf16() -> None:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def _default_program() -> Program:
-    from ..programs.basic import STORE
-
-    return STORE
-
-
 def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = None, config=None, **operands):
     """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
 
@@ -148,7 +141,7 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     ``config`` (a :class:`codetta.Config`) pins the kernel configuration (and
     so the mainloop) instead of the tuned one.
     """
-    call = make_call(epilogue if epilogue is not None else _default_program(), a, weight, operands)
+    call = make_call(epilogue if epilogue is not None else STORE, a, weight, operands)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
     outs = alloc_outputs(call)

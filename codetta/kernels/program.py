@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 MAX_OPERANDS = 12  # kernel argument slots (mainloop.py, pingpong.py)
 
@@ -265,6 +267,16 @@ class Program:
 
     def __hash__(self):
         return hash(self.name)
+
+
+@triton.jit
+def _store(acc):
+    """out = acc."""
+    return acc
+
+
+# the plain product: the default program, and the one every mainloop is checked with
+STORE = Program("store", _store, outputs=(Tile("out"),), reference=lambda acc: {"out": acc})
 
 
 @dataclass(frozen=True)

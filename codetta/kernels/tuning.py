@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
+from .._version import __version__
 from . import configs, device, timing
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
@@ -167,8 +168,6 @@ class Chooser:
 
     def cache(self, device_index: int) -> TuneCache:
         if device_index not in self._caches:
-            from .. import __version__
-
             identity = {
                 "gpu": device.name(device_index),
                 "triton": triton.__version__,
