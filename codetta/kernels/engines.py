@@ -314,7 +314,6 @@ _DUMMIES: dict = {}
 
 TRITON = TritonEngine()
 PINGPONG = PingPongEngine()
-ENGINES = (TRITON, PINGPONG)
 
 
 def engine_of(cfg: Config):

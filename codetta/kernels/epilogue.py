@@ -17,7 +17,6 @@ import triton.language as tl
 from .program import Kind
 
 K_TILE: tl.constexpr = tl.constexpr(int(Kind.TILE))
-K_SEED: tl.constexpr = tl.constexpr(int(Kind.SEED))
 K_PER_ROW: tl.constexpr = tl.constexpr(int(Kind.PER_ROW))
 K_PER_ROW_INDEX: tl.constexpr = tl.constexpr(int(Kind.PER_ROW_INDEX))
 K_PER_COL: tl.constexpr = tl.constexpr(int(Kind.PER_COL))

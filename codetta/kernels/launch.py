@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from . import configs, device, reductions
+from . import device, reductions
 from .configs import Config
 from .engines import engine_of
 from .operands import GemmCall, make_call
@@ -158,11 +158,6 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     if len(outs) == 1:
         return outs[0]
     return call.program.result(*outs)
-
-
-def default_config() -> Config:
-    """The configuration CPU calls run with (the interpreter's)."""
-    return configs.INTERPRETER_CONFIG
 
 
 __all__ = ["gemm"]

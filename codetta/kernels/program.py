@@ -73,8 +73,7 @@ class Kind(enum.IntEnum):
 INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
                Kind.DTYPE, Kind.ROW_TABLE}  # fmt: skip
 OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
-ROW_REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK}
-REDUCTIONS = ROW_REDUCTIONS | {Kind.COL_SUM}
+REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as TMA descriptors
 # what the caller passes for each input kind (DType: nothing)
 _CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
