@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 
 import torch
 from triton.experimental.gluon import language as gl
@@ -77,6 +78,16 @@ def _tile_shape(op, call: GemmCall) -> list[int]:
     return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    cfg: Config  # the config the launch runs (a spilling tail split turned off)
+    descs: tuple  # per slot: (TMA shape, block) of a tile operand, or None
+    grid: int
+    splits: int  # K parts of each tail tile (1: no tail split)
+    ws_numel: int  # fp32 elements of the tail split's partial tiles
+    consts: dict
+
+
 class TritonEngine:
     """The portable persistent mainloop (``mainloop.py``)."""
 
@@ -85,7 +96,7 @@ class TritonEngine:
     def __init__(self):
         # (program, config, dtype, layout, device) whose tail-split kernel spills registers
         self._tail_spills: set = set()
-        self._consts: dict = {}  # constexpr dicts, built once per kernel variant
+        self._plans: dict = {}  # launch plans, built once per (call shape, config)
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -127,51 +138,63 @@ class TritonEngine:
         sig.update({"ws_ptr": "*fp32", "counts_ptr": "*i32", "tail_splits": "i32"})
         return sig
 
-    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
-        """Run the call with this configuration (``warmup``: only compile it)."""
+    def _plan(self, call: GemmCall, cfg: Config) -> _Plan:
+        """Everything about a launch that depends on shapes and the config, not on the tensors."""
         program, M, N, K = call.program, call.M, call.N, call.K
         spill_key = (program, cfg, call.dtype, call.a_t, call.b_t, call.device)
         if cfg.tail_split > 1 and spill_key in self._tail_spills:
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
-        a_desc, b_desc = _matrix_descs(tma_desc, call, cfg)
-        slots = []
-        for op, v in zip(program.slots, list(call.inputs) + list(outs)):
-            if op.is_tile:
-                block = tile_block(op, cfg, whole=op.kind is Kind.SEED)
-                slots.append(tma_desc(v, _tile_shape(op, call), [leading_stride(v, False), 1], block))
-            else:
-                slots.append(v)
         num_sms = (
             configs.INTERPRETER_NUM_SMS if interp else device.num_sms(call.device.index or 0) * cfg.occupancy
         )
         tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
         splits = configs.tail_splits(cfg, tiles, num_sms, _cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
-        if splits > 1:
-            tail = tiles % num_sms
-            # one fp32 partial tile per tail part
-            ws = torch.empty(
-                tail * splits * cfg.block_m * cfg.block_n, dtype=torch.float32, device=call.device
-            )
+        tail = tiles % num_sms
+        grid = min(num_sms, max(tiles, tail * splits)) if splits > 1 else min(num_sms, tiles)
+        return _Plan(
+            cfg=cfg,
+            descs=tuple(
+                (_tile_shape(op, call), tile_block(op, cfg, whole=op.kind is Kind.SEED))
+                if op.is_tile
+                else None
+                for op in program.slots
+            ),  # fmt: skip
+            grid=grid,
+            splits=splits,
+            ws_numel=tail * splits * cfg.block_m * cfg.block_n if splits > 1 else 0,  # fp32 partial tiles
+            consts=self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms),
+        )
+
+    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
+        """Run the call with this configuration (``warmup``: only compile it)."""
+        key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
+               call.device, SETTINGS.tail_split)  # fmt: skip
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(call, cfg)
+        a_desc, b_desc = _matrix_descs(tma_desc, call, plan.cfg)
+        slots = [
+            v if d is None else tma_desc(v, d[0], [leading_stride(v, False), 1], d[1])
+            for d, v in zip(plan.descs, call.inputs + tuple(outs))
+        ]
+        slots += [None] * (MAX_OPERANDS - len(slots))
+        if plan.splits > 1:
+            ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=call.device)
             counts = tail_counters(call.device)
-            grid = min(num_sms, max(tiles, tail * splits))
         else:
             ws, counts = _dummy(call.device, torch.float32), _dummy(call.device, torch.int32)
-            grid = min(num_sms, tiles)
-        slots += [None] * (MAX_OPERANDS - len(slots))
-        key = (program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
-        consts = self._consts.get(key)
-        if consts is None:
-            consts = self._consts[key] = self.constexprs(*key)
+        c = plan.cfg
         with device.on_device(call.device):
             kernel = gemm_kernel.run(
-                a_desc, b_desc, M, N, K, *slots, ws, counts, splits, **consts,
-                grid=(grid,), warmup=warmup, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                a_desc, b_desc, call.M, call.N, call.K, *slots, ws, counts, plan.splits, **plan.consts,
+                grid=(plan.grid,), warmup=warmup, num_warps=c.num_warps, num_stages=c.num_stages,
             )  # fmt: skip
-        if not warmup and cfg.tail_split > 1 and getattr(kernel, "n_spills", 0):
+        if not warmup and c.tail_split > 1 and getattr(kernel, "n_spills", 0):
             # the program leaves no registers for the tail path: run this config unsplit
-            self._tail_spills.add(spill_key)
+            self._tail_spills.add((call.program, c, call.dtype, call.a_t, call.b_t, call.device))
+            self._plans.pop(key, None)
 
 
 def _slot_type(op, dtype, block) -> str:
