@@ -199,7 +199,7 @@ class Chooser:
 
     def _tuned(self, call: GemmCall, prepare, pp: bool) -> Config:
         cands = candidates(call, pingpong=pp)
-        if not SETTINGS.autotune:
+        if not SETTINGS.autotune or _capturing(call):
             pingpong = [c for c in cands if c.pingpong]
             return pingpong[0] if SETTINGS.prefer_pingpong and pingpong else cands[0]
         cache = self.cache(call.device.index or 0)
@@ -214,6 +214,21 @@ class Chooser:
                 # one sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs)
                 cache.put(self.key(call, False), min(portable, key=portable.get))
         return cfg
+
+
+def _capturing(call: GemmCall) -> bool:
+    """Inside CUDA graph capture nothing may synchronize, so nothing is tuned there: an
+    untuned shape takes its first candidate (tune it in a warm-up step before capturing)."""
+    if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        cache = CHOOSER.cache(call.device.index or 0)
+        if cache.get(Chooser.key(call, SETTINGS.pingpong and PINGPONG.unsupported(call) is None)) is None:
+            warnings.warn(
+                f"codetta: {call.program.name} {call.M}x{call.N}x{call.K} first seen during CUDA graph "
+                "capture: it runs untuned (run one step before capturing to tune it)",
+                stacklevel=5,
+            )
+        return True
+    return False
 
 
 CHOOSER = Chooser()
