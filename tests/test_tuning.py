@@ -126,3 +126,33 @@ def test_tuning_workspaces_shared_per_geometry():
     assert ws_a[0] is None and ws_a[1] is None  # tiles: the outputs themselves
     assert ws_a[2].shape == (300, 2) and ws_c[2].shape == (300, 4)  # sumsq partials per sub-tile
     assert [o.shape for o in launch.alloc_outputs(call)] == [(M, N), (M, N), (M,)]
+
+
+def test_rule_config_follows_the_shape():
+    """Untuned choices: ping-pong (finest split) for big outputs, the portable 128x256 tiles for
+    a vocabulary-wide one, two programs per SM when tiles are few."""
+    from codetta import programs as pg
+    from codetta.kernels.engines import PINGPONG, TRITON
+    from codetta.kernels.operands import make_call
+
+    def call(M, N, K=64, prog=pg.STORE):
+        a, w = torch.zeros(M, K, dtype=torch.float16), torch.zeros(N, K, dtype=torch.float16)
+        ops = (
+            {"residual": torch.zeros(M, N, dtype=torch.float16), "gamma": torch.ones(N)}
+            if prog is pg.RESIDUAL_RMS
+            else {}
+        )
+        return make_call(prog, a, w, ops)
+
+    def cands(prog):
+        return TRITON.candidates(prog) + PINGPONG.candidates(prog)
+
+    big = tuning.rule_config(call(16384, 4096), cands(pg.STORE))
+    assert big.pingpong and big == PINGPONG.candidates(pg.STORE)[-1]
+    k1 = tuning.rule_config(call(16384, 4096, prog=pg.RESIDUAL_RMS), cands(pg.RESIDUAL_RMS))
+    assert k1.pingpong and k1.epi_split == 4
+    vocab = tuning.rule_config(call(8192, 128256), cands(pg.STORE))
+    assert not vocab.pingpong and (vocab.block_n, vocab.flatten) == (256, True)
+    few = tuning.rule_config(call(2048, 2048), cands(pg.STORE))
+    assert few.occupancy == 2
+    assert tuning.rule_config(call(64, 256), TRITON.candidates(pg.STORE)).occupancy == 2

@@ -2,7 +2,7 @@
 
 | variable | default | meaning |
 |---|---|---|
-| ``CODETTA_AUTOTUNE`` | 1 | 0: never tune; take the first candidate of each shape |
+| ``CODETTA_AUTOTUNE`` | 1 | 0: never tune; a rule picks each shape's configuration (``tuning.rule_config``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |

@@ -146,6 +146,33 @@ def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
     return cands
 
 
+def rule_config(call: GemmCall, cands: list[Config]) -> Config:
+    """A configuration without timing anything, from the shape (what the tuner picked on an
+    H200 in runs 25-27, NOTES.md): the ping-pong mainloop with its finest epilogue split
+    once there are enough 128x128 tiles for both consumers of every SM; the portable
+    mainloop's 128x256 flattened tiles for very wide outputs (a vocabulary); two
+    programs per SM on 128x128 tiles when tiles are few; else the first candidate."""
+    pingpong = [c for c in cands if c.pingpong]
+    portable = [c for c in cands if not c.pingpong]
+    tiles = -(-call.M // 128) * -(-call.N // 128)
+    sms = device.num_sms(call.device.index or 0) if call.device.type == "cuda" else 132
+
+    def first(pred):
+        return next((c for c in portable if pred(c)), None)
+
+    if call.N >= 65536:
+        pick = first(lambda c: (c.block_m, c.block_n, c.epi_split, c.flatten) == (128, 256, 2, True))
+        if pick is not None:
+            return pick
+    if pingpong and tiles >= 2 * sms:
+        return pingpong[-1]
+    if tiles < 2 * sms:
+        pick = first(lambda c: c.occupancy == 2)
+        if pick is not None:
+            return pick
+    return cands[0]
+
+
 def _measure(fns: dict) -> dict:
     # paired: candidates alternate call by call. Timing each in sustained blocks instead
     # picked configs that lost 3-10 % in the operators' own fwd+bwd under both timings
@@ -201,7 +228,7 @@ class Chooser:
         cands = candidates(call, pingpong=pp)
         if not SETTINGS.autotune or _capturing(call):
             pingpong = [c for c in cands if c.pingpong]
-            return pingpong[0] if SETTINGS.prefer_pingpong and pingpong else cands[0]
+            return pingpong[0] if SETTINGS.prefer_pingpong and pingpong else rule_config(call, cands)
         cache = self.cache(call.device.index or 0)
         key = self.key(call, pp)
         cfg = cache.get(key)
@@ -218,7 +245,7 @@ class Chooser:
 
 def _capturing(call: GemmCall) -> bool:
     """Inside CUDA graph capture nothing may synchronize, so nothing is tuned there: an
-    untuned shape takes its first candidate (tune it in a warm-up step before capturing)."""
+    untuned shape takes the rule's configuration (tune it in a warm-up step before capturing)."""
     if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         cache = CHOOSER.cache(call.device.index or 0)
         if cache.get(Chooser.key(call, SETTINGS.pingpong and PINGPONG.unsupported(call) is None)) is None:
