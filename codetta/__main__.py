@@ -3,6 +3,7 @@
 python -m codetta          the benchmark on a GPU, the interpreter demo on a CPU
 python -m codetta demo     run the K1 program once and check it against float64
 python -m codetta bench    the benchmarks against cuBLAS, eager, torch.compile and Liger (GPU)
+python -m codetta tune     tune the GEMMs of a model's training step on this GPU (--list: CPU)
 """
 
 from __future__ import annotations
@@ -102,7 +103,25 @@ def main(argv=None) -> int:
     b.add_argument(
         "--research", action="store_true", help="residual_norm: also time the alternative backwards"
     )
+    t = sub.add_parser("tune", help="tune every GEMM a model's training step runs through codetta (GPU)")
+    t.add_argument(
+        "--model", nargs="+", help="known names (llama3-8b, qwen3-4b, ...), config.json paths or hub names"
+    )
+    t.add_argument("--all-known", action="store_true", help="every model in codetta.models.KNOWN")
+    t.add_argument("--widths", nargs=6, type=int, metavar=("D", "F", "HEADS", "KV", "HEAD_DIM", "VOCAB"),
+                   help="explicit widths instead of a model config")  # fmt: skip
+    t.add_argument("--tokens", nargs="+", type=int, default=[4096, 8192, 16384, 32768, 65536],
+                   help="tokens per step (batch x sequence) to tune for")  # fmt: skip
+    t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
+    t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
+    t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")
+    t.add_argument("--merge", action="store_true", help="keep the entries --out already holds")
+    t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
     args = p.parse_args(argv)
+    if args.cmd == "tune":
+        from codetta.tune import main as tune_main
+
+        return tune_main(args)
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
         import torch
 

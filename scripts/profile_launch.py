@@ -27,9 +27,14 @@ for name, fn in [
         fn()
     torch.cuda.synchronize()
     print(f"{name}: {(time.perf_counter() - t0) * 1e3:.1f} us/call")
-prof = cProfile.Profile()
-prof.enable()
-for _ in range(1000):
-    codetta.gemm(a, w)
-prof.disable()
-pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+for name, fn in [
+    ("store", lambda: codetta.gemm(a, w)),
+    ("k1", lambda: codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)),
+]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(1000):
+        fn()
+    prof.disable()
+    print(f"--- {name}: where the host time goes (cProfile, 1000 calls)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)

@@ -246,3 +246,35 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_repeated_call_signature_is_checked(device):
+    """Later calls of a signature skip validation (launch._Bound): whatever validation
+    depends on must be in the signature, so a call that differs only in it still fails."""
+    from codetta.programs import RESIDUAL_RMS
+
+    dtype = torch.float16
+    M, N, K = 48, 64, 32
+    a, w = _make(M, N, K, dtype, device, "nn")
+    r, g = rand(M, N, dtype=dtype, device=device), torch.rand(N, device=device) + 0.5
+    ref = a.double() @ w.double().t()
+    for _ in range(2):  # the second call runs the remembered signature
+        assert_within("out", codetta.gemm(a, w), ref, a @ w.t())
+        out = codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g)
+        x_ref = ref + r.double()
+        assert_within("x", out.x, x_ref, a @ w.t() + r)
+        assert_within("sumsq", out.sumsq, x_ref.pow(2).sum(1), (a @ w.t() + r).float().pow(2).sum(1))
+    # same shapes and strides, data at an offset TMA cannot take
+    a_odd = torch.empty(M * K + 1, dtype=dtype, device=device)[1:].view(M, K).copy_(a)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        codetta.gemm(a_odd, w)
+    with pytest.raises(TypeError, match="share a dtype"):
+        codetta.gemm(a.float(), w)
+    with pytest.raises(TypeError, match="needs operand"):
+        codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=1.0)
+    with pytest.raises(ValueError, match="shape"):
+        codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g[:-1])
+    with settings.override(tail_split=False):  # a new signature
+        assert_within("out", codetta.gemm(a, w), ref, a @ w.t())

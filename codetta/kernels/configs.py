@@ -3,6 +3,7 @@ rules that size a launch from one (tail split, occupancy)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 
@@ -191,3 +192,8 @@ def tail_splits(cfg: Config, tiles: int, programs: int, k_blocks: int, min_k_blo
 def shape_bucket(x: int) -> int:
     """Round up to a power of two, so nearby shapes share a tuned config."""
     return 1 << max(0, (x - 1).bit_length())
+
+
+def gpu_slug(name: str) -> str:
+    """A file name for a GPU name: "NVIDIA H200" -> "nvidia-h200"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

@@ -21,6 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs, device, pingpong
 from .configs import Config
+from .direct import DirectKernel
 from .mainloop import gemm_kernel
 from .operands import GemmCall, leading_stride
 from .program import MAX_OPERANDS, REDUCTIONS, Kind, Program
@@ -63,15 +64,28 @@ def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
     return op.dtype or dtype
 
 
-def _matrix_descs(make, call: GemmCall, cfg: Config):
-    """The A and B descriptors (``make(t, shape, strides, block)``)."""
+def _matrix_specs(call: GemmCall, cfg: Config):
+    """(shape, strides, block) of the A and B descriptors."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     M, N, K = call.M, call.N, call.K
-    a, w = call.a, call.w
-    a_lead, w_lead = leading_stride(a, call.a_t), leading_stride(w, call.b_t)
-    a_desc = make(a, [K, M], [a_lead, 1], [bk, bm]) if call.a_t else make(a, [M, K], [a_lead, 1], [bm, bk])
-    b_desc = make(w, [K, N], [w_lead, 1], [bk, bn]) if call.b_t else make(w, [N, K], [w_lead, 1], [bn, bk])
-    return a_desc, b_desc
+    a_lead, w_lead = leading_stride(call.a, call.a_t), leading_stride(call.w, call.b_t)
+    a = ([K, M], [a_lead, 1], [bk, bm]) if call.a_t else ([M, K], [a_lead, 1], [bm, bk])
+    b = ([K, N], [w_lead, 1], [bk, bn]) if call.b_t else ([N, K], [w_lead, 1], [bn, bk])
+    return a, b
+
+
+def _matrix_descs(make, call: GemmCall, cfg: Config):
+    """The A and B descriptors (``make(t, shape, strides, block)``)."""
+    a, b = _matrix_specs(call, cfg)
+    return make(call.a, *a), make(call.w, *b)
+
+
+def _slot_specs(call: GemmCall, descs, outs) -> tuple:
+    """Per slot, (shape, strides, block) of a tile operand's descriptor, or None."""
+    return tuple(
+        None if d is None else (d[0], [leading_stride(v, False), 1], d[1])
+        for d, v in zip(descs, call.inputs + tuple(outs))
+    )
 
 
 def _tile_shape(op, call: GemmCall) -> list[int]:
@@ -167,10 +181,15 @@ class TritonEngine:
             consts=self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms),
         )
 
-    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
-        """Run the call with this configuration (``warmup``: only compile it)."""
-        key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-               call.device, SETTINGS.tail_split)  # fmt: skip
+    @staticmethod
+    def _plan_key(call: GemmCall, cfg: Config) -> tuple:
+        return (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
+                call.device, SETTINGS.tail_split)  # fmt: skip
+
+    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
+        """Run the call with this configuration (``warmup``: only compile it); returns
+        the compiled kernel (None when interpreted)."""
+        key = self._plan_key(call, cfg)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(call, cfg)
@@ -195,6 +214,32 @@ class TritonEngine:
             # the program leaves no registers for the tail path: run this config unsplit
             self._tail_spills.add((call.program, c, call.dtype, call.a_t, call.b_t, call.device))
             self._plans.pop(key, None)
+        return kernel
+
+    def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
+        """A launcher for later calls of this exact signature (shapes, strides, dtypes,
+        alignment) that skips the JIT's per-call binding: ``fn(a, w, inputs, outs, stream)``.
+        None where this launch's plan is not final (a tail split that spilled)."""
+        plan = self._plans.get(self._plan_key(call, cfg))
+        if plan is None or compiled is None:
+            return None
+        kernel = DirectKernel(gemm_kernel, compiled, 20, plan.consts, plan.grid)
+        a_spec, b_spec = _matrix_specs(call, plan.cfg)
+        specs = _slot_specs(call, plan.descs, outs)
+        pad = (None,) * (MAX_OPERANDS - len(specs))
+        M, N, K, splits, ws_numel, dev = call.M, call.N, call.K, plan.splits, plan.ws_numel, call.device
+        dummies = _dummy(dev, torch.float32), _dummy(dev, torch.int32)
+
+        def run(a, w, inputs, outs, stream):
+            slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*inputs, *outs))]
+            if splits > 1:
+                ws = torch.empty(ws_numel, dtype=torch.float32, device=dev)
+                extra = (ws, tail_counters(dev, stream), splits)
+            else:
+                extra = (*dummies, splits)
+            kernel(stream, tma_desc(a, *a_spec), tma_desc(w, *b_spec), M, N, K, *slots, *pad, *extra)
+
+        return run
 
 
 def _slot_type(op, dtype, block) -> str:
@@ -286,8 +331,27 @@ class PingPongEngine:
             sig[f"o{i}"] = "constexpr"
         return sig
 
-    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False) -> None:
-        """Run the call with this configuration (``warmup``: only compile it)."""
+    def _consts_of(self, call: GemmCall, cfg: Config) -> dict:
+        key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t)
+        consts = self._consts.get(key)
+        if consts is None:
+            consts = self._consts[key] = self.constexprs(*key)
+        return consts
+
+    @staticmethod
+    def _grid(call: GemmCall, cfg: Config) -> int:
+        sms = device.num_sms(call.device.index or 0)
+        return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
+
+    @staticmethod
+    def _slot_descs(program, call, cfg):
+        return tuple(
+            (_tile_shape(op, call), tile_block(op, cfg)) if op.is_tile else None for op in program.slots
+        )
+
+    def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
+        """Run the call with this configuration (``warmup``: only compile it); returns
+        the compiled kernel."""
         why = self.unsupported(call)
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
@@ -299,25 +363,45 @@ class PingPongEngine:
             for op, v in zip(program.slots, list(call.inputs) + list(outs))
         ]  # fmt: skip
         slots += [None] * (MAX_OPERANDS - len(slots))
-        sms = device.num_sms(call.device.index or 0)
-        grid = min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
-        key = (program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t)
-        consts = self._consts.get(key)
-        if consts is None:
-            consts = self._consts[key] = self.constexprs(*key)
         with device.on_device(call.device):
-            pingpong.pingpong_kernel.run(
-                a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, *slots, **consts,
-                grid=(grid,), warmup=warmup, num_warps=cfg.num_warps, maxnreg=pingpong.MAXNREG,
+            return pingpong.pingpong_kernel.run(
+                a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, *slots, **self._consts_of(call, cfg),
+                grid=(self._grid(call, cfg),), warmup=warmup, num_warps=cfg.num_warps,
+                maxnreg=pingpong.MAXNREG,
             )  # fmt: skip
 
+    def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
+        """As ``TritonEngine.bind``."""
+        if compiled is None:
+            return None
+        kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 18, self._consts_of(call, cfg),
+                              self._grid(call, cfg))  # fmt: skip
+        a_spec, b_spec = _matrix_specs(call, cfg)
+        specs = tuple(
+            None if s is None else (*s, _gl_layout(tuple(s[2]), call.dtype))
+            for s in _slot_specs(call, self._slot_descs(call.program, call, cfg), outs)
+        )
+        a_spec = (*a_spec, _gl_layout(tuple(a_spec[2]), call.dtype))
+        b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))
+        pad = (None,) * (MAX_OPERANDS - len(specs))
+        M, N, K, group_m = call.M, call.N, call.K, cfg.group_m
 
-def tail_counters(dev: torch.device) -> torch.Tensor:
+        def run(a, w, inputs, outs, stream):
+            slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*inputs, *outs))]
+            kernel(stream, tma_desc(a, *a_spec), tma_desc(w, *b_spec), M, N, K, group_m, *slots, *pad)
+
+        return run
+
+
+def _stream_of(dev: torch.device) -> int:
+    return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+
+def tail_counters(dev: torch.device, stream: int | None = None) -> torch.Tensor:
     """Per-tile arrival counters of the tail split, zero between launches (the last
-    part of each tile resets its counter). One buffer per device and stream, so
-    launches on different streams never share one."""
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-    key = (dev, stream)
+    part of each tile resets its counter). One buffer per device and stream (default:
+    the current one), so launches on different streams never share one."""
+    key = (dev, _stream_of(dev) if stream is None else stream)
     buf = _COUNTERS.get(key)
     if buf is None:
         buf = _COUNTERS[key] = torch.zeros(1024, dtype=torch.int32, device=dev)

@@ -14,18 +14,20 @@ interpreter gets wrong), the program's PyTorch reference.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from . import device, reductions
+from . import device, direct, reductions
 from .configs import Config
-from .engines import engine_of
+from .engines import PINGPONG, engine_of
 from .operands import GemmCall, make_call
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
-from .tuning import CHOOSER
+from .tuning import CHOOSER, candidates
 
 
 def _alloc(shape, dtype, dev):
@@ -34,18 +36,31 @@ def _alloc(shape, dtype, dev):
     return torch.empty(shape, dtype=dtype, device=dev)
 
 
-def alloc_outputs(call: GemmCall) -> list[torch.Tensor]:
-    """The program's outputs as the caller gets them (independent of the config)."""
+def _output_meta(call: GemmCall) -> list[_Meta]:
+    """Shape, dtype and device of each of the program's outputs (independent of the config)."""
     M, N = call.M, call.N
-    outs = []
+    metas = []
     for op in call.program.outputs:
         if op.kind is Kind.TILE:
-            outs.append(_alloc((M, N), op.dtype or call.dtype, call.device))
+            shape, dtype = (M, N), op.dtype or call.dtype
         elif op.kind is Kind.HALF_TILE:
-            outs.append(_alloc((M, N // 2), op.dtype or call.dtype, call.device))
+            shape, dtype = (M, N // 2), op.dtype or call.dtype
         else:
-            outs.append(_alloc((N,) if op.kind is Kind.COL_SUM else (M,), torch.float32, call.device))
-    return outs
+            shape, dtype = ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
+        metas.append(_Meta(shape, dtype, call.device))
+    return metas
+
+
+@dataclass(frozen=True)
+class _Meta:
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+def alloc_outputs(call: GemmCall) -> list[torch.Tensor]:
+    """The program's outputs as the caller gets them (independent of the config)."""
+    return [_alloc(m.shape, m.dtype, m.device) for m in _output_meta(call)]
 
 
 def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
@@ -59,14 +74,97 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     ]  # fmt: skip
 
 
-def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False) -> None:
+def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False):
+    """Launch; returns the compiled GEMM kernel and, per output, the finishing kernel
+    (None for a tile, or where nothing was compiled)."""
     kernel_outs = [w if w is not None else o for o, w in zip(outs, ws)]
-    engine_of(cfg).launch(call, cfg, kernel_outs, warmup)
+    kernel = engine_of(cfg).launch(call, cfg, kernel_outs, warmup)
     if warmup:
-        return
-    for op, out, w in zip(call.program.outputs, outs, ws):
-        if w is not None:
-            reductions.finish(op.kind, w, out)
+        return kernel, []
+    finishers = [
+        reductions.finish(op.kind, w, out) if w is not None else None
+        for op, out, w in zip(call.program.outputs, outs, ws)
+    ]
+    return kernel, finishers
+
+
+class _Bound:
+    """A call signature seen before (program, shapes, strides, dtypes, devices, pointer
+    alignment, operand names and types, config, settings): validated, configured and
+    compiled once. Later calls of the signature skip validation, the config lookup and
+    Triton's per-launch binding (direct.py); in the interpreter they run ``_run``."""
+
+    def __init__(self, call: GemmCall, cfg: Config, outs: list, ws: list, compiled):
+        prog = call.program
+        self.program, self.cfg, self.a_t, self.b_t = prog, cfg, call.a_t, call.b_t
+        self.names = tuple(op.name for op in prog.caller_inputs)
+        self.scalars = tuple(op.kind is Kind.SCALAR for op in prog.caller_inputs)
+        self.dev = call.device
+        self.out_specs = tuple((tuple(o.shape), o.dtype) for o in outs)
+        self.ws_specs = tuple(None if w is None else tuple(w.shape) for w in ws)
+        self.single = len(outs) == 1
+        self.launch = self.finishers = None
+        kernel, finishers = compiled
+        if kernel is not None and call.device.type == "cuda":
+            kernel_outs = [w if w is not None else o for o, w in zip(outs, ws)]
+            self.launch = engine_of(cfg).bind(call, cfg, kernel_outs, kernel)
+            self.finishers = tuple(
+                None if w is None else reductions.bind_finish(op.kind, w, f)
+                for op, w, f in zip(prog.outputs, ws, finishers)
+            )  # fmt: skip
+            if self.launch is None or any(w is not None and f is None for w, f in zip(ws, self.finishers)):
+                self.launch = None  # not final (a spilling tail split): the next call binds again
+                self.usable = False
+                return
+        self.usable = True
+
+    def __call__(self, a: torch.Tensor, w: torch.Tensor, operands: dict):
+        inputs = tuple(
+            float(operands[n]) if scalar else operands[n] for n, scalar in zip(self.names, self.scalars)
+        )
+        dev = self.dev
+        outs = [_alloc(shape, dtype, dev) for shape, dtype in self.out_specs]
+        ws = [None if shape is None else _alloc(shape, torch.float32, dev) for shape in self.ws_specs]
+        if self.launch is None or not direct.usable():
+            _run(GemmCall(self.program, a, w, self.a_t, self.b_t, inputs), self.cfg, outs, ws)
+        else:
+            index = dev.index
+            if index != torch.cuda.current_device():
+                with torch.cuda.device(index):
+                    self._launch(a, w, inputs, outs, ws, direct.raw_stream(index))
+            else:
+                self._launch(a, w, inputs, outs, ws, direct.raw_stream(index))
+        if self.single:
+            return outs[0]
+        return self.program.result(*outs)
+
+    def _launch(self, a, w, inputs, outs, ws, stream):
+        self.launch(a, w, inputs, [p if p is not None else o for o, p in zip(outs, ws)], stream)
+        for fin, out, parts in zip(self.finishers, outs, ws):
+            if fin is not None:
+                fin(parts, out, stream)
+
+
+_BOUND: dict = {}
+_MAX_BOUND = 4096  # distinct call signatures remembered (forgotten all at once past this)
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
+def _signature(program, a, weight, operands: dict, config) -> tuple | None:
+    """The key of a call's ``_Bound``; None for what only the full path handles (or rejects)."""
+    try:
+        key = [program, config, SETTINGS.generation, CHOOSER.generation, _tensor_key(a), _tensor_key(weight)]
+        for name, v in operands.items():
+            key.append(name)
+            key.append(_tensor_key(v) if isinstance(v, torch.Tensor) else type(v))
+        key = tuple(key)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
 
 
 def _prepare_for_tuning(call: GemmCall):
@@ -132,6 +230,46 @@ def _warn_bf16() -> None:
     )
 
 
+@dataclass(frozen=True)
+class RecordedCall:
+    """A GEMM call seen under ``recording()``: enough to make it again with fresh data."""
+
+    program: Program
+    dtype: torch.dtype
+    a_t: bool
+    b_t: bool
+    M: int  # noqa: N815
+    N: int  # noqa: N815
+    K: int  # noqa: N815
+    # per caller input, in order: (name, shape, dtype) of a tensor, or (name, None, None) of a float
+    operands: tuple
+
+
+_RECORDS: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Inside, ``gemm`` validates each call, appends a ``RecordedCall`` to the list this
+    yields and returns uninitialized outputs without launching or tuning anything.
+    What a model's step asks of the GEMMs (``codetta.tune``), at no compute cost:
+    PyTorch code between the calls still runs, on whatever the outputs hold."""
+    global _RECORDS
+    outer, _RECORDS = _RECORDS, []
+    try:
+        yield _RECORDS
+    finally:
+        _RECORDS = outer
+
+
+def _record(call: GemmCall) -> None:
+    ops = tuple(
+        (op.name, None, None) if op.kind is Kind.SCALAR else (op.name, tuple(v.shape), v.dtype)
+        for op, v in zip(call.program.caller_inputs, call.inputs)
+    )
+    _RECORDS.append(RecordedCall(call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, ops))
+
+
 def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = None, config=None, **operands):
     """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
 
@@ -141,16 +279,32 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     ``config`` (a :class:`codetta.Config`) pins the kernel configuration (and
     so the mainloop) instead of the tuned one.
     """
-    call = make_call(epilogue if epilogue is not None else STORE, a, weight, operands)
+    program = epilogue if epilogue is not None else STORE
+    sig = _signature(program, a, weight, operands, config) if _RECORDS is None else None
+    bound = _BOUND.get(sig) if sig is not None else None
+    if bound is not None:
+        return bound(a, weight, operands)
+    call = make_call(program, a, weight, operands)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
-    outs = alloc_outputs(call)
-    if call.M > 0:
+    if _RECORDS is not None:
+        _record(call)
+        outs = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in _output_meta(call)]
+    else:
+        outs = alloc_outputs(call)
+    if call.M > 0 and _RECORDS is None:
         if _uses_reference(call):
             _reference(call, outs)
         else:
             cfg = config or CHOOSER.choose(call, _prepare_for_tuning(call))
-            _run(call, cfg, outs, alloc_workspaces(call, cfg))
+            ws = alloc_workspaces(call, cfg)
+            compiled = _run(call, cfg, outs, ws)
+            if sig is not None:
+                bound = _Bound(call, cfg, outs, ws, compiled)
+                if bound.usable:
+                    if len(_BOUND) >= _MAX_BOUND:
+                        _BOUND.clear()
+                    _BOUND[sig] = bound
     elif outs:
         for op, out in zip(call.program.outputs, outs):
             if op.kind is Kind.COL_SUM:
@@ -160,4 +314,30 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     return call.program.result(*outs)
 
 
-__all__ = ["gemm"]
+def tune(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    epilogue: Program | None = None,
+    force: bool = False,
+    seconds: float = 1.0,
+    **operands,
+) -> tuple[Config, str]:
+    """Tune the configuration of ``gemm(a, weight, epilogue=..., **operands)`` on this GPU
+    (timing every candidate; the winner goes to the user's tuning cache) unless the cache
+    or the shipped table knows it already (``force``: tune anyway). Returns the
+    configuration and where it came from: "tuned", "user cache" or "shipped".
+    ``seconds``: how long the candidates are timed (paired, alternating)."""
+    call = make_call(epilogue if epilogue is not None else STORE, a, weight, operands)
+    if call.device.type != "cuda" or device.interpreting():
+        raise ValueError("tuning needs a CUDA GPU (the interpreter has one configuration)")
+    pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
+    cands = candidates(call, pingpong=pp)
+    if not force:
+        cfg, source = CHOOSER.known(call, pp, cands)
+        if cfg is not None:
+            return cfg, source
+    return CHOOSER.tune(call, _prepare_for_tuning(call), pp, cands, seconds), "tuned"
+
+
+__all__ = ["gemm", "recording", "RecordedCall", "tune"]

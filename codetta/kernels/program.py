@@ -41,6 +41,8 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +220,13 @@ class Program:
     # ---- what the mainloops need, derived once
 
     @functools.cached_property
+    def source_key(self) -> str:
+        """A hash of the body's source (and the sm90 body's), with the JIT helpers they call
+        from their modules: the same whether or not the interpreter is on, so tuning keys
+        (``tuning.Chooser.key``) made on a CPU match a GPU's."""
+        return _source_hash(self.body, self.sm90_body)
+
+    @functools.cached_property
     def caller_inputs(self) -> tuple[Operand, ...]:
         """The inputs a caller passes (all but DType)."""
         return tuple(op for op in self.inputs if op.kind is not Kind.DTYPE)
@@ -285,6 +294,29 @@ class Layout:
     block_m: int
     block_n: int
     sub_n: int
+
+
+def _source_hash(*fns) -> str:
+    seen, parts = set(), []
+
+    def visit(f):
+        py = getattr(f, "fn", f)
+        if not callable(py) or py in seen or not hasattr(py, "__code__"):
+            return
+        seen.add(py)
+        try:
+            parts.append(inspect.getsource(py))
+        except (OSError, TypeError):
+            parts.append(py.__qualname__)
+        for name in py.__code__.co_names:
+            g = py.__globals__.get(name)
+            if g is not None and hasattr(g, "fn") and hasattr(g.fn, "__code__"):
+                visit(g)  # a JIT helper the body calls
+
+    for fn in fns:
+        if fn is not None:
+            visit(fn)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:10]
 
 
 def caller_shape(op: Operand) -> str:

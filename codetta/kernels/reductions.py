@@ -14,7 +14,9 @@ import triton
 import triton.language as tl
 
 from . import device
+from .direct import DirectKernel
 from .program import Kind, Layout
+from .settings import SETTINGS
 
 
 def workspace_shape(kind: Kind, M: int, N: int, lay: Layout) -> tuple:
@@ -62,18 +64,35 @@ def _cols_kernel(p_ptr, out_ptr, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.conste
 
 
 def _torch_path(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and not device.interpreting()
+    return t.device.type == "cpu" and (not device.interpreting() or SETTINGS.force_reference)
+
+
+_ROWS_BLOCK_M = 64
+
+
+def _rows_consts(lse: bool) -> dict:
+    return {"LSE": lse, "BLOCK_M": _ROWS_BLOCK_M, "BLOCK_T": 32}
+
+
+def _cols_consts(R: int) -> dict:
+    return {"BLOCK_R": min(256, triton.next_power_of_2(R)), "BLOCK_D": 16}
+
+
+def _row_launch(parts: torch.Tensor, out: torch.Tensor, lse: bool):
+    """Launch the row finish; returns the compiled kernel (None on the PyTorch path)."""
+    M, T = parts.shape
+    if M == 0:
+        return None
+    if _torch_path(parts):
+        out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
+        return None
+    with device.on_device(parts.device):
+        return _rows_kernel[(-(-M // _ROWS_BLOCK_M),)](parts, out, M, T, **_rows_consts(lse))
 
 
 def row_finish(parts: torch.Tensor, out: torch.Tensor, lse: bool = False) -> torch.Tensor:
     """out[m] = sum_t parts[m, t] (or log sum_t exp(parts[m, t]) with ``lse``), in fp32."""
-    M, T = parts.shape
-    if M == 0:
-        return out
-    if _torch_path(parts):
-        return out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
-    with device.on_device(parts.device):
-        _rows_kernel[(-(-M // 64),)](parts, out, M, T, LSE=lse, BLOCK_M=64, BLOCK_T=32)
+    _row_launch(parts, out, lse)
     return out
 
 
@@ -86,23 +105,46 @@ def col_sum(parts: torch.Tensor, dtype: torch.dtype = torch.float32, *, out: tor
         raise ValueError(
             f"parts must be a contiguous float32 [R, D] tensor, got {parts.dtype} {tuple(parts.shape)}"
         )
-    R, D = parts.shape
     if out is None:
-        out = torch.empty(D, dtype=dtype, device=parts.device)
-    if R == 0:
-        return out.zero_()
-    if _torch_path(parts):
-        return out.copy_(parts.sum(0))
-    with device.on_device(parts.device):
-        _cols_kernel[(triton.cdiv(D, 16),)](
-            parts, out, R, D, BLOCK_R=min(256, triton.next_power_of_2(R)), BLOCK_D=16, num_warps=4
-        )
+        out = torch.empty(parts.shape[1], dtype=dtype, device=parts.device)
+    _col_launch(parts, out)
     return out
 
 
-def finish(kind: Kind, parts: torch.Tensor, out: torch.Tensor) -> None:
-    """Combine one reduction output's partials into ``out``."""
+def _col_launch(parts: torch.Tensor, out: torch.Tensor):
+    """Launch the column sum; returns the compiled kernel (None on the PyTorch path)."""
+    R, D = parts.shape
+    if R == 0:
+        out.zero_()
+        return None
+    if _torch_path(parts):
+        out.copy_(parts.sum(0))
+        return None
+    with device.on_device(parts.device):
+        return _cols_kernel[(-(-D // 16),)](parts, out, R, D, **_cols_consts(R), num_warps=4)
+
+
+def finish(kind: Kind, parts: torch.Tensor, out: torch.Tensor):
+    """Combine one reduction output's partials into ``out``; returns the compiled
+    kernel that did it (None on the PyTorch path)."""
     if kind is Kind.COL_SUM:
-        col_sum(parts, out=out)
+        return _col_launch(parts, out)
+    return _row_launch(parts, out, lse=kind is Kind.ROW_LSE)
+
+
+def bind_finish(kind: Kind, parts: torch.Tensor, compiled):
+    """``fn(parts, out, stream)`` finishing partials of this exact shape again with the
+    compiled kernel of an earlier ``finish`` (direct.py); None if there was none."""
+    if compiled is None:
+        return None
+    R, T = parts.shape
+    if kind is Kind.COL_SUM:
+        kernel = DirectKernel(_cols_kernel, compiled, 4, _cols_consts(R), -(-T // 16))
     else:
-        row_finish(parts, out, lse=kind is Kind.ROW_LSE)
+        kernel = DirectKernel(_rows_kernel, compiled, 4, _rows_consts(kind is Kind.ROW_LSE),
+                              -(-R // _ROWS_BLOCK_M))  # fmt: skip
+
+    def run(parts, out, stream):
+        kernel(stream, parts, out, R, T)
+
+    return run

@@ -2,7 +2,10 @@
 
 | variable | default | meaning |
 |---|---|---|
-| ``CODETTA_AUTOTUNE`` | 1 | 0: never tune; a rule picks each shape's configuration (``tuning.rule_config``) |
+| ``CODETTA_AUTOTUNE`` | 0 | 1: tune a shape on the hot path when first met, if neither the user's |
+|  |  | tuning cache nor the shipped table knows it (seconds per shape); 0: the |
+|  |  | nearest known entry or a rule picks (``tuning.Chooser``) |
+| ``CODETTA_SHIPPED`` | 1 | 0: ignore the tuned table shipped with codetta (``kernels/tuned/``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
@@ -22,7 +25,8 @@ from pathlib import Path
 
 @dataclasses.dataclass
 class Settings:
-    autotune: bool = True
+    autotune: bool = False
+    shipped: bool = True
     pingpong: bool = True
     tail_split: bool = True
     tune_verbose: bool = False
@@ -35,6 +39,8 @@ class Settings:
     # untuned choices (autotune off) take the ping-pong mainloop's first candidate
     # where it can run, instead of the portable mainloop's
     prefer_pingpong: bool = False
+    # bumped by every override (entry and exit): caches of per-call decisions key on it
+    generation: int = dataclasses.field(default=0, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env=os.environ) -> Settings:
@@ -45,7 +51,8 @@ class Settings:
             env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetta"
         )
         return cls(
-            autotune=flag("CODETTA_AUTOTUNE", True),
+            autotune=flag("CODETTA_AUTOTUNE", False),
+            shipped=flag("CODETTA_SHIPPED", True),
             pingpong=flag("CODETTA_PINGPONG", True),
             tail_split=flag("CODETTA_TAIL_SPLIT", True),
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
@@ -59,14 +66,16 @@ SETTINGS = Settings.from_env()
 @contextlib.contextmanager
 def override(**changes):
     """Change settings inside a ``with`` block (tests, A/B benchmark variants)."""
-    unknown = set(changes) - {f.name for f in dataclasses.fields(Settings)}
+    unknown = set(changes) - ({f.name for f in dataclasses.fields(Settings)} - {"generation"})
     if unknown:
         raise TypeError(f"unknown codetta settings: {sorted(unknown)}")
     old = {k: getattr(SETTINGS, k) for k in changes}
     for k, v in changes.items():
         setattr(SETTINGS, k, v)
+    SETTINGS.generation += 1
     try:
         yield SETTINGS
     finally:
         for k, v in old.items():
             setattr(SETTINGS, k, v)
+        SETTINGS.generation += 1

@@ -86,7 +86,10 @@ def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
     return min(times, key=times.get)
 
 
-def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Config, float]:
+SCOUT_KEEP = 1.10  # candidates within this factor of the scouting round's best are timed in full
+
+
+def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None) -> dict[Config, float]:
     """Time each candidate's launch ``prepare(cfg)()``; return ``{cfg: ms}`` of those that ran.
 
     Every candidate is compiled (and run once) first; ``measure`` then times all
@@ -94,7 +97,9 @@ def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Con
     ``timing.paired_ms``, candidates alternating call by call under sustained load,
     so a config timed after an idle compile pause does not look faster than it
     is in training). A candidate that fails to compile or launch (shared memory,
-    registers) is skipped; if none runs, the error of the first is raised.
+    registers) is skipped; if none runs, the error of the first is raised. ``scout``
+    (same contract as ``measure``), if given, times all of them briefly first and
+    only those within ``SCOUT_KEEP`` of its best go on to ``measure``.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
     compile_concurrently(candidates, prepare)
@@ -108,6 +113,11 @@ def tune_times(key: str, candidates: list[Config], prepare, measure) -> dict[Con
             first_err = first_err or exc
     if not fns:
         raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
+    if scout is not None and len(fns) > 3:
+        # a short paired round first: candidates clearly behind drop out before the long one
+        quick = scout(fns)
+        best = min(quick.values())
+        fns = {c: fn for c, fn in fns.items() if quick[c] <= SCOUT_KEEP * best}
     med = measure(fns)
     if SETTINGS.tune_verbose:
         for cfg, ms in med.items():
@@ -173,25 +183,38 @@ def rule_config(call: GemmCall, cands: list[Config]) -> Config:
     return cands[0]
 
 
-def _measure(fns: dict) -> dict:
+def _measure(fns: dict, seconds: float = 1.0) -> dict:
     # paired: candidates alternate call by call. Timing each in sustained blocks instead
     # picked configs that lost 3-10 % in the operators' own fwd+bwd under both timings
     # (NOTES.md, runs 2 and 3 of this engine)
     torch.cuda.synchronize()
-    return timing.paired_ms(fns, min_s=1.0, min_cycles=7, warm_s=0.5)
+    return timing.paired_ms(fns, min_s=seconds, min_cycles=7 if seconds >= 1.0 else 5, warm_s=seconds / 2)
+
+
+def _scout(fns: dict) -> dict:
+    torch.cuda.synchronize()
+    return timing.paired_ms(fns, min_s=0.05, min_cycles=2, max_cycles=3, warm_s=0.05)
 
 
 class Chooser:
-    """Picks a call's configuration: from the per-process memo, the tuning cache, or by
-    tuning (timing every candidate). ``clear()`` forgets the memo (tests)."""
+    """Picks a call's configuration, first hit wins: the per-process memo; the user's
+    tuning cache (``python -m codetta tune``, or earlier tuning on the hot path); the
+    table shipped for this GPU (``kernels/tuned/``); tuning now, if ``CODETTA_AUTOTUNE=1``
+    (outside CUDA graph capture); the nearest entry of that table or cache (same
+    program, dtype and layout; closest shape buckets); the shape rule (``rule_config``).
+    ``clear()`` forgets the memo and reloads the caches (tests)."""
 
     def __init__(self):
         self._chosen: dict = {}
         self._caches: dict = {}
+        self._shipped: dict = {}
+        self.generation = 0  # bumped by clear(): what was decided from the memo is stale
 
     def clear(self) -> None:
         self._chosen.clear()
         self._caches.clear()
+        self._shipped.clear()
+        self.generation += 1
 
     def cache(self, device_index: int) -> TuneCache:
         if device_index not in self._caches:
@@ -203,12 +226,23 @@ class Chooser:
             self._caches[device_index] = TuneCache(SETTINGS.cache_dir / "tuning.json", identity)
         return self._caches[device_index]
 
+    def shipped(self, device_index: int) -> dict:
+        """The shipped table's entries for this device's GPU ({} if none fits, or
+        ``CODETTA_SHIPPED=0``)."""
+        if not SETTINGS.shipped:
+            return {}
+        if device_index not in self._shipped:
+            self._shipped[device_index] = shipped_table(
+                device.name(device_index), device.capability(device_index), device.num_sms(device_index)
+            )
+        return self._shipped[device_index]
+
     @staticmethod
-    def key(call: GemmCall, pingpong: bool) -> str:
+    def key(call, pingpong: bool) -> str:
+        """The tuning key of a call (anything with program, dtype, a_t, b_t, M, N, K)."""
         prog = call.program
         # the body's source hash keeps two programs of one name (or an edited body) apart
-        src = getattr(prog.body, "cache_key", "")[:10] + getattr(prog.sm90_body, "cache_key", "")[:6]
-        parts = [f"{prog.name}@{src}" if src else prog.name, str(call.dtype).removeprefix("torch."),
+        parts = [f"{prog.name}@{prog.source_key}", str(call.dtype).removeprefix("torch."),
                  ("t" if call.a_t else "n") + ("t" if call.b_t else "n")]  # fmt: skip
         parts += [str(configs.shape_bucket(x)) for x in (call.M, call.N, call.K)]
         return "|".join(parts) + ("" if pingpong else "|no-pingpong")
@@ -221,39 +255,118 @@ class Chooser:
         memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, call.device, pp)
         cfg = self._chosen.get(memo)
         if cfg is None:
-            cfg = self._chosen[memo] = self._tuned(call, prepare, pp)
+            cfg = self._chosen[memo] = self._pick(call, prepare, pp)
         return cfg
 
-    def _tuned(self, call: GemmCall, prepare, pp: bool) -> Config:
-        cands = candidates(call, pingpong=pp)
-        if not SETTINGS.autotune or _capturing(call):
-            pingpong = [c for c in cands if c.pingpong]
-            return pingpong[0] if SETTINGS.prefer_pingpong and pingpong else rule_config(call, cands)
+    def known(self, call: GemmCall, pp: bool, cands: list[Config]) -> tuple[Config | None, str]:
+        """The tuned configuration of the call's key, and where it came from ("user cache",
+        "shipped"), or (None, "")."""
+        key = self.key(call, pp)
+        index = call.device.index or 0
+        for source, entries in (("user cache", self.cache(index).entries), ("shipped", self.shipped(index))):
+            cfg = entries.get(key)
+            if cfg is not None and cfg in cands:
+                return cfg, source
+        return None, ""
+
+    def tune(self, call: GemmCall, prepare, pp: bool, cands: list[Config], seconds: float = 1.0) -> Config:
+        """Time every candidate now (``seconds`` of paired timing); store the winner in the
+        user's cache."""
         cache = self.cache(call.device.index or 0)
         key = self.key(call, pp)
-        cfg = cache.get(key)
-        if cfg is None:
-            times = tune_times(key, cands, prepare, _measure)
-            cfg = min(times, key=times.get)
-            cache.put(key, cfg)
-            portable = {c: ms for c, ms in times.items() if not c.pingpong}
-            if pp and portable:
-                # one sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs)
-                cache.put(self.key(call, False), min(portable, key=portable.get))
+        times = tune_times(key, cands, prepare, lambda fns: _measure(fns, seconds), _scout)
+        cfg = min(times, key=times.get)
+        cache.put(key, cfg)
+        portable = {c: ms for c, ms in times.items() if not c.pingpong}
+        if pp and portable:
+            # one sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs)
+            cache.put(self.key(call, False), min(portable, key=portable.get))
+        self._chosen.clear()  # choices made before may differ now
+        self.generation += 1
         return cfg
+
+    def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
+        cands = candidates(call, pingpong=pp)
+        cfg, _ = self.known(call, pp, cands)
+        if cfg is not None:
+            return cfg
+        if SETTINGS.autotune and not _capturing(call):
+            return self.tune(call, prepare, pp, cands)
+        pingpong = [c for c in cands if c.pingpong]
+        if SETTINGS.prefer_pingpong and pingpong:
+            return pingpong[0]
+        index = call.device.index or 0
+        near = nearest(self.key(call, pp), cands, {**self.shipped(index), **self.cache(index).entries})
+        return near or rule_config(call, cands)
+
+
+def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
+    """The entry of the same program, dtype, layout and mainloop choice whose shape buckets
+    are closest to ``key``'s (summed log2 distance over M, N, K), if its config is a
+    candidate."""
+    head, dims, tail = _split_key(key)
+    best, best_d = None, None
+    for k, cfg in entries.items():
+        h, ds, t = _split_key(k)
+        if h != head or t != tail or ds is None or cfg not in cands:
+            continue
+        dist = sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(dims, ds))
+        if best_d is None or dist < best_d:
+            best, best_d = cfg, dist
+    return best
+
+
+def _split_key(key: str):
+    parts = key.split("|")
+    try:
+        return "|".join(parts[:3]), tuple(int(x) for x in parts[3:6]), "|".join(parts[6:])
+    except ValueError:
+        return key, None, ""
+
+
+SHIPPED_DIR = Path(__file__).parent / "tuned"
+
+
+def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
+    """Entries of the table shipped for ``gpu`` (``kernels/tuned/<gpu>.json``); failing that,
+    of a table for a GPU of the same architecture and SM count (H100 SXM and H200 share
+    both), used as the nearest thing. {} if none fits or the table does not load."""
+    tables = []
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            ident = data["identity"]
+            if data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
+                raise ValueError("unknown format")
+            tables.append((path, ident, data["entries"]))
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            warnings.warn(f"codetta: ignoring shipped table {path}: {exc}", stacklevel=4)
+    exact = [t for t in tables if t[1].get("gpu") == gpu]
+    similar = [t for t in tables if list(t[1].get("capability", ())) == list(capability)
+               and t[1].get("num_sms") == num_sms]  # fmt: skip
+    for path, ident, entries in exact or similar:
+        if str(ident.get("triton", "")).split(".")[:2] != triton.__version__.split(".")[:2]:
+            continue  # tuned under another Triton: its picks may not hold
+        out = {}
+        for k, v in entries.items():
+            try:
+                out[str(k)] = config_from_dict(v)
+            except (ValueError, TypeError):
+                warnings.warn(f"codetta: shipped table {path}: ignoring entry {k!r}", stacklevel=4)
+        return out
+    return {}
 
 
 def _capturing(call: GemmCall) -> bool:
     """Inside CUDA graph capture nothing may synchronize, so nothing is tuned there: an
-    untuned shape takes the rule's configuration (tune it in a warm-up step before capturing)."""
+    untuned shape takes the nearest or the rule's configuration (tune it in a warm-up step
+    before capturing)."""
     if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        cache = CHOOSER.cache(call.device.index or 0)
-        if cache.get(Chooser.key(call, SETTINGS.pingpong and PINGPONG.unsupported(call) is None)) is None:
-            warnings.warn(
-                f"codetta: {call.program.name} {call.M}x{call.N}x{call.K} first seen during CUDA graph "
-                "capture: it runs untuned (run one step before capturing to tune it)",
-                stacklevel=5,
-            )
+        warnings.warn(
+            f"codetta: {call.program.name} {call.M}x{call.N}x{call.K} first seen during CUDA graph "
+            "capture: it runs untuned (run one step before capturing to tune it)",
+            stacklevel=6,
+        )
         return True
     return False
 

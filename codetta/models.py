@@ -1,0 +1,98 @@
+"""The widths of the decoder models codetta is tuned for, and reading them from a
+Hugging Face config (a ``config.json`` path, a dict, a ``transformers`` config
+object, or a hub name when ``transformers`` is installed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Widths:
+    """What the GEMMs of a Llama-family decoder layer depend on."""
+
+    name: str
+    hidden: int  # d
+    intermediate: int  # f
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = False
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+# from each model's published config.json
+KNOWN = {
+    w.name: w
+    for w in (
+        Widths("llama3-1b", 2048, 8192, 32, 8, 64, 128256, tied=True),
+        Widths("llama3-3b", 3072, 8192, 24, 8, 128, 128256, tied=True),
+        Widths("llama3-8b", 4096, 14336, 32, 8, 128, 128256),
+        Widths("llama3-70b", 8192, 28672, 64, 8, 128, 128256),
+        Widths("qwen3-0.6b", 1024, 3072, 16, 8, 128, 151936, tied=True),
+        Widths("qwen3-1.7b", 2048, 6144, 16, 8, 128, 151936, tied=True),
+        Widths("qwen3-4b", 2560, 9728, 32, 8, 128, 151936, tied=True),
+        Widths("qwen3-8b", 4096, 12288, 32, 8, 128, 151936),
+        Widths("qwen3-14b", 5120, 17408, 40, 8, 128, 151936),
+        Widths("qwen3-32b", 5120, 25600, 64, 8, 128, 151936),
+        Widths("mistral-7b", 4096, 14336, 32, 8, 128, 32768),
+    )
+}
+
+
+def widths_of(spec) -> Widths:
+    """``spec``: a name in ``KNOWN``, a ``config.json`` path, a dict or a ``transformers``
+    config, or a hub model name (needs ``transformers`` and the hub, or its local cache)."""
+    if isinstance(spec, Widths):
+        return spec
+    if isinstance(spec, str) and spec.lower() in KNOWN:
+        return KNOWN[spec.lower()]
+    if isinstance(spec, (str, Path)) and Path(spec).is_file():
+        return _from_dict(json.loads(Path(spec).read_text()), Path(spec).parent.name or str(spec))
+    if isinstance(spec, (str, Path)) and (Path(spec) / "config.json").is_file():
+        return _from_dict(json.loads((Path(spec) / "config.json").read_text()), Path(spec).name)
+    if isinstance(spec, dict):
+        return _from_dict(spec, spec.get("_name_or_path") or "config")
+    if hasattr(spec, "to_dict"):
+        return _from_dict(spec.to_dict(), getattr(spec, "_name_or_path", "") or type(spec).__name__)
+    if isinstance(spec, str):
+        try:
+            from transformers import AutoConfig
+        except ImportError:
+            raise ValueError(
+                f"{spec!r} is not a known model ({', '.join(KNOWN)}) nor a config.json path; "
+                "reading a hub name needs `pip install transformers`"
+            ) from None
+        return widths_of(AutoConfig.from_pretrained(spec))
+    raise TypeError(f"cannot read model widths from {type(spec).__name__}")
+
+
+def _from_dict(cfg: dict, name: str) -> Widths:
+    cfg = cfg.get("text_config", cfg)
+    missing = [
+        k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in cfg
+    ]
+    if missing:
+        raise ValueError(f"model config {name!r} lacks {missing}: not a Llama-family decoder config")
+    heads = cfg["num_attention_heads"]
+    return Widths(
+        name=str(name),
+        hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"],
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        vocab=cfg["vocab_size"],
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+    )

@@ -1,0 +1,208 @@
+"""``python -m codetta tune``: tune every GEMM a model's training step runs through codetta.
+
+What a step asks of the GEMMs is recorded, not written down by hand: the model's
+codetta operators run forward and backward under ``kernels.launch.recording()`` on
+the CPU at a small token count (no compute), and every recorded call is scaled to
+the token counts asked for. Each distinct tuning key is then tuned on the GPU
+(or found in the user's cache / the shipped table), and the result can be written
+as a table in the shipped format (maintainers: ``--out codetta/kernels/tuned/``).
+
+The operators recorded are those that exist (``codetta.ops``), at the layer
+boundaries a Llama-family decoder has (docs/design.md): the attention output
+projection with the residual and the MLP's norm (next GEMM: gate and up, [2f, d]),
+the MLP's down projection with the residual and the next layer's norm (next GEMM:
+q, k, v, [(h + 2 kv) hd, d]), and the last layer's norm before the LM head ([V, d]).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from .kernels import configs
+from .kernels.launch import RecordedCall, recording
+from .kernels.settings import override
+from .kernels.tuning import CACHE_FORMAT, Chooser
+from .models import Widths
+from .ops.residual_rmsnorm import residual_rmsnorm_linear
+
+TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
+_PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple of 8
+
+
+def _layer_boundaries(w: Widths):
+    """(K of the GEMM before the residual, N of the GEMM after the norm) per boundary."""
+    return [
+        (w.q_width, 2 * w.intermediate),  # o_proj + residual -> norm -> gate/up
+        (w.intermediate, w.qkv_width),  # down_proj + residual -> norm -> next layer's q/k/v
+        (w.intermediate, w.vocab),  # the last layer's down_proj -> final norm -> LM head
+    ]
+
+
+def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
+    widths = {w.hidden, w.intermediate, w.q_width, w.qkv_width, w.vocab, 2 * w.intermediate}
+    if _PROBE_TOKENS in widths:
+        raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
+    T, d = _PROBE_TOKENS, w.hidden
+    calls = []
+    with override(force_reference=True), recording() as rec:
+        for k, n in _layer_boundaries(w):
+            y = torch.empty(T, k, dtype=dtype, requires_grad=True)
+            w_o = torch.empty(d, k, dtype=dtype, requires_grad=True)
+            res = torch.empty(T, d, dtype=dtype, requires_grad=True)
+            gamma = torch.ones(d, requires_grad=True)
+            weight = torch.empty(n, d, dtype=dtype, requires_grad=True)
+            x, z = residual_rmsnorm_linear(y, w_o, res, gamma, weight)
+            torch.autograd.backward([x, z], [torch.empty_like(x), torch.empty_like(z)])
+        calls.extend(rec)
+    return calls
+
+
+def _scaled(call: RecordedCall, tokens: int) -> RecordedCall:
+    def s(x):
+        return tokens if x == _PROBE_TOKENS else x
+
+    ops = tuple(
+        (n, None if shape is None else tuple(s(x) for x in shape), dt) for n, shape, dt in call.operands
+    )
+    return replace(call, M=s(call.M), N=s(call.N), K=s(call.K), operands=ops)
+
+
+def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong: bool = True) -> dict:
+    """``{tuning key: RecordedCall}``: one call per distinct key of the model's step over
+    the token counts (keys bucket shapes to powers of two, so many calls share one)."""
+    probe = _probe(w, dtype)
+    out = {}
+    for t in tokens:
+        for call in probe:
+            c = _scaled(call, t)
+            out.setdefault(Chooser.key(c, pingpong), c)
+    return out
+
+
+def _tensor(shape, dtype, transposed: bool, device):
+    if transposed:
+        return torch.randn(shape[1], shape[0], device=device).to(dtype).t()
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: float = 1.0):
+    """Tune one recorded call on the GPU (fresh random data of its shapes and layout)."""
+    from .kernels.launch import tune
+
+    a = _tensor((call.M, call.K), call.dtype, call.a_t, device) * 0.5
+    weight = _tensor((call.N, call.K), call.dtype, call.b_t, device) * call.K**-0.5
+    operands = {}
+    for name, shape, dt in call.operands:
+        if shape is None:
+            operands[name] = 1e-5 if name == "eps" else 1.0 / call.N
+        elif dt in (torch.int32, torch.int64):
+            operands[name] = torch.randint(0, call.N, shape, dtype=dt, device=device)
+        else:
+            operands[name] = torch.rand(*shape, device=device).to(dt) + 0.5
+    return tune(a, weight, epilogue=call.program, force=force, seconds=seconds, **operands)
+
+
+def table(keys, gpu: str, capability, num_sms: int, entries: dict) -> dict:
+    """A shipped-format table of ``keys`` from ``entries`` ({key: Config})."""
+    import triton
+
+    return {
+        "format": CACHE_FORMAT,
+        "identity": {
+            "gpu": gpu,
+            "capability": list(capability),
+            "num_sms": num_sms,
+            "triton": triton.__version__,
+        },
+        "entries": {k: asdict(entries[k]) for k in sorted(keys) if k in entries},
+    }
+
+
+def _progress(items, desc):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, file=sys.stderr)
+    except ImportError:
+        total = len(items)
+
+        def gen():
+            for i, x in enumerate(items, 1):
+                print(f"{desc}: {i}/{total}", file=sys.stderr, flush=True)
+                yield x
+
+        return gen()
+
+
+def main(args) -> int:
+    from .models import KNOWN, widths_of
+
+    specs = args.model or []
+    if args.all_known:
+        specs += list(KNOWN)
+    if args.widths:
+        d, f, h, kv, hd, v = args.widths
+        specs.append(Widths("custom", d, f, h, kv, hd, v))
+    if not specs:
+        print(
+            "name a model (--model), --all-known, or --widths d f heads kv_heads head_dim vocab",
+            file=sys.stderr,
+        )
+        return 2
+    tokens = tuple(args.tokens)
+    calls: dict = {}
+    for spec in specs:
+        w = widths_of(spec)
+        found = model_calls(w, tokens)
+        print(f"{w.name}: {len(found)} tuning keys over {len(tokens)} token counts", file=sys.stderr)
+        for k, c in found.items():
+            calls.setdefault(k, c)
+    print(f"{len(calls)} distinct tuning keys", file=sys.stderr)
+    if args.list:
+        for k in sorted(calls):
+            print(k)
+        return 0
+    if not torch.cuda.is_available():
+        print("tuning needs a CUDA GPU (--list prints the keys without one)", file=sys.stderr)
+        return 2
+    from .kernels import device as dev
+
+    out = None
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir() or args.out.endswith("/"):
+            out = out / (configs.gpu_slug(dev.name(0)) + ".json")
+    old = (
+        json.loads(out.read_text()).get("entries", {})
+        if out is not None and out.exists() and args.merge
+        else {}
+    )
+    picked, sources = {}, {}
+    # cheapest first: a run cut short keeps the most keys (the table is written as it goes)
+    order = sorted(calls.items(), key=lambda kv: kv[1].M * kv[1].N * kv[1].K)
+    for i, (key, call) in enumerate(_progress(order, "codetta tune"), 1):
+        cfg, source = run_call(call, force=args.force, seconds=args.seconds)
+        picked[key] = cfg
+        sources[source] = sources.get(source, 0) + 1
+        if out is not None and (i % 10 == 0 or i == len(order)):
+            _write_table(out, picked, old)
+    print("configurations: " + ", ".join(f"{n} {s}" for s, n in sorted(sources.items())), file=sys.stderr)
+    if out is not None:
+        print(f"wrote {len(picked)} entries (+{len(set(old) - set(picked))} kept) to {out}", file=sys.stderr)
+    return 0
+
+
+def _write_table(out: Path, picked: dict, old: dict) -> None:
+    from .kernels import device as dev
+
+    data = table(picked, dev.name(0), dev.capability(0), dev.num_sms(0), picked)
+    data["entries"] = dict(sorted({**old, **data["entries"]}.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(out)

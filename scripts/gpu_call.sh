@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A device call made of named steps, each with its own time limit; output under $OUT.
+# Usage (repo root, on the GPU machine): CODETTA_COMMIT=<sha> bash scripts/gpu_call.sh STEP...
+#   tests:<pytest args>   e.g. "tests:tests/test_gemm.py"   (limit TEST_TIMEOUT, default 240 s)
+#   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
+#   tune                  python -m codetta tune --all-known ... into $OUT/tuned/ (limit TUNE_TIMEOUT)
+#   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
+#   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
+set -o pipefail
+OUT=${OUT:-/tmp/codetta-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=${CODETTA_CACHE_DIR:-/tmp/codetta-cache}
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  echo "commit (CODETTA_COMMIT): ${CODETTA_COMMIT:-unset}"
+  python3 -c "from codetta.bench.harness import source_hash; print('source', source_hash())"
+} 2>&1 | tee "$OUT/env.txt"
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case "$step" in
+    tests:*)
+      # shellcheck disable=SC2086
+      timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -rf --tb=short -p no:cacheprovider ${step#tests:} \
+        > "$OUT/tests-$(echo "${step#tests:}" | tr -c 'a-z0-9' '_' | cut -c1-40).txt" 2>&1
+      tail -n 25 "$OUT"/tests-*.txt | grep -E "passed|failed|FAILED|^E |Error" | tail -30 ;;
+    profile)
+      timeout 120 python3 scripts/profile_launch.py 2>&1 | tee "$OUT/profile.txt" | head -60 ;;
+    tune)
+      timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune --all-known --force --seconds "${TUNE_SECONDS:-0.3}" \
+        --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
+      grep -v "^codetta:" "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
+    bench:*)
+      parts=${step#bench:}
+      # shellcheck disable=SC2086
+      timeout "${BENCH_TIMEOUT:-400}" python3 -m codetta bench --out "$OUT/results" --parts ${parts//,/ } \
+        ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^codetta:   " | tail -60 ;;
+    coldstart)
+      rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
+      CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
+        python3 scripts/coldstart.py 2>&1 | tee "$OUT/coldstart.txt" | tail -20 ;;
+  esac
+done
+cp "$CODETTA_CACHE_DIR/tuning.json" "$OUT/" 2>/dev/null || true
+if [ -d "$OUT/results" ]; then tar czf "$OUT/results.tgz" -C "$OUT" results && rm -r "$OUT/results"; fi

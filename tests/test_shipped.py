@@ -1,0 +1,111 @@
+"""The shipped tuned table, the tuning plan of a model's step, the choice without tuning."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from codetta import models, tune
+from codetta.kernels import configs, tuning
+from codetta.kernels.engines import PINGPONG, TRITON
+from codetta.programs import RMS_SCALE, STORE
+
+H200 = ("NVIDIA H200", (9, 0), 132)
+FIELDS = ("hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "tied")
+
+
+def _tables():
+    return sorted(tuning.SHIPPED_DIR.glob("*.json"))
+
+
+def test_shipped_tables_are_well_formed():
+    """Every shipped table loads as plain data: the format, an identity naming the GPU,
+    its architecture, SM count and Triton version, and entries that are valid configs."""
+    assert _tables(), "no tuned table is shipped"
+    for path in _tables():
+        data = json.loads(path.read_text())
+        assert data["format"] == tuning.CACHE_FORMAT
+        ident = data["identity"]
+        assert set(ident) == {"gpu", "capability", "num_sms", "triton"}
+        assert path.stem == configs.gpu_slug(ident["gpu"])
+        assert data["entries"], f"{path.name} is empty"
+        for key, cfg in data["entries"].items():
+            head, dims, tail = tuning._split_key(key)
+            assert dims is not None and len(dims) == 3 and tail in ("", "no-pingpong"), key
+            configs.config_from_dict(cfg)  # raises on anything outside the configuration space
+
+
+@pytest.mark.parametrize("name", sorted(models.KNOWN))
+def test_known_models_hit_the_shipped_table(name):
+    """Every GEMM a listed model's training step runs through codetta, at every token
+    bucket, has an entry for the H200 (the keys come from recording the operators)."""
+    entries = tuning.shipped_table(*H200)
+    keys = tune.model_calls(models.KNOWN[name], tune.TOKEN_BUCKETS)
+    missing = sorted(k for k in keys if k not in entries)
+    assert not missing, f"{len(missing)} of {len(keys)} keys missing, e.g. {missing[:3]}"
+
+
+def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypatch):
+    """An H100 (same architecture and SM count) takes the H200 table as the nearest; a
+    table tuned under another Triton minor version is not used; a broken file warns."""
+    assert tuning.shipped_table("NVIDIA H100 80GB HBM3", (9, 0), 132) == tuning.shipped_table(*H200)
+    assert tuning.shipped_table("NVIDIA A100", (8, 0), 108) == {}
+    cfg = asdict(configs.PLAIN_CANDIDATES[0])
+    ident = {"gpu": "X", "capability": [9, 0], "num_sms": 132, "triton": "2.9.0"}
+    (tmp_path / "x.json").write_text(json.dumps({"format": tuning.CACHE_FORMAT, "identity": ident,
+                                                 "entries": {"store|bfloat16|nn|1|1|1": cfg}}))  # fmt: skip
+    (tmp_path / "y.json").write_text("{broken")
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path)
+    with pytest.warns(UserWarning, match="y.json"):
+        assert tuning.shipped_table("X", (9, 0), 132) == {}
+
+
+def test_model_calls_cover_the_step():
+    """The recorded plan of a layer: K1 and the scaled next GEMM forward; dX, dW, dy and
+    dW_o backward; the token count lands wherever the probe's did (M, or K of dW)."""
+    w = models.KNOWN["llama3-8b"]
+    calls = tune.model_calls(w, (16384,))
+    progs = {c.program.name for c in calls.values()}
+    assert progs == {"residual_rms", "rms_scale", "store"}
+    shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
+    assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
+    assert ("rms_scale", False, False, 16384, 2 * 14336, 4096) in shapes  # gate/up
+    assert ("rms_scale", False, False, 16384, 6144, 4096) in shapes  # q, k, v
+    assert ("rms_scale", False, False, 16384, 128256, 4096) in shapes  # LM head
+    assert ("store", True, True, 28672, 4096, 16384) in shapes  # dW of gate/up
+    for c in calls.values():
+        assert 104 not in (c.M, c.N, c.K), "a probe dimension was left unscaled"
+
+
+def test_widths_from_hf_config(tmp_path):
+    cfg = {"hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    got = models.widths_of(tmp_path / "config.json")
+    want = models.KNOWN["llama3-1b"]
+    assert got == models.Widths(str(tmp_path.name), *[getattr(want, f) for f in FIELDS])
+    assert models.widths_of(str(tmp_path)) == got
+    with pytest.raises(ValueError, match="lacks"):
+        models.widths_of({"hidden_size": 8})
+    with pytest.raises(TypeError):
+        models.widths_of(3)
+
+
+def test_nearest_entry():
+    """Without tuning, the closest tuned shape of the same program, dtype, layout and
+    mainloop choice lends its config, if that config is a candidate of the call."""
+    cands = TRITON.candidates(STORE) + PINGPONG.candidates(STORE)
+    a, b, c = cands[0], cands[1], cands[-1]
+    entries = {
+        "store@x|bfloat16|nn|16384|4096|4096": a,
+        "store@x|bfloat16|nn|65536|4096|4096": b,
+        "store@x|bfloat16|nt|16384|8192|4096": c,  # another layout
+        "store@x|bfloat16|nn|16384|8192|4096|no-pingpong": c,  # another mainloop choice
+    }
+    assert tuning.nearest("store@x|bfloat16|nn|16384|8192|4096", cands, entries) == a
+    assert tuning.nearest("store@x|bfloat16|nn|65536|8192|4096", cands, entries) == b
+    assert tuning.nearest("store@x|float16|nn|16384|8192|4096", cands, entries) is None
+    assert (
+        tuning.nearest("store@x|bfloat16|nn|16384|4096|4096", TRITON.candidates(RMS_SCALE)[:0], entries)
+        is None
+    )
