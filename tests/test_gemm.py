@@ -278,3 +278,21 @@ def test_repeated_call_signature_is_checked(device):
         codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g[:-1])
     with settings.override(tail_split=False):  # a new signature
         assert_within("out", codetta.gemm(a, w), ref, a @ w.t())
+
+
+def test_direct_launch_steps_aside_for_launch_hooks():
+    """A profiler's Triton launch hooks see every launch: the direct path is off meanwhile."""
+    from triton import knobs
+
+    from codetta.kernels import direct
+
+    def hook(*_):
+        pass
+
+    assert direct.usable()
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not direct.usable()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert direct.usable()

@@ -18,10 +18,15 @@ import torch
 from triton import knobs
 
 
+def _empty(hook) -> bool:
+    # Triton 3.6 keeps hooks in a HookChain (its ``calls`` list), older ones a bare callable
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
+
+
 def usable() -> bool:
     """False while Triton launch hooks are installed (a profiler): launch the full way then."""
     rt = knobs.runtime
-    return rt.launch_enter_hook is None and rt.launch_exit_hook is None
+    return _empty(rt.launch_enter_hook) and _empty(rt.launch_exit_hook)
 
 
 def raw_stream(device_index: int) -> int:
