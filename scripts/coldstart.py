@@ -43,7 +43,9 @@ for i in range(3):
     print(f"step {i + 1}: {times[-1]:.2f} s")
 print(f"first step's extra time over a warm step: {times[0] - times[-1]:.1f} s")
 shipped = CHOOSER.shipped(0)
-print(f"shipped table entries for this GPU: {len(shipped)}; user cache entries: {len(CHOOSER.cache(0).entries)}")
+print(
+    f"shipped table entries for this GPU: {len(shipped)}; user cache entries: {len(CHOOSER.cache(0).entries)}"
+)
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
