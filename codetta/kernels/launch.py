@@ -129,7 +129,7 @@ class _Bound:
             _run(GemmCall(self.program, a, w, self.a_t, self.b_t, inputs), self.cfg, outs, ws)
         else:
             index = dev.index
-            if index != torch.cuda.current_device():
+            if index != torch._C._cuda_getDevice():  # torch.cuda.current_device() without its init check
                 with torch.cuda.device(index):
                     self._launch(a, w, inputs, outs, ws, direct.raw_stream(index))
             else:
