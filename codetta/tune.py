@@ -108,7 +108,9 @@ def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: fl
 
 
 def table(keys, gpu: str, capability, num_sms: int, entries: dict) -> dict:
-    """A shipped-format table of ``keys`` from ``entries`` ({key: Config})."""
+    """A shipped-format table of ``keys`` from ``entries`` ({key: Config}). Written by the
+    command, it also lists as ``pending`` the keys it was asked for and has not tuned yet
+    (a run cut short), so what the table does not cover is data, not a guess."""
     import triton
 
     return {
@@ -190,18 +192,19 @@ def main(args) -> int:
         picked[key] = cfg
         sources[source] = sources.get(source, 0) + 1
         if out is not None and (i % 10 == 0 or i == len(order)):
-            _write_table(out, picked, old)
+            _write_table(out, picked, old, calls)
     print("configurations: " + ", ".join(f"{n} {s}" for s, n in sorted(sources.items())), file=sys.stderr)
     if out is not None:
         print(f"wrote {len(picked)} entries (+{len(set(old) - set(picked))} kept) to {out}", file=sys.stderr)
     return 0
 
 
-def _write_table(out: Path, picked: dict, old: dict) -> None:
+def _write_table(out: Path, picked: dict, old: dict, requested) -> None:
     from .kernels import device as dev
 
     data = table(picked, dev.name(0), dev.capability(0), dev.num_sms(0), picked)
     data["entries"] = dict(sorted({**old, **data["entries"]}.items()))
+    data["pending"] = sorted(set(requested) - set(data["entries"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
