@@ -21,7 +21,50 @@ from .kernels.program import (  # noqa: E402
     Tile,
 )
 
+
+def apply_codetta(model):
+    """Run a Hugging Face Llama / Qwen3 / Mistral causal LM's training forward through
+    codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``)."""
+    from .integrations import hf
+
+    return hf.apply_codetta(model)
+
+
+def apply_codetta_to_llama(model=None):
+    """Patch ``LlamaForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+    from .integrations import hf
+
+    return hf.apply("llama", model)
+
+
+def apply_codetta_to_qwen3(model=None):
+    """Patch ``Qwen3ForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+    from .integrations import hf
+
+    return hf.apply("qwen3", model)
+
+
+def apply_codetta_to_mistral(model=None):
+    """Patch ``MistralForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+    from .integrations import hf
+
+    return hf.apply("mistral", model)
+
+
+def revert(model=None):
+    """Restore the original forward of ``model`` (and its class, if patched class-wide);
+    ``model=None``: every class-wide patch."""
+    from .integrations import hf
+
+    return hf.revert(model)
+
+
 __all__ = [
+    "apply_codetta",
+    "apply_codetta_to_llama",
+    "apply_codetta_to_qwen3",
+    "apply_codetta_to_mistral",
+    "revert",
     "gemm",
     "interpreting",
     "Program",

@@ -69,6 +69,50 @@ def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
     check_operator(M, K, d, N, dtype, device, gdt, **kw)
 
 
+@pytest.mark.parametrize("n_weights", [2, 3])
+def test_several_next_weights(n_weights, dtype, device):
+    """One norm feeding several next GEMMs (q, k, v; gate, up) with the weights as they
+    are: every output and gradient against the fp64 chain, odd M and unequal widths;
+    one of the outputs left out of the loss still gives its weight a (zero) gradient."""
+    M, K, d, _ = SHAPES[0]
+    Ns = [40, 24, 56][:n_weights] if device == "cpu" else [4096, 1024, 1024][:n_weights]
+    y, w_o, res, g, _ = _leaves(M, K, d, 8, dtype, device)
+    ws = [rand(n, d, dtype=dtype, device=device, scale=d**-0.5) for n in Ns]
+    leaves = [y, w_o, res, g, *ws]
+    dx = rand(M, d, dtype=dtype, device=device)
+    dzs = [rand(M, n, dtype=dtype, device=device) for n in Ns]
+    dzs[-1] = dzs[-1] * 0 if n_weights == 3 else dzs[-1]
+
+    def run(fn, ts):
+        ts = [t.detach().clone().requires_grad_() for t in ts]
+        x, zs = fn(*ts)
+        loss = (x.double() * dx.double()).sum() + sum(
+            (z.double() * dz.double()).sum() for z, dz in zip(zs, dzs)
+        )
+        loss.backward()
+        return x, zs, [t.grad for t in ts]
+
+    def chain(dt):
+        def f(y, w_o, res, g, *ws):
+            x = res + y @ w_o.t()
+            xf = x.float() if dt != torch.float64 else x
+            n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.to(xf.dtype)).to(dt)
+            return x, [n @ w.t() for w in ws]
+
+        return f
+
+    ours = run(lambda y, w_o, res, g, *ws: residual_rmsnorm_linear(y, w_o, res, g, list(ws), EPS), leaves)
+    assert isinstance(ours[1], tuple) and len(ours[1]) == n_weights
+    ref = run(chain(torch.float64), [t.double() for t in leaves])
+    same = run(chain(dtype), leaves)
+    assert_within("x", ours[0], ref[0], same[0])
+    for i in range(n_weights):
+        assert_within(f"z{i}", ours[1][i], ref[1][i], same[1][i])
+    names = ["dy", "dw_o", "dresidual", "dgamma"] + [f"dweight{i}" for i in range(n_weights)]
+    for name, a, b, c in zip(names, ours[2], ref[2], same[2]):
+        assert_within(name, a, b, c)
+
+
 @pytest.mark.parametrize("used", ["x", "z"])
 def test_one_output_in_the_loss(used, device):
     """Only x (or only z) reaches the loss: the other output gets no gradient (None
@@ -147,11 +191,12 @@ def test_compile_fullgraph(device):
 def test_opcheck(device):
     """torch.library's own consistency checks of the custom op registration."""
     leaves = _leaves(32, 32, 64, 48, torch.float16, device)
-    leaves = [t.requires_grad_() for t in leaves]
-    for fold_gamma in (False, True):
+    y, w_o, res, g, w = [t.requires_grad_() for t in leaves]
+    w2 = rand(16, 64, dtype=torch.float16, device=device).requires_grad_()
+    for ws, fold_gamma in (([w], False), ([w], True), ([w, w2], False)):
         torch.library.opcheck(
             torch.ops.codetta.residual_rmsnorm_linear.default,
-            (*leaves, EPS, "rowwise", fold_gamma),
+            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 

@@ -35,6 +35,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.reductions import col_sum
 from ..programs import (
+    ACCUMULATE,
     GAMMA_WEIGHT_GRAD,
     RESIDUAL_RMS,
     RESIDUAL_SUMSQ,
@@ -53,41 +54,51 @@ def _forward(
     w_o: torch.Tensor,
     residual: torch.Tensor,
     gamma: torch.Tensor,
-    w: torch.Tensor,
+    ws: list[torch.Tensor],
     eps: float,
     backward: str,
     fold_gamma: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # returns (x, z, sumsq, w_gamma): w_gamma = W * gamma when fold_gamma (kept for
-    # the backward), else an empty tensor
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    # returns (x, [z per next weight], sumsq, w_gamma): w_gamma = W * gamma when
+    # fold_gamma (one next weight; kept for the backward), else an empty tensor
     d = residual.shape[1]
     if fold_gamma:
         # h is never written: z = r * (x @ (w * gamma)^T)
         k1 = gemm(y, w_o, epilogue=RESIDUAL_SUMSQ, residual=residual)
-        w_gamma = scale_columns(w.contiguous(), gamma)
+        w_gamma = scale_columns(ws[0].contiguous(), gamma)
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
-        return k1.x, z, k1.sumsq, w_gamma
+        return k1.x, [z], k1.sumsq, w_gamma
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
-    z = gemm(k1.h, w, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
-    return k1.x, z, k1.sumsq, w.new_empty(0)
+    zs = [gemm(k1.h, w, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps) for w in ws]
+    return k1.x, zs, k1.sumsq, ws[0].new_empty(0)
 
 
 @_forward.register_fake
-def _(y, w_o, residual, gamma, w, eps, backward, fold_gamma):
+def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
-        y.new_empty((M, w.shape[0])),
+        [y.new_empty((M, w.shape[0])) for w in ws],
         y.new_empty((M,), dtype=torch.float32),
-        w.new_empty(w.shape if fold_gamma else (0,)),
+        ws[0].new_empty(ws[0].shape if fold_gamma else (0,)),
     )
 
 
-def _norm_backward(dx, dz, gamma, w, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
-    """The RMSNorm part of the backward and the next GEMM's dW: (dx_total, dW, dgamma).
+def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
+    """The RMSNorm part of the backward and the next GEMMs' dW: (dx_total, [dW], dgamma).
     n, the normalized input that dW needs, is [M, d] and dies when this returns,
     before dy and dW_o allocate theirs (it is not kept to the end)."""
     d = x.shape[1]
+    if len(ws) > 1:
+        # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i, each later
+        # product accumulated onto the earlier ones in its epilogue (no separate adds)
+        dh = gemm(dzs[0], ws[0].t())
+        for dz_i, w_i in zip(dzs[1:], ws[1:]):
+            dh = gemm(dz_i, w_i.t(), epilogue=ACCUMULATE, c=dh)
+        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
+        dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
+        return dx_total, [gemm(dz_i.t(), n.t()) for dz_i in dzs], dgamma
+    dz, w = dzs[0], ws[0]
     if fold_gamma:
         # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
         # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
@@ -95,7 +106,7 @@ def _norm_backward(dx, dz, gamma, w, x, z, sumsq, w_gamma, eps, mode, fold_gamma
         dn = gemm(dz, w_gamma.t())
         dx_total, n, _ = rms_backward_rows(dn, x, dx, sumsq, None, eps, dx_out=dn)
         gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
-        return dx_total, gw.dw, gw.dgamma.to(gamma.dtype)
+        return dx_total, [gw.dw], gw.dgamma.to(gamma.dtype)
     if mode == "rowwise":
         # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
         dh = gemm(dz, w.t())
@@ -116,17 +127,17 @@ def _norm_backward(dx, dz, gamma, w, x, z, sumsq, w_gamma, eps, mode, fold_gamma
         )
         dx_total, n = rms_backward_finish(bw.dn, x, dx, sumsq, bw.zeta, gamma, eps, dx_out=bw.dn)
         dgamma = bw.dgamma.to(gamma.dtype)
-    return dx_total, gemm(dz.t(), n.t()), dgamma
+    return dx_total, [gemm(dz.t(), n.t())], dgamma
 
 
 @torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
 def _backward(
     dx: torch.Tensor,
-    dz: torch.Tensor,
+    dzs: list[torch.Tensor],
     y: torch.Tensor,
     w_o: torch.Tensor,
     gamma: torch.Tensor,
-    w: torch.Tensor,
+    ws: list[torch.Tensor],
     x: torch.Tensor,
     z: torch.Tensor | None,
     sumsq: torch.Tensor,
@@ -134,60 +145,74 @@ def _backward(
     eps: float,
     mode: str,
     fold_gamma: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx_total, dw, dgamma = _norm_backward(dx, dz, gamma, w, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
-    return dy, dw_o, dx_total, dgamma, dw
+    return dy, dw_o, dx_total, dgamma, dws
 
 
 @_backward.register_fake
-def _(dx, dz, y, w_o, gamma, w, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
+def _(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
     return (
         y.new_empty(y.shape),
         w_o.new_empty(w_o.shape),
         x.new_empty(x.shape),
         gamma.new_empty(gamma.shape),
-        w.new_empty(w.shape),
+        [w.new_empty(w.shape) for w in ws],
     )
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, w, eps, backward, fold_gamma = inputs
-    x, z, sumsq, w_gamma = output
-    ctx.eps, ctx.mode, ctx.fold_gamma = eps, backward, fold_gamma
+    y, w_o, residual, gamma, ws, eps, backward, fold_gamma = inputs
+    x, zs, sumsq, w_gamma = output
+    ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
-    ctx.save_for_backward(y, w_o, gamma, w, x, z if backward == "folded" else None, sumsq, w_gamma)
+    ctx.save_for_backward(y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws)
 
 
-def _autograd_backward(ctx, dx, dz, dsumsq, dw_gamma):
-    y, w_o, gamma, w, x, z, sumsq, w_gamma = ctx.saved_tensors
+def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
+    y, w_o, gamma, x, z, sumsq, w_gamma, *ws = ctx.saved_tensors
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
-    dz = x.new_zeros((x.shape[0], w.shape[0])) if dz is None else dz.contiguous()
-    dy, dw_o, dres, dgamma, dw = _backward(
-        dx, dz, y, w_o, gamma, w, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma
+    if dzs is None:
+        dzs = [None] * len(ws)
+    dzs = [x.new_zeros((x.shape[0], w.shape[0])) if g is None else g.contiguous() for g, w in zip(dzs, ws)]
+    dy, dw_o, dres, dgamma, dws = _backward(
+        dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma
     )
-    return dy, dw_o, dres, dgamma, dw, None, None, None
+    return dy, dw_o, dres, dgamma, dws, None, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-def _check(y, w_o, residual, gamma, w, eps) -> float:
-    """Validate the operator's arguments (naming them as the caller does); return eps."""
-    named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, "weight": w}
+def _weights(weight) -> tuple[list, list[str]]:
+    """The next GEMM's weight(s) as a list, with the names errors use."""
+    if isinstance(weight, (list, tuple)):
+        if not weight:
+            raise ValueError("weight: an empty sequence (give one [N, d] tensor or several)")
+        return list(weight), [f"weight[{i}]" for i in range(len(weight))]
+    return [weight], ["weight"]
+
+
+def _check(y, w_o, residual, gamma, weight, eps) -> tuple[list, float]:
+    """Validate the operator's arguments (naming them as the caller does); return the
+    weights as a list and eps."""
+    ws, w_names = _weights(weight)
+    named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, **dict(zip(w_names, ws))}
     for name, t in named.items():
         check_tensor(name, t)
     check_same_device(named)
-    for name in ("y", "w_o", "residual", "weight"):
+    for name in ("y", "w_o", "residual", *w_names):
         check_gemm_dtype(name, named[name], on_gpu_too=False)
-    for name in ("w_o", "residual", "weight"):
+    for name in ("w_o", "residual", *w_names):
         if named[name].dtype != y.dtype:
             raise TypeError(f"{name} ({named[name].dtype}) must have y's dtype ({y.dtype})")
     check_gemm_dtype("y", y)
     check_dtype("gamma", gamma, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
-    if w_o.dim() != 2 or w.dim() != 2:
-        raise ValueError(f"w_o and weight must be 2-D, got shapes {tuple(w_o.shape)} and {tuple(w.shape)}")
+    for name in ("w_o", *w_names):
+        if named[name].dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(named[name].shape)}")
     if y.dim() < 1 or y.shape[-1] != w_o.shape[1]:
         raise ValueError(
             f"y has {y.shape[-1] if y.dim() else 0} features but w_o [d, K] expects K={w_o.shape[1]}"
@@ -199,14 +224,13 @@ def _check(y, w_o, residual, gamma, w, eps) -> float:
         raise ValueError(f"y {tuple(y.shape)} and residual {tuple(residual.shape)} must share leading dims")
     if gamma.shape != (d,):
         raise ValueError(f"gamma must have shape ({d},), got {tuple(gamma.shape)}")
-    if w.shape[1] != d:
-        raise ValueError(f"weight must be [N, {d}], got {tuple(w.shape)}")
+    for name, w in zip(w_names, ws):
+        if w.shape[1] != d:
+            raise ValueError(f"{name} must be [N, {d}], got {tuple(w.shape)}")
     unit = 16 // y.element_size()
-    for what, size in (
-        ("y's features K", w_o.shape[1]),
-        ("the hidden size d", d),
-        ("weight's N", w.shape[0]),
-    ):
+    sizes = [("y's features K", w_o.shape[1]), ("the hidden size d", d)]
+    sizes += [(f"{name}'s N", w.shape[0]) for name, w in zip(w_names, ws)]
+    for what, size in sizes:
         if size % unit:
             raise ValueError(
                 f"{what} = {size} must be a multiple of {unit} for {y.dtype} "
@@ -215,7 +239,7 @@ def _check(y, w_o, residual, gamma, w, eps) -> float:
     eps = torch.finfo(y.dtype).eps if eps is None else eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return float(eps)
+    return ws, float(eps)
 
 
 def residual_rmsnorm_linear(
@@ -223,15 +247,21 @@ def residual_rmsnorm_linear(
     w_o: torch.Tensor,
     residual: torch.Tensor,
     gamma: torch.Tensor,
-    weight: torch.Tensor,
+    weight,
     eps: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+):
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
     y [..., K], w_o [d, K], residual [..., d], gamma [d] (float32 or the input
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument. bf16/fp16 on
     the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows).
+
+    ``weight`` may be a list or tuple of [N_i, d] tensors (a norm that feeds several
+    GEMMs: a layer's q, k and v projections, or gate and up): then ``z`` is a tuple,
+    one output per weight, the norm is computed once and the weights are used as they
+    are (no concatenation); the backward sums their input gradients in the GEMMs'
+    epilogues.
     """
     return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps)
 
@@ -241,21 +271,24 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     """``residual_rmsnorm_linear`` with a research variant of the backward (see the
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
-    GEMM's weight instead of writing h."""
-    eps = _check(y, w_o, residual, gamma, weight, eps)
+    GEMM's weight instead of writing h. The variants take one next weight."""
+    ws, eps = _check(y, w_o, residual, gamma, weight, eps)
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if fold_gamma and backward != "rowwise":
         raise ValueError(f"fold_gamma=True needs backward='rowwise', got {backward!r}")
+    if len(ws) > 1 and (fold_gamma or backward != "rowwise"):
+        raise ValueError("several next weights take the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
-    x, z, _, _ = _forward(
+    x, zs, _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(),
         w_o,
         residual.reshape(-1, residual.shape[-1]).contiguous(),
         gamma,
-        weight,
+        ws,
         eps,
         backward,
         bool(fold_gamma),
     )
-    return x.reshape(*lead, x.shape[-1]), z.reshape(*lead, z.shape[-1])
+    zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs)
+    return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]

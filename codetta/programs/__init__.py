@@ -1,6 +1,6 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
-from .basic import MUL_COLSUM, ROW_SCALE, STORE
+from .basic import ACCUMULATE, MUL_COLSUM, ROW_SCALE, STORE
 from .lse import ROW_LSE
 from .norm import (
     GAMMA_WEIGHT_GRAD,
@@ -14,6 +14,7 @@ from .rope import ROTATE_PAIRS
 
 __all__ = [
     "STORE",
+    "ACCUMULATE",
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",

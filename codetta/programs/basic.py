@@ -1,11 +1,31 @@
-"""Basic epilogue programs: plain store, row scaling, a product's column sums."""
+"""Basic epilogue programs: plain store, accumulate into a tile, row scaling, a product's
+column sums."""
 
 import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
+from ..kernels.configs import SEEDED_CANDIDATES
 from ..kernels.program import STORE, ColSum, PerRow, Program, Tile
 
-__all__ = ["STORE", "ROW_SCALE", "MUL_COLSUM"]
+__all__ = ["STORE", "ACCUMULATE", "ROW_SCALE", "MUL_COLSUM"]
+
+
+@triton.jit
+def accumulate(acc):
+    """out = c + A @ B^T (c seeds the accumulator): a sum of GEMMs without a separate add,
+    e.g. the gradient of a norm's output that feeds several next GEMMs."""
+    return acc
+
+
+ACCUMULATE = Program(
+    "accumulate",
+    accumulate,
+    inputs=(Tile("c", seeds_acc=True),),
+    outputs=(Tile("out"),),
+    reference=lambda acc, c: {"out": acc},
+    configs=tuple(SEEDED_CANDIDATES),
+    layouts=((False, True),),
+)
 
 
 @triton.jit

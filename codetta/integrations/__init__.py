@@ -1,0 +1,1 @@
+"""Drop-ins for model libraries (optional dependencies, imported on use)."""

@@ -1,0 +1,252 @@
+"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen3 and Mistral causal LMs on codetta.
+
+The patched forward moves each RMSNorm to the GEMM that consumes it (docs/design.md,
+"the shifted layer boundary"): the attention output projection adds the residual
+and produces the post-attention norm's statistics in its epilogue, and the norm's
+scale lands in the gate and up projections; the down projection does the same for
+the next layer's input norm and its q, k, v projections; the last layer's down
+projection does it for the final norm and the LM head. One operator does each
+step (``codetta.ops.residual_rmsnorm_linear``, with the next weights as they are:
+no concatenation, no copies). Attention itself stays Hugging Face's: its
+configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
+sequences through ``position_ids``, sliding windows) and rotary embeddings. The
+first layer's input norm and q/k/v projections and the SwiGLU product run as in
+eager PyTorch for now (codetta's SwiGLU and QKV+RoPE operators will replace them).
+
+Falls back to the model's own forward (same results, no codetta) where the fused
+path does not apply: a KV cache in use (generation), ``use_cache=True``,
+requested hidden states or attentions, ``logits_to_keep``, projections with
+biases, widths that are not multiples of 8. Gradient checkpointing raises.
+Parameters, ``state_dict`` and optimizer state are untouched; ``revert`` restores
+the original forward.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import torch
+
+from ..ops.residual_rmsnorm import residual_rmsnorm_linear
+
+FAMILIES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
+}
+_ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
+_FALLBACK_WARNED: set = set()
+
+
+def _causal_lm_class(family: str):
+    import importlib
+
+    module, name = FAMILIES[family]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ImportError(
+            f"codetta's {family} drop-in needs transformers 5.x: pip install 'codetta[hf]' ({exc})"
+        ) from None
+
+
+def _original_forward(model):
+    cls = type(model)
+    return _ORIGINAL.get(cls, cls.forward)
+
+
+def apply(family: str, model=None):
+    """Patch ``family``'s causal LM class (``model=None``) or one model instance."""
+    if family not in FAMILIES:
+        raise ValueError(f"codetta has no drop-in for {family!r}; supported: {sorted(FAMILIES)}")
+    cls = _causal_lm_class(family)
+    if model is None:
+        if cls not in _ORIGINAL:
+            _ORIGINAL[cls] = cls.__dict__["forward"]
+            cls.forward = _codetta_forward
+        return None
+    if not isinstance(model, cls):
+        raise TypeError(
+            f"apply_codetta_to_{family} expects a {cls.__name__}, got {type(model).__name__}"
+            + (
+                f" (model_type {model.config.model_type!r}: use codetta.apply_codetta)"
+                if hasattr(model, "config")
+                else ""
+            )  # fmt: skip
+        )
+    why = unsupported(model)
+    if why:
+        raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
+    model.forward = types.MethodType(_codetta_forward, model)
+    return model
+
+
+def apply_codetta(model):
+    """Patch a supported model instance, picked by ``model.config.model_type``."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    if kind not in FAMILIES:
+        raise ValueError(
+            f"codetta does not support model type {kind!r} ({type(model).__name__}); supported: "
+            f"{', '.join(sorted(FAMILIES))} causal LMs"
+        )
+    return apply(kind, model)
+
+
+def revert(model=None):
+    """Undo ``apply``: the instance's own patch and, for a class patched class-wide, the
+    class's (every instance of it); ``model=None`` reverts every class-wide patch."""
+    classes = list(_ORIGINAL) if model is None else [type(model)]
+    if model is not None and "forward" in vars(model):
+        del model.forward
+    for cls in classes:
+        if cls in _ORIGINAL:
+            cls.forward = _ORIGINAL.pop(cls)
+    return model
+
+
+def unsupported(model) -> str | None:
+    """Why the fused forward cannot run this model (None: it can)."""
+    base = model.model
+    layers = base.layers[: model.config.num_hidden_layers]
+    linears = [model.lm_head]
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    if any(lin.bias is not None for lin in linears):
+        return "projections with biases (attention_bias / mlp_bias)"
+    unit = 16 // model.lm_head.weight.element_size()
+    widths = {lin.weight.shape[0] for lin in linears} | {lin.weight.shape[1] for lin in linears}
+    bad = sorted(w for w in widths if w % unit)
+    if bad:
+        return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)"
+    if not layers:
+        return "no layers"
+    return None
+
+
+def _fallback_reason(model, kwargs) -> str | None:
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        return "a KV cache is in use"
+    if kwargs.get("use_cache"):
+        return "use_cache=True"
+    if kwargs.get("output_hidden_states") or kwargs.get("output_attentions"):
+        return "hidden states or attentions requested"
+    keep = kwargs.get("logits_to_keep", 0)
+    if not (isinstance(keep, int) and keep == 0):
+        return "logits_to_keep"
+    return unsupported(model)
+
+
+def _codetta_forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                     labels=None, **kwargs):  # fmt: skip
+    why = _fallback_reason(self, kwargs)
+    if why is not None:
+        if why != "a KV cache is in use" and (type(self), why) not in _FALLBACK_WARNED:
+            _FALLBACK_WARNED.add((type(self), why))
+            warnings.warn(f"codetta: {type(self).__name__} runs its own forward here ({why})", stacklevel=2)
+        return _original_forward(self)(
+            self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            inputs_embeds=inputs_embeds, labels=labels, **kwargs,
+        )  # fmt: skip
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return_dict = kwargs.pop("return_dict", None)
+    kwargs.pop("use_cache", None)
+    kwargs.pop("logits_to_keep", None)
+    base = self.model
+    if base.gradient_checkpointing and self.training:
+        raise RuntimeError(
+            "codetta: gradient checkpointing is not supported by the fused forward yet; call "
+            "model.gradient_checkpointing_disable() or codetta.revert(model)"
+        )
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    if position_ids is None:
+        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+    layers = base.layers[: self.config.num_hidden_layers]
+    masks = _masks(base, h, attention_mask, position_ids, len(layers))
+    position_embeddings = base.rotary_emb(h, position_ids)
+
+    first = layers[0]
+    n0 = first.input_layernorm(h)
+    qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
+    logits = None
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, **kwargs)
+        post = layer.post_attention_layernorm
+        h, (g, u) = residual_rmsnorm_linear(
+            a, attn.o_proj.weight, h, post.weight, (mlp.gate_proj.weight, mlp.up_proj.weight),
+            post.variance_epsilon,
+        )  # fmt: skip
+        y = mlp.act_fn(g) * u
+        if i + 1 < len(layers):
+            nxt = layers[i + 1]
+            norm, ws = nxt.input_layernorm, (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight,
+                                             nxt.self_attn.v_proj.weight)  # fmt: skip
+        else:
+            norm, ws = base.norm, (self.lm_head.weight,)
+        h, zs = residual_rmsnorm_linear(y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon)
+        if i + 1 < len(layers):
+            qkv = zs
+        else:
+            logits = zs[0]
+    loss = None
+    if labels is not None:
+        loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+    out = CausalLMOutputWithPast(loss=loss, logits=logits)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    return out if return_dict else out.to_tuple()
+
+
+def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
+    """Each layer's attention mask, built as the model's own forward builds it."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    config = base.config
+    if isinstance(attention_mask, dict):  # prepared by the caller, per layer type
+        mapping = attention_mask
+    else:
+        args = {"config": config, "inputs_embeds": h, "attention_mask": attention_mask, "cache": None,
+                "position_ids": position_ids}  # fmt: skip
+        if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+            return [create_sliding_window_causal_mask(**args)] * n_layers
+        mapping = {"full_attention": create_causal_mask(**args)}
+        if getattr(base, "has_sliding_layers", False):
+            mapping["sliding_attention"] = create_sliding_window_causal_mask(**args)
+    types_ = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+    return [mapping[types_[i]] for i in range(n_layers)]
+
+
+def _attention(attn, q, k, v, position_embeddings, mask, config, **kwargs):
+    """The attention module's forward between its input projections and its output
+    projection (Llama; Qwen3 adds per-head q/k norms; Mistral and Qwen3 pass a sliding
+    window): returns the heads' output as [..., heads * head_dim]."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    module = type(attn).__module__
+    rotary = __import__(module, fromlist=["apply_rotary_pos_emb", "eager_attention_forward"])
+    input_shape = q.shape[:-1]
+    hidden_shape = (*input_shape, -1, attn.head_dim)
+    q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = rotary.apply_rotary_pos_emb(q, k, cos, sin)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+        config._attn_implementation, rotary.eager_attention_forward
+    )
+    extra = {}
+    if hasattr(attn, "sliding_window"):
+        extra["sliding_window"] = attn.sliding_window
+    elif config.model_type == "mistral":
+        extra["sliding_window"] = getattr(config, "sliding_window", None)
+    out, _ = interface(
+        attn, q, k, v, mask, dropout=0.0 if not attn.training else attn.attention_dropout,
+        scaling=attn.scaling, **extra, **kwargs,
+    )  # fmt: skip
+    return out.reshape(*input_shape, -1).contiguous()
