@@ -7,11 +7,12 @@ the token counts asked for. Each distinct tuning key is then tuned on the GPU
 (or found in the user's cache / the shipped table), and the result can be written
 as a table in the shipped format (maintainers: ``--out codetta/kernels/tuned/``).
 
-The operators recorded are those that exist (``codetta.ops``), at the layer
-boundaries a Llama-family decoder has (docs/design.md): the attention output
-projection with the residual and the MLP's norm (next GEMM: gate and up, [2f, d]),
-the MLP's down projection with the residual and the next layer's norm (next GEMM:
-q, k, v, [(h + 2 kv) hd, d]), and the last layer's norm before the LM head ([V, d]).
+The operators recorded are those that exist (``codetta.ops``), called as the
+Hugging Face drop-in calls them (``codetta/integrations/hf.py``) at the layer
+boundaries of a Llama-family decoder: the attention output projection with the
+residual and the MLP's norm (next GEMMs: gate and up, [f, d] each), the MLP's
+down projection with the residual and the next layer's norm (next GEMMs: q, k, v),
+and the last layer's down projection with the final norm and the LM head ([V, d]).
 """
 
 from __future__ import annotations
@@ -35,29 +36,30 @@ _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple
 
 
 def _layer_boundaries(w: Widths):
-    """(K of the GEMM before the residual, N of the GEMM after the norm) per boundary."""
+    """(K of the GEMM before the residual, [N of each GEMM after the norm]) per boundary."""
+    kv = w.kv_heads * w.head_dim
     return [
-        (w.q_width, 2 * w.intermediate),  # o_proj + residual -> norm -> gate/up
-        (w.intermediate, w.qkv_width),  # down_proj + residual -> norm -> next layer's q/k/v
-        (w.intermediate, w.vocab),  # the last layer's down_proj -> final norm -> LM head
+        (w.q_width, [w.intermediate, w.intermediate]),  # o_proj + residual -> norm -> gate, up
+        (w.intermediate, [w.q_width, kv, kv]),  # down_proj + residual -> norm -> next q, k, v
+        (w.intermediate, [w.vocab]),  # the last layer's down_proj -> final norm -> LM head
     ]
 
 
 def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
-    widths = {w.hidden, w.intermediate, w.q_width, w.qkv_width, w.vocab, 2 * w.intermediate}
+    widths = {w.hidden, w.intermediate, w.q_width, w.kv_heads * w.head_dim, w.vocab}
     if _PROBE_TOKENS in widths:
         raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
     T, d = _PROBE_TOKENS, w.hidden
     calls = []
     with override(force_reference=True), recording() as rec:
-        for k, n in _layer_boundaries(w):
+        for k, ns in _layer_boundaries(w):
             y = torch.empty(T, k, dtype=dtype, requires_grad=True)
             w_o = torch.empty(d, k, dtype=dtype, requires_grad=True)
             res = torch.empty(T, d, dtype=dtype, requires_grad=True)
             gamma = torch.ones(d, requires_grad=True)
-            weight = torch.empty(n, d, dtype=dtype, requires_grad=True)
-            x, z = residual_rmsnorm_linear(y, w_o, res, gamma, weight)
-            torch.autograd.backward([x, z], [torch.empty_like(x), torch.empty_like(z)])
+            weights = [torch.empty(n, d, dtype=dtype, requires_grad=True) for n in ns]
+            x, zs = residual_rmsnorm_linear(y, w_o, res, gamma, weights)
+            torch.autograd.backward([x, *zs], [torch.empty_like(x), *(torch.empty_like(z) for z in zs)])
         calls.extend(rec)
     return calls
 
