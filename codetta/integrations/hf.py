@@ -36,6 +36,7 @@ FAMILIES = {
     "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
 }
 _ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
+_HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
 _FALLBACK_WARNED: set = set()
 
 
@@ -44,7 +45,10 @@ def _causal_lm_class(family: str):
 
     module, name = FAMILIES[family]
     try:
-        return getattr(importlib.import_module(module), name)
+        mod = importlib.import_module(module)
+        # looked up here, not in the forward: torch.compile cannot trace an import
+        _HELPERS[module] = (mod.apply_rotary_pos_emb, mod.eager_attention_forward)
+        return getattr(mod, name)
     except ImportError as exc:
         raise ImportError(
             f"codetta's {family} drop-in needs transformers 5.x: pip install 'codetta[hf]' ({exc})"
@@ -227,8 +231,7 @@ def _attention(attn, q, k, v, position_embeddings, mask, config, **kwargs):
     window): returns the heads' output as [..., heads * head_dim]."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    module = type(attn).__module__
-    rotary = __import__(module, fromlist=["apply_rotary_pos_emb", "eager_attention_forward"])
+    apply_rotary_pos_emb, eager_attention_forward = _HELPERS[type(attn).__module__]
     input_shape = q.shape[:-1]
     hidden_shape = (*input_shape, -1, attn.head_dim)
     q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
@@ -236,10 +239,8 @@ def _attention(attn, q, k, v, position_embeddings, mask, config, **kwargs):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = position_embeddings
-    q, k = rotary.apply_rotary_pos_emb(q, k, cos, sin)
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-        config._attn_implementation, rotary.eager_attention_forward
-    )
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
     extra = {}
     if hasattr(attn, "sliding_window"):
         extra["sliding_window"] = attn.sliding_window
