@@ -1,7 +1,7 @@
 """Command line of codetta.
 
 python -m codetta          the benchmark on a GPU, the interpreter demo on a CPU
-python -m codetta demo     run the K1 program once and check it against float64
+python -m codetta demo     the K1 program against float64, and a tiny Llama through the drop-in
 python -m codetta bench    the benchmarks against cuBLAS, eager, torch.compile and Liger (GPU)
 python -m codetta tune     tune the GEMMs of a model's training step on this GPU (--list: CPU)
 """
@@ -21,46 +21,9 @@ def _demo(args) -> int:
         # start again with the interpreter switched on
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "codetta", *sys.argv[1:]])
-    import codetta
-    from codetta import programs as pg
-    from codetta import reference as ref
+    from codetta.demo import main as demo_main
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    M, N, K = (4096, 4096, 4096) if device == "cuda" else (200, 96, 128)
-    mode = (
-        "GPU"
-        if device == "cuda"
-        else ("Triton interpreter" if codetta.interpreting() else "PyTorch reference")
-    )
-    print(
-        f"codetta {codetta.__version__} demo: K1 program (residual + RMSNorm statistics) on {mode}, "
-        f"M={M} N={N} K={K} {str(dtype).removeprefix('torch.')}"
-    )
-    torch.manual_seed(0)
-    y = torch.randn(M, K, device=device).to(dtype)
-    w = (torch.randn(N, K, device=device) * K**-0.5).to(dtype)
-    r = torch.randn(M, N, device=device).to(dtype)
-    g = torch.rand(N, device=device) + 0.5
-    out = codetta.gemm(y, w, epilogue=pg.RESIDUAL_RMS, residual=r, gamma=g)
-    x64, h64, ss64 = ref.residual_rms_chain(y.double(), w.double(), r.double(), g.double())
-    x_t = r + y @ w.t()
-    ok = True
-    for name, ours, want, theirs in [
-        ("x", out.x, x64, x_t),
-        ("h", out.h, h64, (x_t.float() * g).to(dtype)),
-        ("sumsq", out.sumsq, ss64, x_t.float().pow(2).sum(-1)),
-    ]:
-        e_ours = (ours.double() - want).abs().max().item()
-        e_torch = (theirs.double() - want).abs().max().item()
-        good = e_ours <= 2 * e_torch + 1e-6 * want.abs().max().item()
-        ok &= good
-        print(
-            f"  {name:<6} max error vs fp64: codetta {e_ours:.2e}, PyTorch {e_torch:.2e}  "
-            + ("ok" if good else "FAIL")
-        )
-    print("demo passed" if ok else "demo FAILED")
-    return 0 if ok else 1
+    return demo_main()
 
 
 def _bench(args) -> int:
@@ -84,7 +47,7 @@ def main(argv=None) -> int:
         prog="codetta", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("demo", help="run the K1 program once and check it against fp64 (CPU or GPU)")
+    sub.add_parser("demo", help="K1 against fp64 and a tiny Llama through the drop-in (CPU or GPU)")
     b = sub.add_parser("bench", help="the foundation benchmark against cuBLAS and torch.compile (GPU)")
     b.add_argument("--out", default="results", help="folder for CSV/JSON/PNG results")
     b.add_argument(

@@ -246,20 +246,23 @@ class RecordedCall:
 
 
 _RECORDS: list | None = None
+_COMPUTE = False  # recording(compute=True): record and run
 
 
 @contextlib.contextmanager
-def recording():
+def recording(compute: bool = False):
     """Inside, ``gemm`` validates each call, appends a ``RecordedCall`` to the list this
     yields and returns uninitialized outputs without launching or tuning anything.
     What a model's step asks of the GEMMs (``codetta.tune``), at no compute cost:
-    PyTorch code between the calls still runs, on whatever the outputs hold."""
-    global _RECORDS
-    outer, _RECORDS = _RECORDS, []
+    PyTorch code between the calls still runs, on whatever the outputs hold.
+    ``compute=True`` records and runs every call as usual (a kernel plan of a real run)."""
+    global _RECORDS, _COMPUTE
+    outer = _RECORDS, _COMPUTE
+    _RECORDS, _COMPUTE = [], compute
     try:
         yield _RECORDS
     finally:
-        _RECORDS = outer
+        _RECORDS, _COMPUTE = outer
 
 
 def _record(call: GemmCall) -> None:
@@ -281,18 +284,21 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     """
     program = epilogue if epilogue is not None else STORE
     sig = _signature(program, a, weight, operands, config) if _RECORDS is None else None
+    # (a recorded call takes the full path: the remembered signature would skip the record)
     bound = _BOUND.get(sig) if sig is not None else None
     if bound is not None:
         return bound(a, weight, operands)
     call = make_call(program, a, weight, operands)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
+    dry = _RECORDS is not None and not _COMPUTE
     if _RECORDS is not None:
         _record(call)
+    if dry:
         outs = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in _output_meta(call)]
     else:
         outs = alloc_outputs(call)
-    if call.M > 0 and _RECORDS is None:
+    if call.M > 0 and not dry:
         if _uses_reference(call):
             _reference(call, outs)
         else:
