@@ -35,7 +35,11 @@ def _bench(args) -> int:
     from codetta.bench import foundation, residual_norm
 
     for part in args.parts:  # in the order given
-        if part == "residual_norm":
+        if part == "model":
+            from codetta.bench import model
+
+            model.run(args.out, cases=args.models)
+        elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
         else:
             foundation.run(args.out, parts=[part])
@@ -54,7 +58,14 @@ def main(argv=None) -> int:
         "--parts",
         nargs="+",
         default=["overhead", "plain", "k1", "backward", "residual_norm"],
-        choices=["overhead", "plain", "k1", "backward", "residual_norm"],
+        choices=["overhead", "plain", "k1", "backward", "residual_norm", "model"],
+    )
+    b.add_argument(
+        "--models",
+        nargs="+",
+        default=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
+        choices=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
+        help="model part: which training steps (needs transformers; Liger if installed)",
     )
     b.add_argument(
         "--widths",

@@ -2,6 +2,9 @@
 
 import re
 
+import pytest
+import torch
+
 from codetta.bench.harness import Results, Row, env_info, source_hash
 
 
@@ -19,3 +22,25 @@ def test_table_fits_long_variant_names(tmp_path):
     assert "cublas" in head and " codetta-foldgamma" in head  # columns do not run together
     res.write(str(tmp_path))
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.csv").exists()
+
+
+def test_model_step_variants_on_cpu():
+    """The model part's pieces on a tiny Llama (CPU): each variant's training step runs
+    and the first-step losses agree; the floor's GEMM list covers the step."""
+    pytest.importorskip("transformers")
+    from codetta.bench import model as mb
+
+    config = mb.llama_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    base = mb.make_model(config, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    losses = {}
+    for name in ("eager", "codetta"):
+        step = mb.variant_step(name, base, ids, ids)
+        step()
+        step()
+        losses[name] = step.losses[0]
+    assert abs(losses["codetta"] - losses["eager"]) < 1e-4 * abs(losses["eager"])
+    gemms = mb.step_gemms(config, 32)
+    assert len(gemms) == 7 * config.num_hidden_layers + 1 and (32, 128, 64) in gemms
+    mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()

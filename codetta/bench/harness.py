@@ -181,8 +181,9 @@ def geomean(xs) -> float:
 
 
 class Results:
-    def __init__(self, name: str):
+    def __init__(self, name: str, baseline: str = "cuBLAS GEMM-only time"):
         self.name = name
+        self.baseline = baseline  # what the ratios divide by
         self.rows: list[Row] = []
         self.env = env_info()
 
@@ -201,9 +202,7 @@ class Results:
         cases = list(dict.fromkeys(r.case for r in self.rows))
         by = {(r.case, r.variant): r for r in self.rows}
         w = max([16] + [len(v) + 2 for v in variants])
-        lines = [
-            f"{self.name}: time / cuBLAS GEMM-only time ({self.env['gpu']}, commit {self.env['commit']})"
-        ]
+        lines = [f"{self.name}: time / {self.baseline} ({self.env['gpu']}, commit {self.env['commit']})"]
         for method, attr in (("paired", "ratio"), ("sustained", "ratio_sustained")):
             lines.append(f"{'[' + method + ']':<34}" + "".join(f"{v:>{w}}" for v in variants))
             for c in cases:
@@ -278,7 +277,7 @@ class Results:
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
             ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
             ax.set_title(f"{method} timing", fontsize=9)
-        axes[0].set_ylabel("time / cuBLAS GEMM-only")
+        axes[0].set_ylabel(f"time / {self.baseline}", fontsize=8)
         axes[1].legend(fontsize=7)
         fig.suptitle(f"{self.name} on {self.env['gpu']} ({self.env['commit']})", fontsize=9)
         fig.tight_layout()

@@ -1,0 +1,186 @@
+"""The model part of the benchmark: whole training steps of Hugging Face Llama models.
+
+A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step, on
+16384 tokens (4 x 4096) in bf16, timed step after step (sustained blocks; paired
+too). Variants: eager, Liger (its full patch, fused linear cross-entropy included),
+torch.compile, codetta (the drop-in) and codetta + torch.compile, each on its own
+copy of the same initial weights. The floor is the cuBLAS time of the step's GEMMs
+(forward, dX and dW of every projection and the LM head) plus the attention
+kernel's (SDPA) forward and backward, measured in the same run. Reported: time /
+floor, tokens/s, peak memory, and the first step's loss of every variant (they
+must agree).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .harness import Results, Row, compare, peak_memory_gb
+
+BATCH, SEQ = 4, 4096
+# name: (LlamaConfig overrides, layers)
+CASES = {
+    "1B-layers": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=64, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
+    "8B-layers": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
+    "llama-3.2-1B": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=64, num_hidden_layers=16, vocab_size=128256, tie_word_embeddings=True),
+    "8B-4layers+head": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128, num_hidden_layers=4, vocab_size=128256,
+                            tie_word_embeddings=False),
+}  # fmt: skip
+VARIANTS = ("eager", "liger", "torch.compile", "codetta", "codetta+compile")
+
+
+def llama_config(case: str, **over):
+    from transformers import LlamaConfig
+
+    kw = dict(CASES[case], max_position_embeddings=SEQ, rms_norm_eps=1e-5, attn_implementation="sdpa",
+              rope_theta=500000.0)  # fmt: skip
+    kw.update(over)
+    return LlamaConfig(**kw)
+
+
+def make_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype)
+
+
+def variant_step(name: str, base_model, ids, labels):
+    """``(step, model)``: one training step of variant ``name`` on its own copy of
+    ``base_model``; None where the variant is unavailable (Liger not installed)."""
+    import codetta
+
+    model = copy.deepcopy(base_model).train()
+    run = model
+    if name == "liger":
+        try:
+            from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        except ImportError:
+            return None
+        _apply_liger_kernel_to_instance(model=model)
+    elif name in ("codetta", "codetta+compile"):
+        codetta.apply_codetta(model)
+    if name.endswith("compile"):
+        run = torch.compile(model)
+    fused = ids.device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused)
+    losses = []
+
+    def step():
+        out = run(input_ids=ids, labels=labels, use_cache=False)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if len(losses) < 1:
+            losses.append(out.loss.detach().float().item())
+
+    step.losses = losses
+    return step
+
+
+def step_gemms(config, tokens: int):
+    """(M, N, K) of every forward GEMM of a step (each also runs as dX and dW backward)."""
+    d, f = config.hidden_size, config.intermediate_size
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    per_layer = [(tokens, q, d), (tokens, kv, d), (tokens, kv, d), (tokens, d, q), (tokens, f, d), (tokens, f, d),
+                 (tokens, d, f)]  # fmt: skip
+    return per_layer * config.num_hidden_layers + [(tokens, config.vocab_size, d)]
+
+
+def floor_step(config, batch: int, seq: int, device="cuda", dtype=torch.bfloat16):
+    """The floor: every GEMM of the step on cuBLAS (forward, dX, dW) and SDPA forward +
+    backward per layer, on preallocated tensors."""
+    tokens = batch * seq
+    mats = []
+    for M, N, K in dict.fromkeys(step_gemms(config, tokens)):
+        count = step_gemms(config, tokens).count((M, N, K))
+        a = torch.randn(M, K, device=device, dtype=dtype)
+        w = torch.randn(N, K, device=device, dtype=dtype) * K**-0.5
+        g = torch.randn(M, N, device=device, dtype=dtype)
+        mats.append((a, w, g, count))
+    h, kvh, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    q = torch.randn(batch, h, seq, hd, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, kvh, seq, hd, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(batch, kvh, seq, hd, device=device, dtype=dtype, requires_grad=True)
+    do = torch.randn(batch, h, seq, hd, device=device, dtype=dtype)
+
+    def run():
+        for a, w, g, count in mats:
+            for _ in range(count):
+                a @ w.t()
+                g @ w
+                g.t() @ a
+        for _ in range(config.num_hidden_layers):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            torch.autograd.grad(o, (q, k, v), do)
+
+    return run
+
+
+def step_flops(config, tokens: int, seq: int = SEQ) -> float:
+    """GEMMs (forward, dX, dW) plus causal attention (forward 2 B S^2 H hd, backward 2.5x)."""
+    gemm = sum(6 * M * N * K for M, N, K in step_gemms(config, tokens))
+    attn = config.num_hidden_layers * 7 * tokens * seq * config.num_attention_heads * config.head_dim
+    return gemm + attn
+
+
+def run_case(res: Results, case: str, variants=VARIANTS) -> None:
+    config = llama_config(case)
+    tokens = BATCH * SEQ
+    base = make_model(config)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), device="cuda", generator=g)
+    labels = ids.clone()
+    fns = {"floor": floor_step(config, BATCH, SEQ)}
+    for name in _progress(variants, f"{case}: building"):
+        step = variant_step(name, base, ids, labels)
+        if step is None:
+            print(f"  {case}: {name} unavailable (not installed)", file=sys.stderr)
+            continue
+        step()  # compile, tune, allocate optimizer state
+        fns[name] = step
+    del base
+    losses = {k: fn.losses[0] for k, fn in fns.items() if getattr(fn, "losses", None)}
+    ref = losses.get("eager")
+    for k, loss in losses.items():
+        print(f"  {case}: first-step loss {k:<16} {loss:.5f}")
+        if ref is not None and abs(loss - ref) > 2e-2 * abs(ref):
+            raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
+    mem = {k: peak_memory_gb(fn) for k, fn in fns.items()}
+    times = compare(fns)
+    flops = step_flops(config, tokens)
+    b = times["floor"]
+    for name, t in times.items():
+        res.add(Row(case, name, t.paired, flops, b.paired, mem[name], sustained_ms=t.sustained,
+                    baseline_sustained_ms=b.sustained,
+                    extra={"tokens_per_s": tokens / (t.sustained / 1e3)}))  # fmt: skip
+        print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained)")
+
+
+def _progress(items, desc):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(list(items), desc=desc, file=sys.stderr)
+    except ImportError:
+        return list(items)
+
+
+def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head")) -> Results:
+    res = Results("model_step", baseline="floor (cuBLAS GEMMs + SDPA fwd+bwd)")
+    for case in cases:
+        print(f"== training step, {case}")
+        run_case(res, case)
+        torch.cuda.empty_cache()
+    res.write(out_dir)
+    print(res.table())
+    return res
