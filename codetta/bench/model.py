@@ -23,17 +23,18 @@ from .harness import Results, Row, compare, peak_memory_gb
 
 BATCH, SEQ = 4, 4096
 # name: (LlamaConfig overrides, layers)
+_1B = dict(
+    hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8, head_dim=64
+)
+_8B = dict(
+    hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128
+)
 CASES = {
-    "1B-layers": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=64, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
-    "8B-layers": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
-    "llama-3.2-1B": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=64, num_hidden_layers=16, vocab_size=128256, tie_word_embeddings=True),
-    "8B-4layers+head": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, num_hidden_layers=4, vocab_size=128256,
-                            tie_word_embeddings=False),
-}  # fmt: skip
+    "1B-layers": dict(_1B, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
+    "8B-layers": dict(_8B, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
+    "llama-3.2-1B": dict(_1B, num_hidden_layers=16, vocab_size=128256, tie_word_embeddings=True),
+    "8B-4layers+head": dict(_8B, num_hidden_layers=4, vocab_size=128256, tie_word_embeddings=False),
+}
 VARIANTS = ("eager", "liger", "torch.compile", "codetta", "codetta+compile")
 
 
@@ -91,8 +92,8 @@ def step_gemms(config, tokens: int):
     d, f = config.hidden_size, config.intermediate_size
     q = config.num_attention_heads * config.head_dim
     kv = config.num_key_value_heads * config.head_dim
-    per_layer = [(tokens, q, d), (tokens, kv, d), (tokens, kv, d), (tokens, d, q), (tokens, f, d), (tokens, f, d),
-                 (tokens, d, f)]  # fmt: skip
+    per_layer = [(tokens, q, d), (tokens, kv, d), (tokens, kv, d), (tokens, d, q)]  # q, k, v, o
+    per_layer += [(tokens, f, d), (tokens, f, d), (tokens, d, f)]  # gate, up, down
     return per_layer * config.num_hidden_layers + [(tokens, config.vocab_size, d)]
 
 
