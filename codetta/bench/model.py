@@ -64,9 +64,11 @@ def variant_step(name: str, base_model, ids, labels):
     if name == "liger":
         try:
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
-        except ImportError:
+
+            _apply_liger_kernel_to_instance(model=model)
+        except Exception as exc:  # noqa: BLE001 - not installed, or not compatible with this transformers
+            print(f"  liger unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
             return None
-        _apply_liger_kernel_to_instance(model=model)
     elif name in ("codetta", "codetta+compile"):
         codetta.apply_codetta(model)
     if name.endswith("compile"):
@@ -145,7 +147,7 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
     for name in _progress(variants, f"{case}: building"):
         step = variant_step(name, base, ids, labels)
         if step is None:
-            print(f"  {case}: {name} unavailable (not installed)", file=sys.stderr)
+            print(f"  {case}: {name} left out", file=sys.stderr)
             continue
         step()  # compile, tune, allocate optimizer state
         fns[name] = step
