@@ -142,8 +142,22 @@ def _fallback_reason(model, kwargs) -> str | None:
     return unsupported(model)
 
 
-def _codetta_forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                     labels=None, **kwargs):  # fmt: skip
+def _codetta_forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    inputs_embeds=None,
+    labels=None,
+    use_cache=None,
+    logits_to_keep=0,
+    **kwargs,
+):
+    # the parameters in the order of the Hugging Face forward it replaces (positional calls)
+    kwargs.update(use_cache=use_cache, logits_to_keep=logits_to_keep)
+    if cache is not None:  # (the model's own forward also takes the old name, past_key_values)
+        kwargs["cache"] = cache
     why = _fallback_reason(self, kwargs)
     if why is not None:
         if why != "a KV cache is in use" and (type(self), why) not in _FALLBACK_WARNED:
@@ -156,8 +170,8 @@ def _codetta_forward(self, input_ids=None, attention_mask=None, position_ids=Non
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = kwargs.pop("return_dict", None)
-    kwargs.pop("use_cache", None)
-    kwargs.pop("logits_to_keep", None)
+    for name in ("cache", "past_key_values", "use_cache", "logits_to_keep"):
+        kwargs.pop(name, None)
     base = self.model
     if base.gradient_checkpointing and self.training:
         raise RuntimeError(
