@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -102,7 +103,9 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
     only those within ``SCOUT_KEEP`` of its best go on to ``measure``.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     compile_concurrently(candidates, prepare)
+    t1 = time.perf_counter()
     fns, first_err = {}, None
     for cfg in candidates:
         try:
@@ -113,17 +116,22 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
             first_err = first_err or exc
     if not fns:
         raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
+    t2 = time.perf_counter()
     if scout is not None and len(fns) > 3:
         # a short paired round first: candidates clearly behind drop out before the long one
         quick = scout(fns)
         best = min(quick.values())
         fns = {c: fn for c, fn in fns.items() if quick[c] <= SCOUT_KEEP * best}
+    t3 = time.perf_counter()
     med = measure(fns)
+    t4 = time.perf_counter()
     if SETTINGS.tune_verbose:
         for cfg, ms in med.items():
             print(f"codetta:   {cfg.short():<28} {ms:.4f} ms", file=sys.stderr, flush=True)
     best = min(med, key=med.get)
-    print(f"codetta: tuned {key}: {best.short()} ({med[best]:.3f} ms)", file=sys.stderr, flush=True)
+    print(f"codetta: tuned {key}: {best.short()} ({med[best]:.3f} ms; host s: compile {t1 - t0:.1f}, "
+          f"first runs {t2 - t1:.1f}, scout {t3 - t2:.1f}, timing {t4 - t3:.1f} of {len(fns)})",
+          file=sys.stderr, flush=True)  # fmt: skip
     return med
 
 
