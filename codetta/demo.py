@@ -17,6 +17,7 @@ ROLES = {
     ("store", "nt"): "input gradient dX = dY @ W",
     ("accumulate", "nt"): "input gradient of a second/third next GEMM, added in the epilogue",
     ("store", "tt"): "weight gradient dW = dY^T @ X",
+    ("ce_logits", "nn"): "LM head: a chunk of logits, its rows' log-sum-exp and target logit",
 }
 
 

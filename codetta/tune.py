@@ -12,7 +12,9 @@ Hugging Face drop-in calls them (``codetta/integrations/hf.py``) at the layer
 boundaries of a Llama-family decoder: the attention output projection with the
 residual and the MLP's norm (next GEMMs: gate and up, [f, d] each), the MLP's
 down projection with the residual and the next layer's norm (next GEMMs: q, k, v),
-and the last layer's down projection with the final norm and the LM head ([V, d]).
+and, for the last layer, the LM head + loss operator over its chunks of rows
+(``codetta.ops.linear_cross_entropy``; the last down projection and final norm run
+in PyTorch there).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .kernels.launch import RecordedCall, recording
 from .kernels.settings import override
 from .kernels.tuning import CACHE_FORMAT, Chooser
 from .models import Widths
+from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
 from .ops.residual_rmsnorm import residual_rmsnorm_linear
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
@@ -36,12 +39,12 @@ _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple
 
 
 def _layer_boundaries(w: Widths):
-    """(K of the GEMM before the residual, [N of each GEMM after the norm]) per boundary."""
+    """(K of the GEMM before the residual, [N of each GEMM after the norm]) per boundary
+    (the last layer's down projection, final norm and LM head + loss: ``_probe_loss``)."""
     kv = w.kv_heads * w.head_dim
     return [
         (w.q_width, [w.intermediate, w.intermediate]),  # o_proj + residual -> norm -> gate, up
         (w.intermediate, [w.q_width, kv, kv]),  # down_proj + residual -> norm -> next q, k, v
-        (w.intermediate, [w.vocab]),  # the last layer's down_proj -> final norm -> LM head
     ]
 
 
@@ -64,6 +67,17 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     return calls
 
 
+def _probe_loss(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
+    """The fused LM head + loss of a training step (its row chunk recorded as the probe)."""
+    T, d = _PROBE_TOKENS, w.hidden
+    with override(force_reference=True), recording() as rec:
+        n = torch.empty(T, d, dtype=dtype, requires_grad=True)
+        head = torch.empty(w.vocab, d, dtype=dtype, requires_grad=True)
+        target = torch.zeros(T, dtype=torch.long)
+        linear_cross_entropy(n, head, target, chunk_rows=T).backward()
+        return list(rec)
+
+
 def _scaled(call: RecordedCall, tokens: int) -> RecordedCall:
     def s(x):
         return tokens if x == _PROBE_TOKENS else x
@@ -77,12 +91,12 @@ def _scaled(call: RecordedCall, tokens: int) -> RecordedCall:
 def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong: bool = True) -> dict:
     """``{tuning key: RecordedCall}``: one call per distinct key of the model's step over
     the token counts (keys bucket shapes to powers of two, so many calls share one)."""
-    probe = _probe(w, dtype)
+    probe, loss = _probe(w, dtype), _probe_loss(w, dtype)
     out = {}
     for t in tokens:
-        for call in probe:
-            c = _scaled(call, t)
-            out.setdefault(Chooser.key(c, pingpong), c)
+        chunk = rows_per_chunk(t, w.vocab, torch.finfo(dtype).bits // 8)
+        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk) for c in loss]:
+            out.setdefault(Chooser.key(call, pingpong), call)
     return out
 
 

@@ -368,6 +368,7 @@ def _program_operands(name, M, N, device):
             "eps": 1e-6,
         },
         "row_lse": {"scale": 2.0},
+        "ce_logits": {"target": torch.randint(-1, N + 1, (M,), device=device)},
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
     }[name]
 

@@ -70,16 +70,18 @@ def test_model_calls_cover_the_step():
     """The recorded plan of a layer, as the Hugging Face drop-in calls the operators: K1
     and the scaled next GEMMs forward (gate and up, q, k and v as separate weights);
     dX (summed over the next GEMMs in their epilogues), dW, dy and dW_o backward; the
-    token count lands wherever the probe's did (M, or K of dW)."""
+    LM head + loss per chunk of rows; the token count (or the chunk's rows) lands
+    wherever the probe's did (M, or K of dW)."""
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "accumulate"}
+    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits"}
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
     assert ("rms_scale", False, False, 16384, 14336, 4096) in shapes  # gate, up
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # k, v
-    assert ("rms_scale", False, False, 16384, 128256, 4096) in shapes  # LM head
+    assert ("ce_logits", False, False, 1024, 128256, 4096) in shapes  # LM head + loss, 1024-row chunks
+    assert ("store", True, True, 128256, 4096, 1024) in shapes  # its dW per chunk
     assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
     assert ("store", True, True, 14336, 4096, 16384) in shapes  # dW of gate (and up)
     for c in calls.values():

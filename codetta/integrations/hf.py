@@ -28,6 +28,7 @@ import warnings
 
 import torch
 
+from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import residual_rmsnorm_linear
 
 FAMILIES = {
@@ -187,10 +188,12 @@ def _codetta_forward(
     masks = _masks(base, h, attention_mask, position_ids, len(layers))
     position_embeddings = base.rotary_emb(h, position_ids)
 
+    # with labels in training, the loss is fused and no logits are returned (as Liger does)
+    fused_loss = labels is not None and self.training
+    loss = logits = None
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
-    logits = None
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, **kwargs)
@@ -202,22 +205,40 @@ def _codetta_forward(
         y = mlp.act_fn(g) * u
         if i + 1 < len(layers):
             nxt = layers[i + 1]
-            norm, ws = nxt.input_layernorm, (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight,
-                                             nxt.self_attn.v_proj.weight)  # fmt: skip
+            ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
+            norm = nxt.input_layernorm
+            h, qkv = residual_rmsnorm_linear(
+                y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon
+            )
+        elif fused_loss:
+            # training with labels: the LM head and the loss in one chunked operator (no logits);
+            # the last residual add and the final norm in PyTorch for now
+            n = base.norm(h + mlp.down_proj(y))
+            loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
         else:
-            norm, ws = base.norm, (self.lm_head.weight,)
-        h, zs = residual_rmsnorm_linear(y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon)
-        if i + 1 < len(layers):
-            qkv = zs
-        else:
+            norm = base.norm
+            h, zs = residual_rmsnorm_linear(
+                y, mlp.down_proj.weight, h, norm.weight, (self.lm_head.weight,), norm.variance_epsilon
+            )
             logits = zs[0]
-    loss = None
-    if labels is not None:
+    if labels is not None and not fused_loss:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
     out = CausalLMOutputWithPast(loss=loss, logits=logits)
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     return out if return_dict else out.to_tuple()
+
+
+def _causal_lm_loss(n, head_weight, labels, num_items_in_batch):
+    """Hugging Face's causal-LM loss (tokens < t predict t, ignore_index -100, mean, or a sum
+    over ``num_items_in_batch``) through ``linear_cross_entropy``, in float32."""
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].to(n.device)
+    if num_items_in_batch is None:
+        return linear_cross_entropy(n, head_weight, shift, loss_dtype=torch.float32)
+    total = linear_cross_entropy(n, head_weight, shift, reduction="sum", loss_dtype=torch.float32)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:

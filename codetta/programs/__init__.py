@@ -1,6 +1,7 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
 from .basic import ACCUMULATE, MUL_COLSUM, ROW_SCALE, STORE
+from .ce import CE_LOGITS
 from .lse import ROW_LSE
 from .norm import (
     GAMMA_WEIGHT_GRAD,
@@ -24,5 +25,6 @@ __all__ = [
     "RMS_BACKWARD",
     "RMS_GRAD_PARTIALS",
     "ROW_LSE",
+    "CE_LOGITS",
     "ROTATE_PAIRS",
 ]
