@@ -327,3 +327,37 @@ def test_compile_reduce_overhead():
         got = step(compiled)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_out_argument(device):
+    """gemm(out=...): a padded row stride, the seed accumulated in place (fp32), a given
+    reduction output; repeated (the remembered signature) and bad outputs rejected."""
+    from codetta.programs import ACCUMULATE_F32, RESIDUAL_RMS
+
+    dtype = torch.float16
+    M, N, K = 40, 72, 48
+    a, w = _make(M, N, K, dtype, device, "nn")
+    ref = a.double() @ w.double().t()
+    buf = torch.full((M, 80), float("nan"), dtype=dtype, device=device)
+    for _ in range(2):
+        got = codetta.gemm(a, w, out=buf[:, :N])
+        assert got.data_ptr() == buf.data_ptr()
+        assert_within("out", buf[:, :N], ref, a @ w.t())
+        assert torch.isnan(buf[:, N:]).all(), "wrote past the row"
+    acc = rand(M, N, dtype=torch.float32, device=device)
+    want = acc.double() + 2 * ref
+    for _ in range(2):  # acc += a @ w.T twice, in place
+        codetta.gemm(a.t().contiguous().t(), w.t().contiguous().t(), epilogue=ACCUMULATE_F32, c=acc, out=acc)
+    assert (acc.double() - want).abs().max() < 1e-2 * want.abs().max()
+    r, g = rand(M, N, dtype=dtype, device=device), torch.rand(N, device=device) + 0.5
+    sumsq = torch.empty(M, device=device)
+    out = codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g, out=(None, None, sumsq))
+    assert out.sumsq is sumsq and torch.allclose(sumsq, out.x.float().pow(2).sum(1), rtol=1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        codetta.gemm(a, w, out=buf[:, : N - 8])
+    with pytest.raises(ValueError, match="must be torch.float16"):
+        codetta.gemm(a, w, out=buf[:, :N].float())
+    with pytest.raises(TypeError, match="one per output"):
+        codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g, out=buf)
+    with pytest.raises(ValueError, match="16-byte"):
+        codetta.gemm(a, w, out=torch.empty(M, 75, dtype=dtype, device=device)[:, :N])

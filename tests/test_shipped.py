@@ -75,13 +75,13 @@ def test_model_calls_cover_the_step():
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits"}
+    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "accumulate_f32"}
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
     assert ("rms_scale", False, False, 16384, 14336, 4096) in shapes  # gate, up
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # k, v
     assert ("ce_logits", False, False, 1024, 128256, 4096) in shapes  # LM head + loss, 1024-row chunks
-    assert ("store", True, True, 128256, 4096, 1024) in shapes  # its dW per chunk
+    assert ("accumulate_f32", True, True, 128256, 4096, 1024) in shapes  # its dW, summed in place
     assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
     assert ("store", True, True, 14336, 4096, 16384) in shapes  # dW of gate (and up)
     for c in calls.values():

@@ -272,7 +272,8 @@ class PingPongEngine:
             return []
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
         loads = sum(op.kind is Kind.TILE for op in program.caller_inputs)
-        held = loads + len(program.outputs)
+        # a gathered element (RowPick) adds its column match over the tile
+        held = loads + len(program.outputs) + sum(op.kind is Kind.ROW_PICK for op in program.outputs)
         if loads >= 2 or held >= 4:
             return list(configs.PINGPONG_HEAVY_CANDIDATES)
         if held >= 3:

@@ -24,7 +24,7 @@ import torch
 from . import device, direct, reductions
 from .configs import Config
 from .engines import PINGPONG, engine_of
-from .operands import GemmCall, make_call
+from .operands import GemmCall, check_outputs, make_call
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
 from .tuning import CHOOSER, candidates
@@ -58,9 +58,13 @@ class _Meta:
     device: torch.device
 
 
-def alloc_outputs(call: GemmCall) -> list[torch.Tensor]:
-    """The program's outputs as the caller gets them (independent of the config)."""
-    return [_alloc(m.shape, m.dtype, m.device) for m in _output_meta(call)]
+def alloc_outputs(call: GemmCall, given: tuple | None = None) -> list[torch.Tensor]:
+    """The program's outputs as the caller gets them (independent of the config); the
+    caller's own where ``given`` (``gemm(out=...)``) has one."""
+    metas = _output_meta(call)
+    if given is None:
+        return [_alloc(m.shape, m.dtype, m.device) for m in metas]
+    return [g if g is not None else _alloc(m.shape, m.dtype, m.device) for m, g in zip(metas, given)]
 
 
 def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
@@ -118,12 +122,15 @@ class _Bound:
                 return
         self.usable = True
 
-    def __call__(self, a: torch.Tensor, w: torch.Tensor, operands: dict):
+    def __call__(self, a: torch.Tensor, w: torch.Tensor, operands: dict, given=None):
         inputs = tuple(
             float(operands[n]) if scalar else operands[n] for n, scalar in zip(self.names, self.scalars)
         )
         dev = self.dev
-        outs = [_alloc(shape, dtype, dev) for shape, dtype in self.out_specs]
+        if given is None:
+            outs = [_alloc(shape, dtype, dev) for shape, dtype in self.out_specs]
+        else:
+            outs = [g if g is not None else _alloc(s[0], s[1], dev) for g, s in zip(given, self.out_specs)]
         ws = [None if shape is None else _alloc(shape, torch.float32, dev) for shape in self.ws_specs]
         if self.launch is None or not direct.usable():
             _run(GemmCall(self.program, a, w, self.a_t, self.b_t, inputs), self.cfg, outs, ws)
@@ -145,6 +152,10 @@ class _Bound:
                 fin(parts, out, stream)
 
 
+def _as_tuple(out) -> tuple:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
 _BOUND: dict = {}
 _MAX_BOUND = 4096  # distinct call signatures remembered (forgotten all at once past this)
 
@@ -153,13 +164,16 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
 
 
-def _signature(program, a, weight, operands: dict, config) -> tuple | None:
+def _signature(program, a, weight, operands: dict, config, out=None) -> tuple | None:
     """The key of a call's ``_Bound``; None for what only the full path handles (or rejects)."""
     try:
         key = [program, config, SETTINGS.generation, CHOOSER.generation, _tensor_key(a), _tensor_key(weight)]
         for name, v in operands.items():
             key.append(name)
             key.append(_tensor_key(v) if isinstance(v, torch.Tensor) else type(v))
+        if out is not None:
+            outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+            key.append(tuple(None if t is None else _tensor_key(t) for t in outs))
         key = tuple(key)
         hash(key)
         return key
@@ -273,22 +287,28 @@ def _record(call: GemmCall) -> None:
     _RECORDS.append(RecordedCall(call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, ops))
 
 
-def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = None, config=None, **operands):
+def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = None, config=None, out=None,
+         **operands):  # fmt: skip
     """``epilogue(a @ weight.T)``: one GEMM with its epilogue program fused.
 
     Returns the program's single output, or a named tuple of its outputs.
     ``gemm`` itself records no autograd graph: for training use the
     differentiable operators in ``codetta.ops`` / ``codetta.nn``.
     ``config`` (a :class:`codetta.Config`) pins the kernel configuration (and
-    so the mainloop) instead of the tuned one.
+    so the mainloop) instead of the tuned one. ``out``: tensors to write the
+    outputs into (a tensor, or one entry per output, None to allocate; a tile
+    output may have any 16-byte-aligned row stride, and may be the tensor that
+    seeds the accumulator: each output tile is read as a seed before it is written).
     """
     program = epilogue if epilogue is not None else STORE
-    sig = _signature(program, a, weight, operands, config) if _RECORDS is None else None
+    sig = _signature(program, a, weight, operands, config, out) if _RECORDS is None else None
     # (a recorded call takes the full path: the remembered signature would skip the record)
     bound = _BOUND.get(sig) if sig is not None else None
     if bound is not None:
-        return bound(a, weight, operands)
-    call = make_call(program, a, weight, operands)
+        return bound(a, weight, operands, None if out is None else _as_tuple(out))
+    provided = () if out is None else tuple(t is not None for t in _as_tuple(out))
+    call = make_call(program, a, weight, operands, provided)
+    given = check_outputs(program, out, call)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
     dry = _RECORDS is not None and not _COMPUTE
@@ -297,7 +317,7 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     if dry:
         outs = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in _output_meta(call)]
     else:
-        outs = alloc_outputs(call)
+        outs = alloc_outputs(call, given)
     if call.M > 0 and not dry:
         if _uses_reference(call):
             _reference(call, outs)

@@ -182,8 +182,10 @@ class GemmCall:
         )
 
 
-def make_call(program: Program, a, weight, operands: dict) -> GemmCall:
-    """Validate ``gemm(a, weight, program, **operands)``; return the call."""
+def make_call(program: Program, a, weight, operands: dict, provided: tuple = ()) -> GemmCall:
+    """Validate ``gemm(a, weight, program, **operands)``; return the call. ``provided``:
+    per output, whether the caller gives its tensor (``gemm(out=...)``: then its row
+    stride, checked by ``check_outputs``, is what TMA needs, not N)."""
     if not isinstance(program, Program):
         raise TypeError(f"epilogue must be a codetta Program, got {type(program).__name__}")
     a_t = check_matrix("a", a, "M, K")
@@ -204,8 +206,8 @@ def make_call(program: Program, a, weight, operands: dict) -> GemmCall:
     check_matrix_alignment("weight", weight, b_t, "N, K")
     if program.check is not None:
         program.check(M, N)
-    for op in program.outputs:
-        if not op.is_tile:
+    for i, op in enumerate(program.outputs):
+        if not op.is_tile or (i < len(provided) and provided[i]):
             continue
         half = op.kind is Kind.HALF_TILE
         unit = (2 if half else 1) * 16 // (op.dtype or a.dtype).itemsize
@@ -227,3 +229,45 @@ def make_call(program: Program, a, weight, operands: dict) -> GemmCall:
         check_operand(program, op, operands[op.name], device, M, N) for op in program.caller_inputs
     )
     return GemmCall(program, a, weight, a_t, b_t, inputs)
+
+
+def check_outputs(program: Program, out, call: GemmCall) -> tuple | None:
+    """``gemm(..., out=...)``: a tensor (a one-output program) or one entry per output
+    (None: allocate it); each the shape, dtype and device the output has, tile outputs
+    row-contiguous with 16-byte-aligned rows (any row stride), vectors contiguous.
+    Returns the entries as a tuple, or None."""
+    if out is None:
+        return None
+    n = len(program.outputs)
+    if isinstance(out, torch.Tensor):
+        out = (out,)
+    if not isinstance(out, (tuple, list)) or len(out) != n:
+        raise TypeError(
+            f"out must be a tensor (a one-output program) or a sequence of {n} (one per output of "
+            f"program {program.name!r}, None to allocate), got {type(out).__name__}"
+        )
+    M, N = call.M, call.N
+    for op, t in zip(program.outputs, out):
+        if t is None:
+            continue
+        where = f"out[{op.name!r}]"
+        check_tensor(where, t)
+        if t.device != call.device:
+            raise ValueError(f"{where} is on {t.device}, the GEMM inputs on {call.device}")
+        if op.kind is Kind.TILE:
+            shape, dtype = (M, N), op.dtype or call.dtype
+        elif op.kind is Kind.HALF_TILE:
+            shape, dtype = (M, N // 2), op.dtype or call.dtype
+        else:
+            shape, dtype = ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"{where} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+        if op.is_tile:
+            if t.stride(1) != 1 and shape[1] > 1:
+                raise ValueError(f"{where} must be row-contiguous, got strides {t.stride()}")
+            why = row_alignment_problem(t, leading_stride(t, False))
+            if why:
+                raise ValueError(f"{where}: {why}")
+        elif not t.is_contiguous():
+            raise ValueError(f"{where} must be contiguous")
+    return tuple(out)

@@ -10,14 +10,14 @@ the incoming scalar: the chunk's logits become (softmax - onehot) * scale in pla
 then dX = dlogits @ W (the chunk's rows) and dW += dlogits^T @ X (accumulated in fp32)
 are computed right away, and the backward only scales them. ``none`` keeps the
 per-row log-sum-exp and does the same work in the backward, with its per-row
-gradient. Extra memory beyond the inputs and their gradients: one logits chunk
-(<= ``CHUNK_BYTES``), the fp32 dW accumulator (4 V d bytes) and one chunk's dW
-partial in the input dtype (2 V d bytes), plus O(M) row statistics: at V = 128256,
-d = 4096 that is 0.25 + 2 + 1 GiB, above issue 15's 512 MiB bar (an in-place fp32
-accumulating epilogue would remove the last two terms).
+gradient. Extra memory beyond the inputs and their gradients: one logits buffer
+(<= ``CHUNK_BYTES``, reused by every chunk; rows padded to 16 bytes, so any V
+works) and the fp32 dW accumulator (4 V d bytes, summed in place by the
+ACCUMULATE_F32 epilogue), plus O(M) row statistics: at V = 128256, d = 4096 that is
+0.25 + 2 GiB, above issue 15's 512 MiB bar (the fp32 accumulator is the term).
 
 First version: label smoothing, class weights, z-loss, soft-capping and a bias are
-not supported yet (they raise); one logits GEMM per chunk plus the dX and dW GEMMs.
+not supported yet; one logits GEMM per chunk plus the dX and dW GEMMs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
+from ..programs.basic import ACCUMULATE_F32
 from ..programs.ce import CE_LOGITS, softmax_grad_
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -54,20 +55,24 @@ def _scales(target, ignore_index: int, reduction: str, grad: torch.Tensor | None
 
 def _pass(x, w, target, ignore_index, reduction, rows, grad=None, want_grads=True):
     """Loss rows (fp32 [M]) and, with ``want_grads``, dX (input dtype) and dW (fp32)."""
-    M = x.shape[0]
+    M, V = x.shape[0], w.shape[0]
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if want_grads else x.new_empty(0)
     dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device) if want_grads else None
     scale = _scales(target, ignore_index, reduction, grad, M) if want_grads else None
+    # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
+    unit = 16 // x.element_size()
+    buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
     for start in range(0, M, rows):
         sl = slice(start, min(M, start + rows))
         xc, tc = x[sl], target[sl]
-        out = gemm(xc, w, epilogue=CE_LOGITS, target=tc)
+        logits = buf[: xc.shape[0], :V]
+        out = gemm(xc, w, epilogue=CE_LOGITS, target=tc, out=(logits, None, None))
         losses[sl] = torch.where(tc != ignore_index, out.lse - out.picked, 0.0)
         if want_grads:
-            dl = softmax_grad_(out.logits, out.lse, tc, scale[sl])
-            dx[sl] = gemm(dl, w.t())
-            dw32.add_(gemm(dl.t(), xc.t()))  # bf16 partial added into fp32 (no fp32 copy of it)
+            dl = softmax_grad_(logits, out.lse, tc, scale[sl])
+            gemm(dl, w.t(), out=dx[sl])
+            gemm(dl.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
     return losses, dx, dw32
 
 
@@ -183,10 +188,10 @@ def linear_cross_entropy(
         raise ValueError(f"target must have shape {tuple(input.shape[:-1])}, got {tuple(target.shape)}")
     V = linear_weight.shape[0]
     unit = 16 // input.element_size()
-    if V % unit or input.shape[-1] % unit:
+    if input.shape[-1] % unit:
         raise ValueError(
-            f"V = {V} and d = {input.shape[-1]} must be multiples of {unit} for {input.dtype} (the logits "
-            "chunk and the transposed operands move through TMA in 16-byte rows; odd vocabularies: not yet)"
+            f"d = {input.shape[-1]} must be a multiple of {unit} for {input.dtype} (rows of the input "
+            "and the weight move through TMA in 16-byte units)"
         )
     x = input.reshape(-1, input.shape[-1]).contiguous()
     t = target.reshape(-1).contiguous()

@@ -1,6 +1,6 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
-from .basic import ACCUMULATE, MUL_COLSUM, ROW_SCALE, STORE
+from .basic import ACCUMULATE, ACCUMULATE_F32, MUL_COLSUM, ROW_SCALE, STORE
 from .ce import CE_LOGITS
 from .lse import ROW_LSE
 from .norm import (
@@ -16,6 +16,7 @@ from .rope import ROTATE_PAIRS
 __all__ = [
     "STORE",
     "ACCUMULATE",
+    "ACCUMULATE_F32",
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",

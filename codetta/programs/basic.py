@@ -1,13 +1,14 @@
 """Basic epilogue programs: plain store, accumulate into a tile, row scaling, a product's
 column sums."""
 
+import torch
 import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
-from ..kernels.configs import SEEDED_CANDIDATES
+from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 from ..kernels.program import STORE, ColSum, PerRow, Program, Tile
 
-__all__ = ["STORE", "ACCUMULATE", "ROW_SCALE", "MUL_COLSUM"]
+__all__ = ["STORE", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM"]
 
 
 @triton.jit
@@ -25,6 +26,20 @@ ACCUMULATE = Program(
     reference=lambda acc, c: {"out": acc},
     configs=tuple(SEEDED_CANDIDATES),
     layouts=((False, True),),
+)
+
+# the same into a float32 accumulator, e.g. gemm(..., epilogue=ACCUMULATE_F32, c=acc, out=acc)
+# summing a weight gradient over chunks of rows in place; the portable mainloop only (the
+# ping-pong epilogue ring holds the GEMM's dtype)
+ACCUMULATE_F32 = Program(
+    "accumulate_f32",
+    accumulate,
+    inputs=(Tile("c", seeds_acc=True, dtype=torch.float32),),
+    outputs=(Tile("out", dtype=torch.float32),),
+    reference=lambda acc, c: {"out": acc},
+    configs=tuple(BACKWARD_CANDIDATES),  # 128x128 tiles: a float32 seed tile fits shared memory
+    layouts=((True, True),),
+    pingpong=False,
 )
 
 

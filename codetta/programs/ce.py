@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import device
+from ..kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
 from ..kernels.program import DType, PerRow, Program, RowLogSumExp, RowPick, Tile
 from ..kernels.settings import SETTINGS
 
@@ -38,6 +39,9 @@ CE_LOGITS = Program(
     inputs=(PerRow("target", index=True), DType("elem")),
     outputs=(Tile("logits"), RowLogSumExp("lse"), RowPick("picked", index="target")),
     reference=lambda acc, target, elem: _reference(acc.to(elem).to(acc.dtype), target),
+    # three outputs, one a gathered element: 128x256 tiles and 4-warp 128x128 ones spill (sm_90a
+    # check); these do not
+    configs=tuple(BACKWARD_CANDIDATES) + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2),
 )
 
 
