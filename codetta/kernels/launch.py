@@ -24,7 +24,7 @@ import torch
 from . import device, direct, reductions
 from .configs import Config
 from .engines import PINGPONG, engine_of
-from .operands import GemmCall, check_outputs, make_call
+from .operands import GemmCall, check_outputs, make_call, output_shape
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
 from .tuning import CHOOSER, candidates
@@ -38,17 +38,7 @@ def _alloc(shape, dtype, dev):
 
 def _output_meta(call: GemmCall) -> list[_Meta]:
     """Shape, dtype and device of each of the program's outputs (independent of the config)."""
-    M, N = call.M, call.N
-    metas = []
-    for op in call.program.outputs:
-        if op.kind is Kind.TILE:
-            shape, dtype = (M, N), op.dtype or call.dtype
-        elif op.kind is Kind.HALF_TILE:
-            shape, dtype = (M, N // 2), op.dtype or call.dtype
-        else:
-            shape, dtype = ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
-        metas.append(_Meta(shape, dtype, call.device))
-    return metas
+    return [_Meta(*output_shape(op, call.M, call.N, call.dtype), call.device) for op in call.program.outputs]
 
 
 @dataclass(frozen=True)

@@ -130,14 +130,28 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
     else:
         check_dtype(where, value, VECTOR_DTYPES)
     if op.kind in (Kind.TILE, Kind.SEED):
-        if value.stride(1) != 1 and N > 1:
-            raise ValueError(f"{where} must be row-contiguous, got strides {value.stride()}")
-        why = row_alignment_problem(value, leading_stride(value, False))
-        if why:
-            raise ValueError(f"{where} [{M}, {N}]: {why}")
+        check_tile_rows(where, value)
     elif not value.is_contiguous():
         raise ValueError(f"{where} must be contiguous, got strides {value.stride()}")
     return value
+
+
+def check_tile_rows(where: str, t: torch.Tensor) -> None:
+    """A tile operand or output: unit stride along its rows, rows that TMA can address."""
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        raise ValueError(f"{where} must be row-contiguous, got strides {t.stride()}")
+    why = row_alignment_problem(t, leading_stride(t, False))
+    if why:
+        raise ValueError(f"{where} {list(t.shape)}: {why}")
+
+
+def output_shape(op, M: int, N: int, dtype: torch.dtype) -> tuple[tuple, torch.dtype]:
+    """(shape, dtype) of an output of a GEMM [M, N] in ``dtype``."""
+    if op.kind is Kind.TILE:
+        return (M, N), op.dtype or dtype
+    if op.kind is Kind.HALF_TILE:
+        return (M, N // 2), op.dtype or dtype
+    return ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,20 +268,11 @@ def check_outputs(program: Program, out, call: GemmCall) -> tuple | None:
         check_tensor(where, t)
         if t.device != call.device:
             raise ValueError(f"{where} is on {t.device}, the GEMM inputs on {call.device}")
-        if op.kind is Kind.TILE:
-            shape, dtype = (M, N), op.dtype or call.dtype
-        elif op.kind is Kind.HALF_TILE:
-            shape, dtype = (M, N // 2), op.dtype or call.dtype
-        else:
-            shape, dtype = ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
+        shape, dtype = output_shape(op, M, N, call.dtype)
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise ValueError(f"{where} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
         if op.is_tile:
-            if t.stride(1) != 1 and shape[1] > 1:
-                raise ValueError(f"{where} must be row-contiguous, got strides {t.stride()}")
-            why = row_alignment_problem(t, leading_stride(t, False))
-            if why:
-                raise ValueError(f"{where}: {why}")
+            check_tile_rows(where, t)
         elif not t.is_contiguous():
             raise ValueError(f"{where} must be contiguous")
     return tuple(out)
