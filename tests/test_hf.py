@@ -1,6 +1,7 @@
 """The Hugging Face drop-in: tiny Llama / Qwen3 / Mistral causal LMs, patched against
 unpatched, through the Triton interpreter on a CPU (fp32 as the issue asks, fp16 where
-errors are large enough for the 2x bound to bite)."""
+errors are large enough for the 2x bound to bite); test_matches_unpatched runs on the
+GPU (bf16 and fp16) where there is one."""
 
 import copy
 
@@ -103,11 +104,16 @@ def test_matches_unpatched(family, tied, mask, dtype):
     """Training (labels, the fused LM head + loss, no logits returned): loss and every
     parameter gradient; evaluation (no labels): the logits; each against the float64
     model, within twice the unpatched model's own error in the same dtype."""
-    model = _model(family, tied, dtype)
+    from conftest import ON_GPU
+
+    dev = "cuda" if ON_GPU else "cpu"  # on a GPU: the real kernels, bf16 where the CPU runs fp32
+    if ON_GPU and dtype == torch.float32:
+        dtype = torch.bfloat16
+    model = _model(family, tied, dtype).to(dev)
     ref64 = copy.deepcopy(model).double()
     plain = copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))
-    kw = _inputs(mask)
+    kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs(mask).items()}
     want = _step(ref64, kw)
     same = _step(plain, kw)
     with CountOps() as count:
