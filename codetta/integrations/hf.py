@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -39,6 +40,7 @@ FAMILIES = {
 _ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
 _HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
 _FALLBACK_WARNED: set = set()
+_UNSUPPORTED = weakref.WeakKeyDictionary()  # model -> why the fused forward cannot run it (or None)
 
 
 def _causal_lm_class(family: str):
@@ -111,7 +113,14 @@ def revert(model=None):
 
 
 def unsupported(model) -> str | None:
-    """Why the fused forward cannot run this model (None: it can)."""
+    """Why the fused forward cannot run this model (None: it can). Looked at once per
+    model (every forward asks): the projections' shapes and biases do not change."""
+    if model not in _UNSUPPORTED:
+        _UNSUPPORTED[model] = _unsupported(model)
+    return _UNSUPPORTED[model]
+
+
+def _unsupported(model) -> str | None:
     base = model.model
     layers = base.layers[: model.config.num_hidden_layers]
     linears = [model.lm_head]

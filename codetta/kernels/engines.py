@@ -194,10 +194,8 @@ class TritonEngine:
         if plan is None:
             plan = self._plans[key] = self._plan(call, cfg)
         a_desc, b_desc = _matrix_descs(tma_desc, call, plan.cfg)
-        slots = [
-            v if d is None else tma_desc(v, d[0], [leading_stride(v, False), 1], d[1])
-            for d, v in zip(plan.descs, call.inputs + tuple(outs))
-        ]
+        specs = _slot_specs(call, plan.descs, outs)
+        slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
         if plan.splits > 1:
             ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=call.device)
@@ -345,9 +343,10 @@ class PingPongEngine:
         return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
 
     @staticmethod
-    def _slot_descs(program, call, cfg):
+    def _slot_descs(call, cfg):
+        """Per slot, (TMA shape, block) of a tile operand, or None."""
         return tuple(
-            (_tile_shape(op, call), tile_block(op, cfg)) if op.is_tile else None for op in program.slots
+            (_tile_shape(op, call), tile_block(op, cfg)) if op.is_tile else None for op in call.program.slots
         )
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
@@ -356,13 +355,9 @@ class PingPongEngine:
         why = self.unsupported(call)
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
-        program = call.program
         a_desc, b_desc = _matrix_descs(_gl_desc, call, cfg)
-        slots = [
-            _gl_desc(v, _tile_shape(op, call), [leading_stride(v, False), 1], tile_block(op, cfg))
-            if op.is_tile else v
-            for op, v in zip(program.slots, list(call.inputs) + list(outs))
-        ]  # fmt: skip
+        specs = _slot_specs(call, self._slot_descs(call, cfg), outs)
+        slots = [v if d is None else _gl_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
         with device.on_device(call.device):
             return pingpong.pingpong_kernel.run(
@@ -380,7 +375,7 @@ class PingPongEngine:
         a_spec, b_spec = _matrix_specs(call, cfg)
         specs = tuple(
             None if s is None else (*s, _gl_layout(tuple(s[2]), call.dtype))
-            for s in _slot_specs(call, self._slot_descs(call.program, call, cfg), outs)
+            for s in _slot_specs(call, self._slot_descs(call, cfg), outs)
         )
         a_spec = (*a_spec, _gl_layout(tuple(a_spec[2]), call.dtype))
         b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))
