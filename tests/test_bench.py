@@ -44,3 +44,20 @@ def test_model_step_variants_on_cpu():
     gemms = mb.step_gemms(config, 32)
     assert len(gemms) == 7 * config.num_hidden_layers + 1 and (32, 128, 64) in gemms
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
+
+
+def test_module_swap_confines_a_monkey_patch():
+    """The model part swaps a peer's module-level patch in for its own steps only (Liger
+    replaces names of the modeling module, which leaked into every later variant)."""
+    import types
+
+    from codetta.bench.model import ModuleSwap
+
+    mod = types.ModuleType("fake_modeling")
+    mod.rope, mod.Norm = "hf-rope", "hf-norm"
+    with ModuleSwap(mod) as swap:
+        mod.rope, mod.extra = "peer-rope", "peer-extra"
+    assert (mod.rope, mod.Norm, hasattr(mod, "extra")) == ("hf-rope", "hf-norm", False)
+    with swap.patched():
+        assert (mod.rope, mod.Norm, mod.extra) == ("peer-rope", "hf-norm", "peer-extra")
+    assert (mod.rope, hasattr(mod, "extra")) == ("hf-rope", False)

@@ -232,12 +232,14 @@ def test_loss_curve_tracks_unpatched_on_gpu():
     torch.manual_seed(0)
     init = cls(cfg).to("cuda", torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(5)
-    # a learnable stream: a fixed random bigram table, sampled
-    table = torch.randint(0, cfg.vocab_size, (cfg.vocab_size, 4), device="cuda", generator=g)
+    # a learnable stream: a fixed random bigram table over 512 of the 32000 tokens, sampled
+    # (over all 32000 the 200 steps saw each token ~25 times: the loss fell 2 %, run 35)
+    used = torch.randperm(cfg.vocab_size, device="cuda", generator=g)[:512]
+    table = used[torch.randint(0, 512, (cfg.vocab_size, 4), device="cuda", generator=g)]
     batches = []
     for _ in range(200):
         ids = torch.empty(8, 512, dtype=torch.long, device="cuda")
-        ids[:, 0] = torch.randint(0, cfg.vocab_size, (8,), device="cuda", generator=g)
+        ids[:, 0] = used[torch.randint(0, 512, (8,), device="cuda", generator=g)]
         choice = torch.randint(0, 4, (8, 512), device="cuda", generator=g)
         for t in range(1, 512):
             ids[:, t] = table[ids[:, t - 1], choice[:, t]]

@@ -13,6 +13,7 @@ must agree).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 
@@ -54,6 +55,45 @@ def make_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
     return LlamaForCausalLM(config).to(device=device, dtype=dtype)
 
 
+class ModuleSwap:
+    """Records what a monkey patch changes in a module's namespace (``with`` block) and
+    undoes it on exit; ``patched()`` puts the patch back for the duration of a block."""
+
+    def __init__(self, module):
+        self.module, self.changes = module, {}
+
+    def __enter__(self):
+        self.before = dict(vars(self.module))
+        return self
+
+    def __exit__(self, *exc):
+        after = vars(self.module)
+        self.changes = {k: v for k, v in after.items() if self.before.get(k, _MISSING) is not v}
+        for k in self.changes:
+            if k in self.before:
+                setattr(self.module, k, self.before[k])
+            else:
+                delattr(self.module, k)
+        return False
+
+    @contextlib.contextmanager
+    def patched(self):
+        saved = {k: vars(self.module).get(k, _MISSING) for k in self.changes}
+        for k, v in self.changes.items():
+            setattr(self.module, k, v)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is _MISSING:
+                    delattr(self.module, k)
+                else:
+                    setattr(self.module, k, v)
+
+
+_MISSING = object()
+
+
 def variant_step(name: str, base_model, ids, labels):
     """``(step, model)``: one training step of variant ``name`` on its own copy of
     ``base_model``; None where the variant is unavailable (Liger not installed)."""
@@ -61,11 +101,16 @@ def variant_step(name: str, base_model, ids, labels):
 
     model = copy.deepcopy(base_model).train()
     run = model
+    swap = None
     if name == "liger":
         try:
             from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-            _apply_liger_kernel_to_instance(model=model)
+            # Liger also replaces module-level names of the modeling module (its rotary
+            # function, the RMSNorm and MLP classes): they are swapped in for its steps
+            # only, so the other variants (and models built later) run Hugging Face's own
+            with ModuleSwap(sys.modules[type(model).__module__]) as swap:
+                _apply_liger_kernel_to_instance(model=model)
         except Exception as exc:  # noqa: BLE001 - not installed, or not compatible with this transformers
             print(f"  liger unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
             return None
@@ -78,6 +123,12 @@ def variant_step(name: str, base_model, ids, labels):
     losses = []
 
     def step():
+        if swap is not None:
+            with swap.patched():
+                return _step()
+        return _step()
+
+    def _step():
         out = run(input_ids=ids, labels=labels, use_cache=False)
         out.loss.backward()
         opt.step()
