@@ -41,6 +41,10 @@ def _bench(args) -> int:
             model.run(args.out, cases=args.models)
         elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
+        elif part == "mlp":
+            from codetta.bench import mlp
+
+            mlp.run(args.out, widths=args.widths)
         else:
             foundation.run(args.out, parts=[part])
     return 0
@@ -58,7 +62,7 @@ def main(argv=None) -> int:
         "--parts",
         nargs="+",
         default=["overhead", "plain", "k1", "backward", "residual_norm"],
-        choices=["overhead", "plain", "k1", "backward", "residual_norm", "model"],
+        choices=["overhead", "plain", "k1", "backward", "residual_norm", "mlp", "model"],
     )
     b.add_argument(
         "--models",

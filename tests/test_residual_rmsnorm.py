@@ -196,7 +196,7 @@ def test_opcheck(device):
     for ws, fold_gamma in (([w], False), ([w], True), ([w, w2], False)):
         torch.library.opcheck(
             torch.ops.codetta.residual_rmsnorm_linear.default,
-            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma),
+            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 

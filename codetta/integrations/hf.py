@@ -3,15 +3,19 @@
 The patched forward moves each RMSNorm to the GEMM that consumes it (docs/design.md,
 "the shifted layer boundary"): the attention output projection adds the residual
 and produces the post-attention norm's statistics in its epilogue, and the norm's
-scale lands in the gate and up projections; the down projection does the same for
-the next layer's input norm and its q, k, v projections; the last layer's down
+scale lands in the gate and up projections, which run as one GEMM whose epilogue
+forms SwiGLU (``codetta.ops.residual_rmsnorm_swiglu``); the down projection does
+the same for the next layer's input norm and its q, k, v projections, and its
+backward forms the SwiGLU gradients in its dX epilogue; the last layer's down
 projection does it for the final norm and the LM head. One operator does each
 step (``codetta.ops.residual_rmsnorm_linear``, with the next weights as they are:
 no concatenation, no copies). Attention itself stays Hugging Face's: its
 configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
-first layer's input norm and q/k/v projections and the SwiGLU product run as in
-eager PyTorch for now (codetta's SwiGLU and QKV+RoPE operators will replace them).
+first layer's input norm and q/k/v projections, RoPE, and (training with labels)
+the last layer's residual add and final norm run as in eager PyTorch for now
+(codetta's QKV+RoPE operator will replace the first two). Activations other than
+SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``,
@@ -30,7 +34,7 @@ import weakref
 import torch
 
 from ..ops.cross_entropy import linear_cross_entropy
-from ..ops.residual_rmsnorm import residual_rmsnorm_linear
+from ..ops.residual_rmsnorm import residual_rmsnorm_linear, residual_rmsnorm_swiglu
 
 FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
@@ -200,6 +204,7 @@ def _codetta_forward(
     # with labels in training, the loss is fused and no logits are returned (as Liger does)
     fused_loss = labels is not None and self.training
     loss = logits = None
+    silu = _is_silu(self.config)
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
@@ -207,11 +212,18 @@ def _codetta_forward(
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, **kwargs)
         post = layer.post_attention_layernorm
-        h, (g, u) = residual_rmsnorm_linear(
-            a, attn.o_proj.weight, h, post.weight, (mlp.gate_proj.weight, mlp.up_proj.weight),
-            post.variance_epsilon,
-        )  # fmt: skip
-        y = mlp.act_fn(g) * u
+        gate_up = (mlp.gate_proj.weight, mlp.up_proj.weight)
+        if silu:
+            # the gate and up projections as one GEMM whose epilogue forms SwiGLU; y carries
+            # g and u, so the down projection's backward forms their gradients in its epilogue
+            h, y = residual_rmsnorm_swiglu(
+                a, attn.o_proj.weight, h, post.weight, *gate_up, post.variance_epsilon
+            )
+        else:
+            h, (g, u) = residual_rmsnorm_linear(
+                a, attn.o_proj.weight, h, post.weight, gate_up, post.variance_epsilon
+            )
+            y = mlp.act_fn(g) * u
         if i + 1 < len(layers):
             nxt = layers[i + 1]
             ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
@@ -222,7 +234,7 @@ def _codetta_forward(
         elif fused_loss:
             # training with labels: the LM head and the loss in one chunked operator (no logits);
             # the last residual add and the final norm in PyTorch for now
-            n = base.norm(h + mlp.down_proj(y))
+            n = base.norm(h + mlp.down_proj(y.y if silu else y))
             loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
         else:
             norm = base.norm
@@ -236,6 +248,10 @@ def _codetta_forward(
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     return out if return_dict else out.to_tuple()
+
+
+def _is_silu(config) -> bool:
+    return getattr(config, "hidden_act", None) in ("silu", "swish")
 
 
 def _causal_lm_loss(n, head_weight, labels, num_items_in_batch):

@@ -81,11 +81,18 @@ def _matrix_descs(make, call: GemmCall, cfg: Config):
 
 
 def _slot_specs(call: GemmCall, descs, outs) -> tuple:
-    """Per slot, (shape, strides, block) of a tile operand's descriptor, or None."""
+    """Per slot, (shape, strides, block) of a tile operand's (or a paired weight's)
+    descriptor, or None. ``descs``: per slot, (shape, block[, transposed]) or None."""
     return tuple(
-        None if d is None else (d[0], [leading_stride(v, False), 1], d[1])
+        None if d is None else (d[0], [leading_stride(v, len(d) > 2 and d[2]), 1], d[1])
         for d, v in zip(descs, call.inputs + tuple(outs))
     )
+
+
+def _pair_desc(call: GemmCall, cfg: Config) -> tuple:
+    """(shape, block, transposed) of a paired weight's descriptor: laid out as B."""
+    _, (shape, _, block) = _matrix_specs(call, cfg)
+    return shape, block, call.b_t
 
 
 def _tile_shape(op, call: GemmCall) -> list[int]:
@@ -127,7 +134,8 @@ class TritonEngine:
 
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t, num_sms) -> dict:
         return {
-            "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "BODY": program.body,
+            "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
+            "BODY": program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "A_T": a_t, "B_T": b_t,
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
@@ -146,7 +154,10 @@ class TritonEngine:
             "M": "i32", "N": "i32", "K": "i32",
         }  # fmt: skip
         for i, op in enumerate(program.slots):
-            sig[f"o{i}"] = _slot_type(op, dtype, tile_block(op, cfg, whole=op.kind is Kind.SEED))
+            block = (
+                b_block if op.kind is Kind.PAIRED_WEIGHT else tile_block(op, cfg, whole=op.kind is Kind.SEED)
+            )
+            sig[f"o{i}"] = _slot_type(op, dtype, block)
         for i in range(len(program.slots), MAX_OPERANDS):
             sig[f"o{i}"] = "constexpr"
         sig.update({"ws_ptr": "*fp32", "counts_ptr": "*i32", "tail_splits": "i32"})
@@ -156,7 +167,7 @@ class TritonEngine:
         """Everything about a launch that depends on shapes and the config, not on the tensors."""
         program, M, N, K = call.program, call.M, call.N, call.K
         spill_key = (program, cfg, call.dtype, call.a_t, call.b_t, call.device)
-        if cfg.tail_split > 1 and spill_key in self._tail_spills:
+        if cfg.tail_split > 1 and (spill_key in self._tail_spills or not program.tail_split):
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
         num_sms = (
@@ -172,6 +183,8 @@ class TritonEngine:
             descs=tuple(
                 (_tile_shape(op, call), tile_block(op, cfg, whole=op.kind is Kind.SEED))
                 if op.is_tile
+                else _pair_desc(call, cfg)
+                if op.kind is Kind.PAIRED_WEIGHT
                 else None
                 for op in program.slots
             ),  # fmt: skip
@@ -241,7 +254,7 @@ class TritonEngine:
 
 
 def _slot_type(op, dtype, block) -> str:
-    if op.is_tile:
+    if op.is_tile or op.kind is Kind.PAIRED_WEIGHT:
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
     if op.kind is Kind.SCALAR:
         return "fp32"

@@ -205,7 +205,11 @@ def _reference(call: GemmCall, outs: list) -> None:
     for op in prog.inputs:
         if op.kind is Kind.DTYPE:
             kwargs[op.name] = call.dtype
-    got = prog.reference(acc.float(), **kwargs)
+    acc = acc.float()
+    pair = next((op.name for op in prog.inputs if op.kind is Kind.PAIRED_WEIGHT), None)
+    if pair is not None:  # the body's acc is the pair of products
+        acc = (acc, (call.a.double() @ kwargs.pop(pair).double().t()).float())
+    got = prog.reference(acc, **kwargs)
     for op, out in zip(prog.outputs, outs):
         if op.name not in got:
             raise KeyError(

@@ -67,6 +67,31 @@ def _accumulate(a_desc, b_desc, acc, off_am, off_bn, k_lo, k_hi, A_T, B_T, BLOCK
 
 
 @triton.jit
+def _accumulate_pair(a_desc, b_desc, b2_desc, acc, acc2, off_am, off_bn, k_tiles, A_T, B_T, BLOCK_K, IEEE):
+    """acc += A @ B^T and acc2 += A @ B2^T over all K blocks, one A tile for both (a
+    program with a PairedWeight, e.g. SwiGLU's gate and up)."""
+    for ki in range(0, k_tiles):
+        off_k = ki * BLOCK_K
+        if A_T:
+            a = a_desc.load([off_k, off_am]).T
+        else:
+            a = a_desc.load([off_am, off_k])
+        if B_T:
+            b = b_desc.load([off_k, off_bn])
+            b2 = b2_desc.load([off_k, off_bn])
+        else:
+            b = b_desc.load([off_bn, off_k]).T
+            b2 = b2_desc.load([off_bn, off_k]).T
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+            acc2 = tl.dot(a, b2, acc2, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+            acc2 = tl.dot(a, b2, acc2)
+    return acc, acc2
+
+
+@triton.jit
 def _load_tiles(ops, IN_KINDS: tl.constexpr, off_m, off_n):
     """The sub-tile of every non-seeding tile input, as fp32 (0 for other inputs)."""
     tiles = ()
@@ -91,19 +116,26 @@ def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n):
 @triton.jit
 def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
               OUT_KINDS: tl.constexpr, ELEM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False):  # fmt: skip
+              EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False,
+              PAIRED: tl.constexpr = False):  # fmt: skip
     """Run the program over the tile's EPI_SPLIT column sub-tiles.
 
     ``src`` is the fp32 accumulator tile, or, with FROM_PARTIALS (a split tail
     tile), ``(ws_ptr, slot, n_parts)``: each sub-tile is then the sum of the
     tile's n_parts partials, added in part order (so the result does not depend
-    on which part finished last) and read one sub-tile at a time."""
+    on which part finished last) and read one sub-tile at a time. With PAIRED,
+    ``src`` is the pair of accumulators and so is each sub-tile the body gets."""
     SUB_N: tl.constexpr = BLOCK_N // EPI_SPLIT
-    if not FROM_PARTIALS:
+    if PAIRED:
+        blocks = E.column_blocks(src[0], EPI_SPLIT)
+        blocks2 = E.column_blocks(src[1], EPI_SPLIT)
+    elif not FROM_PARTIALS:
         blocks = E.column_blocks(src, EPI_SPLIT)
     rows = off_m + tl.arange(0, BLOCK_M)
     for j in tl.static_range(EPI_SPLIT):
-        if FROM_PARTIALS:
+        if PAIRED:
+            acc = (blocks[j], blocks2[j])
+        elif FROM_PARTIALS:
             acc = _sum_partials(src, j, BLOCK_M, BLOCK_N, SUB_N)
         else:
             acc = blocks[j]
@@ -153,7 +185,7 @@ def gemm_kernel(
     a_desc, b_desc, M, N, K,
     o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
     ws_ptr, counts_ptr, tail_splits,
-    NUM_OPS: tl.constexpr, SEED: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
+    NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
@@ -181,18 +213,25 @@ def gemm_kernel(
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N
-        if SEED >= 0:
-            # C = seed + A @ B^T: the seeding tile (e.g. a residual) starts the accumulator
-            acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
+        if PAIR >= 0:
+            # two products of one A tile: acc = A @ B^T, acc2 = A @ B2^T (the paired weight)
+            zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = _accumulate_pair(a_desc, b_desc, ops[PAIR], zero, zero, off_am, off_bn, k_tiles, A_T, B_T,
+                                   BLOCK_K, IEEE)  # fmt: skip
         else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+            if SEED >= 0:
+                # C = seed + A @ B^T: the seeding tile (e.g. a residual) starts the accumulator
+                acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
 
         tile_id_c += NUM_SMS
         pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = (pid_m * BLOCK_M).to(tl.int32)
         off_n = (pid_n * BLOCK_N).to(tl.int32)
-        _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT)
+        _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT,
+                  PAIRED=PAIR >= 0)  # fmt: skip
 
     if TAIL_SPLIT > 1:
         if start_pid < tail * tail_splits:

@@ -98,9 +98,12 @@ def check_matrix_alignment(name: str, t: torch.Tensor, transposed: bool, dims: s
         raise ValueError(f"{name} [{dims}] = {tuple(t.shape)}, strides {t.stride()}: {why}")
 
 
-def check_operand(program: Program, op, value, device: torch.device, M: int, N: int):
-    """One caller-passed operand of ``program``; returns it."""
+def check_operand(program: Program, op, value, device: torch.device, M: int, N: int, weight=None):
+    """One caller-passed operand of ``program``; returns it. ``weight``: the GEMM's B
+    (a PairedWeight must match its shape, dtype and layout)."""
     where = f"program {program.name!r} operand {op.name!r}"
+    if op.kind is Kind.PAIRED_WEIGHT:
+        return _check_paired_weight(where, value, weight)
     if op.kind is Kind.SCALAR:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
@@ -133,6 +136,24 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
         check_tile_rows(where, value)
     elif not value.is_contiguous():
         raise ValueError(f"{where} must be contiguous, got strides {value.stride()}")
+    return value
+
+
+def _check_paired_weight(where: str, value, weight: torch.Tensor) -> torch.Tensor:
+    transposed = check_matrix(where, value, "N, K")
+    if value.device != weight.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {weight.device}")
+    if value.shape != weight.shape or value.dtype != weight.dtype:
+        raise ValueError(
+            f"{where} must match weight ({weight.dtype} {tuple(weight.shape)}), "
+            f"got {value.dtype} {tuple(value.shape)}"
+        )
+    if transposed != check_matrix("weight", weight, "N, K"):
+        raise ValueError(
+            f"{where} must be laid out as weight (both contiguous or both transposed views), "
+            f"got strides {value.stride()} and {weight.stride()}"
+        )
+    check_matrix_alignment(where, value, transposed, "N, K")
     return value
 
 
@@ -240,7 +261,7 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     if missing:
         raise TypeError(f"program {program.name!r} needs operand(s) {missing}")
     inputs = tuple(
-        check_operand(program, op, operands[op.name], device, M, N) for op in program.caller_inputs
+        check_operand(program, op, operands[op.name], device, M, N, weight) for op in program.caller_inputs
     )
     return GemmCall(program, a, weight, a_t, b_t, inputs)
 

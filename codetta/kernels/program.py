@@ -23,6 +23,12 @@ Inputs (what the body receives for a [BM, BNs] sub-tile):
                  ``.dtype`` a body rounds to (``x = acc.to(elem.dtype)``)
   ``RowTable(index=...)``  [P, W] table: row m reads table[index[m], n % W]
                  -> fp32 [BM, BNs] (RoPE's cos/sin by position)
+  ``PairedWeight``  a second [N, K] weight, laid out as ``weight``: the mainloop
+                 multiplies A by both (two accumulators, one A tile) and the body's
+                 ``acc`` is the pair ``(a @ weight.T, a @ second.T)`` of [BM, BNs]
+                 sub-tiles, e.g. gate and up for SwiGLU (the body does not receive
+                 the weight itself; such a program runs on the portable mainloop,
+                 without the tail split)
 Outputs (what the body returns -> what the caller gets):
   ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
@@ -70,16 +76,18 @@ class Kind(enum.IntEnum):
     ROW_LSE = 11
     ROW_PICK = 12
     COL_SUM = 13
+    PAIRED_WEIGHT = 14
 
 
 INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
-               Kind.DTYPE, Kind.ROW_TABLE}  # fmt: skip
+               Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT}  # fmt: skip
 OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as TMA descriptors
 # what the caller passes for each input kind (DType: nothing)
 _CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
-                  Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]"}  # fmt: skip
+                  Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]",
+                  Kind.PAIRED_WEIGHT: "[N, K]"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,13 @@ def DType(name: str) -> Operand:  # noqa: N802
 def RowTable(name: str, *, index: str) -> Operand:  # noqa: N802
     """A [P, W] table; row m of the sub-tile reads table[index[m], n % W] (W divides N)."""
     return Operand(name, Kind.ROW_TABLE, index=index)
+
+
+def PairedWeight(name: str) -> Operand:  # noqa: N802
+    """A second [N, K] weight multiplied with the same A: the body's ``acc`` becomes the
+    pair ``(a @ weight.T, a @ second.T)`` (e.g. SwiGLU's gate and up projections, each
+    kept as its own tensor: no concatenation)."""
+    return Operand(name, Kind.PAIRED_WEIGHT)
 
 
 def RowSum(name: str) -> Operand:  # noqa: N802
@@ -203,6 +218,13 @@ class Program:
                 raise ValueError(f"{where}: output {op.name!r} cannot be {op.kind.name}")
         if sum(op.kind is Kind.SEED for op in self.inputs) > 1:
             raise ValueError(f"{where}: at most one input seeds the accumulator")
+        paired = sum(op.kind is Kind.PAIRED_WEIGHT for op in self.inputs)
+        if paired > 1 or (paired and any(op.kind is Kind.SEED for op in self.inputs)):
+            raise ValueError(f"{where}: at most one PairedWeight, and not with a seeded accumulator")
+        if paired:
+            # two accumulators: the portable mainloop, whole tiles (no K-split tail)
+            object.__setattr__(self, "tail_split", False)
+            object.__setattr__(self, "pingpong", False)
         index_inputs = {op.name for op in self.inputs if op.kind is Kind.PER_ROW_INDEX}
         for op in self.inputs + self.outputs:
             if op.kind in (Kind.ROW_TABLE, Kind.ROW_PICK) and op.index not in index_inputs:
@@ -240,6 +262,11 @@ class Program:
     def seed_slot(self) -> int:
         """Slot of the accumulator-seeding tile, or -1."""
         return next((i for i, op in enumerate(self.slots) if op.kind is Kind.SEED), -1)
+
+    @functools.cached_property
+    def pair_slot(self) -> int:
+        """Slot of the paired weight, or -1."""
+        return next((i for i, op in enumerate(self.slots) if op.kind is Kind.PAIRED_WEIGHT), -1)
 
     @functools.cached_property
     def in_kinds(self) -> tuple:

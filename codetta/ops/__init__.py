@@ -1,6 +1,13 @@
 """Operators: autograd functions registered through torch.library, one per file."""
 
 from .cross_entropy import linear_cross_entropy
-from .residual_rmsnorm import residual_rmsnorm_linear
+from .residual_rmsnorm import SwiGLU, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from .swiglu import swiglu_mlp
 
-__all__ = ["residual_rmsnorm_linear", "linear_cross_entropy"]
+__all__ = [
+    "residual_rmsnorm_linear",
+    "residual_rmsnorm_swiglu",
+    "SwiGLU",
+    "swiglu_mlp",
+    "linear_cross_entropy",
+]

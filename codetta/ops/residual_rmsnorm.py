@@ -28,6 +28,7 @@ torch.compile(fullgraph=True) traces through them.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -44,6 +45,7 @@ from ..programs import (
     RMS_SCALE,
 )
 from ..programs.norm_rows import rms_backward_finish, rms_backward_rows, rowdot, scale_columns
+from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
 
@@ -58,10 +60,19 @@ def _forward(
     eps: float,
     backward: str,
     fold_gamma: bool,
+    gate_up: list[torch.Tensor],
+    swiglu: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     # returns (x, [z per next weight], sumsq, w_gamma): w_gamma = W * gamma when
-    # fold_gamma (one next weight; kept for the backward), else an empty tensor
+    # fold_gamma (one next weight; kept for the backward), else an empty tensor.
+    # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
+    # returns their gradients from the dX GEMM's epilogue); swiglu: ws = [W_gate, W_up]
+    # and zs = [g, u, y] from one paired GEMM
     d = residual.shape[1]
+    if swiglu:
+        k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+        act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
+        return k1.x, list(act), k1.sumsq, ws[0].new_empty(0)
     if fold_gamma:
         # h is never written: z = r * (x @ (w * gamma)^T)
         k1 = gemm(y, w_o, epilogue=RESIDUAL_SUMSQ, residual=residual)
@@ -74,11 +85,11 @@ def _forward(
 
 
 @_forward.register_fake
-def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma):
+def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
-        [y.new_empty((M, w.shape[0])) for w in ws],
+        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu],
         y.new_empty((M,), dtype=torch.float32),
         ws[0].new_empty(ws[0].shape if fold_gamma else (0,)),
     )
@@ -145,42 +156,68 @@ def _backward(
     eps: float,
     mode: str,
     fold_gamma: bool,
+    gate_up: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
+    # dy is then empty: y's gradient goes to g and u)
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
-    dy = gemm(dx_total, w_o.t())
+    if gate_up:
+        # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
+        dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
+        dy, dws = y.new_empty(0), dws + [dg, du]
+    else:
+        dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
     return dy, dw_o, dx_total, dgamma, dws
 
 
 @_backward.register_fake
-def _(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
+def _(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up):
     return (
-        y.new_empty(y.shape),
+        y.new_empty(0 if gate_up else y.shape),
         w_o.new_empty(w_o.shape),
         x.new_empty(x.shape),
         gamma.new_empty(gamma.shape),
-        [w.new_empty(w.shape) for w in ws],
+        [w.new_empty(w.shape) for w in ws] + [t.new_empty(t.shape) for t in gate_up],
     )
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, ws, eps, backward, fold_gamma = inputs
+    y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu = inputs
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
+    ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
-    ctx.save_for_backward(y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws)
+    # with swiglu, g and u (zs[0], zs[1]) in case y is also used outside the next operator
+    kept = (*gate_up, *zs[:2]) if swiglu else tuple(gate_up)
+    ctx.save_for_backward(
+        y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept
+    )
 
 
 def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
-    y, w_o, gamma, x, z, sumsq, w_gamma, *ws = ctx.saved_tensors
+    y, w_o, gamma, x, z, sumsq, w_gamma, *rest = ctx.saved_tensors
+    ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     if dzs is None:
-        dzs = [None] * len(ws)
+        dzs = [None] * (ctx.n_ws + ctx.swiglu)
+    if ctx.swiglu:
+        # zs = [g, u, y]: a gradient that reaches y directly (y used outside the next
+        # operator, which sends its gradient to g and u) goes through SwiGLU here
+        dg, du, dact = dzs
+        if dact is not None:
+            g, u = rest[-2:]
+            extra = dswiglu_reference(dact, g, u)
+            dg = extra["dg"] if dg is None else dg + extra["dg"]
+            du = extra["du"] if du is None else du + extra["du"]
+        dzs = [dg, du]
     dzs = [x.new_zeros((x.shape[0], w.shape[0])) if g is None else g.contiguous() for g, w in zip(dzs, ws)]
     dy, dw_o, dres, dgamma, dws = _backward(
-        dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma
+        dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up)
     )
-    return dy, dw_o, dres, dgamma, dws, None, None, None
+    if gate_up:
+        return None, dw_o, dres, dgamma, dws[: ctx.n_ws], None, None, None, dws[ctx.n_ws :], None
+    return dy, dw_o, dres, dgamma, dws, None, None, None, [], None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -195,10 +232,11 @@ def _weights(weight) -> tuple[list, list[str]]:
     return [weight], ["weight"]
 
 
-def _check(y, w_o, residual, gamma, weight, eps) -> tuple[list, float]:
-    """Validate the operator's arguments (naming them as the caller does); return the
-    weights as a list and eps."""
+def _check(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
+    """Validate the operator's arguments (naming them as the caller does, ``names``: the
+    next weights'); return the weights as a list and eps."""
     ws, w_names = _weights(weight)
+    w_names = list(names) if names else w_names
     named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, **dict(zip(w_names, ws))}
     for name, t in named.items():
         check_tensor(name, t)
@@ -242,6 +280,48 @@ def _check(y, w_o, residual, gamma, weight, eps) -> tuple[list, float]:
     return ws, float(eps)
 
 
+class SwiGLU(NamedTuple):
+    """``y = silu(gate) * up`` with the gate and up projections it came from
+    (``residual_rmsnorm_swiglu`` returns one). Given as ``residual_rmsnorm_linear``'s
+    ``y``, the down projection's backward forms the gate's and up's gradients in its dX
+    GEMM's epilogue (dy is never written)."""
+
+    y: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+
+
+def residual_rmsnorm_swiglu(
+    y: torch.Tensor,
+    w_o: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, SwiGLU]:
+    """``x = residual + y @ w_o.T``;  ``n = rms_norm(x, gamma, eps)``;
+    ``act = silu(n @ w_gate.T) * (n @ w_up.T)``.  Returns (x, SwiGLU(act, gate, up)).
+
+    The first half of a Llama MLP sublayer: the gate and up projections run as one
+    GEMM (their weights used as they are: [f, d] each, no concatenation) whose
+    epilogue applies the norm's row scale and forms SwiGLU. Pass the returned
+    ``SwiGLU`` as the ``y`` of the down projection's ``residual_rmsnorm_linear``
+    (its backward then forms dgate and dup in its dX GEMM's epilogue). Arguments as
+    ``residual_rmsnorm_linear``'s; differentiable in every tensor.
+    """
+    ws, eps = _check(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have one shape")
+    lead = residual.shape[:-1]
+    x, (g, u, act), _, _ = _forward(
+        y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
+        gamma, ws, eps, "rowwise", False, [], True,
+    )  # fmt: skip
+    f = w_gate.shape[0]
+    return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
+
+
 def residual_rmsnorm_linear(
     y: torch.Tensor,
     w_o: torch.Tensor,
@@ -252,7 +332,8 @@ def residual_rmsnorm_linear(
 ):
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
-    y [..., K], w_o [d, K], residual [..., d], gamma [d] (float32 or the input
+    y [..., K] (or a ``SwiGLU`` from ``residual_rmsnorm_swiglu``), w_o [d, K],
+    residual [..., d], gamma [d] (float32 or the input
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument. bf16/fp16 on
     the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows).
@@ -272,7 +353,17 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
     GEMM's weight instead of writing h. The variants take one next weight."""
+    gate_up = []
+    if isinstance(y, SwiGLU):
+        y, gate_up = y.y, [y.gate, y.up]
+        for name, t in (("y.gate", gate_up[0]), ("y.up", gate_up[1])):
+            check_tensor(name, t)
+            if t.shape != y.shape or t.dtype != y.dtype or t.device != y.device:
+                raise ValueError(f"{name} must match y.y ({y.dtype} {tuple(y.shape)} on {y.device})")
+        gate_up = [t.reshape(-1, t.shape[-1]).contiguous() for t in gate_up]
     ws, eps = _check(y, w_o, residual, gamma, weight, eps)
+    if gate_up and (fold_gamma or backward != "rowwise"):
+        raise ValueError("a SwiGLU y takes the default backward (rowwise, no fold_gamma)")
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if fold_gamma and backward != "rowwise":
@@ -289,6 +380,8 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         eps,
         backward,
         bool(fold_gamma),
+        gate_up,
+        False,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs)
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]

@@ -12,6 +12,7 @@ from .norm import (
     RMS_SCALE,
 )
 from .rope import ROTATE_PAIRS
+from .swiglu import DSWIGLU, SWIGLU, SWIGLU_RMS
 
 __all__ = [
     "STORE",
@@ -28,4 +29,7 @@ __all__ = [
     "ROW_LSE",
     "CE_LOGITS",
     "ROTATE_PAIRS",
+    "SWIGLU",
+    "SWIGLU_RMS",
+    "DSWIGLU",
 ]

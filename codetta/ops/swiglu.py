@@ -1,0 +1,161 @@
+"""The SwiGLU MLP as GEMM epilogues (docs/design.md, the MLP block), forward and backward.
+
+    g = x @ W_gate^T,  u = x @ W_up^T,  y = silu(g) * u,  out = [residual +] y @ W_down^T
+
+Forward: one GEMM multiplies x by both weights (used as they are: two [f, d]
+tensors, or the two halves of one fused [2f, d] tensor; no copy) and its epilogue
+stores g, u and y (SWIGLU); the down GEMM adds the residual in its epilogue
+(ACCUMULATE seeded by it). Backward, given d_out: the down projection's dX GEMM
+forms dg and du in its epilogue (DSWIGLU: dy is never written), then
+dx = dg @ W_gate + du @ W_up (the second product accumulated onto the first in its
+epilogue), dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
+
+Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y).
+Registered as torch.library custom ops, so torch.compile(fullgraph=True) traces them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.launch import gemm
+from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
+from ..programs import ACCUMULATE, DSWIGLU, SWIGLU
+
+
+@torch.library.custom_op("codetta::swiglu_mlp", mutates_args=())
+def _forward(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    residual: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # returns (out, g, u, y): g, u, y are kept for the backward
+    act = gemm(x, w_gate, epilogue=SWIGLU, up=w_up)
+    if residual is None:
+        out = gemm(act.y, w_down)
+    else:
+        out = gemm(act.y, w_down, epilogue=ACCUMULATE, c=residual)
+    return out, act.g, act.u, act.y
+
+
+@_forward.register_fake
+def _(x, w_gate, w_up, w_down, residual):
+    M, f = x.shape[0], w_gate.shape[0]
+    return x.new_empty((M, w_down.shape[0])), *(x.new_empty((M, f)) for _ in range(3))
+
+
+@torch.library.custom_op("codetta::swiglu_mlp_backward", mutates_args=())
+def _backward(
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    g: torch.Tensor,
+    u: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # returns (dx, dW_gate, dW_up, dW_down)
+    dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u)
+    dw_down = gemm(dout.t(), y.t())
+    dx = gemm(du, w_up.t(), epilogue=ACCUMULATE, c=gemm(dg, w_gate.t()))
+    return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
+
+
+@_backward.register_fake
+def _(dout, x, w_gate, w_up, w_down, g, u, y):
+    return x.new_empty(x.shape), w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape), \
+        w_down.new_empty(w_down.shape)  # fmt: skip
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_gate, w_up, w_down, residual = inputs
+    _, g, u, y = output
+    ctx.has_residual = residual is not None
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y)
+
+
+def _autograd_backward(ctx, dout, dg, du, dy):
+    # g, u and y are internal outputs (the public function returns only out): no gradient
+    x, w_gate, w_up, w_down, g, u, y = ctx.saved_tensors
+    if dout is None:
+        return None, None, None, None, None
+    dout = dout.contiguous()
+    dx, dw_gate, dw_up, dw_down = _backward(dout, x, w_gate, w_up, w_down, g, u, y)
+    return dx, dw_gate, dw_up, dw_down, dout if ctx.has_residual else None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def _split_gate_up(w_gate, w_up):
+    """(W_gate, W_up) from two tensors, or from one fused [2f, d] tensor (w_up None):
+    its halves, as views."""
+    check_tensor("w_gate" if w_up is not None else "w_gate_up", w_gate)
+    if w_up is not None:
+        return w_gate, w_up, ("w_gate", "w_up")
+    if w_gate.dim() != 2 or w_gate.shape[0] % 2:
+        raise ValueError(
+            f"a fused w_gate_up (w_up=None) must be 2-D [2f, d] with an even first dimension, "
+            f"got {tuple(w_gate.shape)}"
+        )
+    f = w_gate.shape[0] // 2
+    return w_gate[:f], w_gate[f:], ("w_gate_up[:f]", "w_gate_up[f:]")
+
+
+def swiglu_mlp(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor | None,
+    w_down: torch.Tensor,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[residual +] (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``: a Llama-family MLP.
+
+    x [..., d]; w_gate, w_up [f, d] (Hugging Face's ``gate_proj.weight`` and
+    ``up_proj.weight``), or one fused [2f, d] tensor as ``w_gate`` with ``w_up=None``
+    (gate rows first); w_down [d, f]; residual [..., d] or None. Differentiable in
+    every tensor. bf16/fp16 on the GPU (fp32 too on CPU); d and f multiples of 8.
+    """
+    w_gate, w_up, (gate_name, up_name) = _split_gate_up(w_gate, w_up)
+    named = {"x": x, gate_name: w_gate, up_name: w_up, "w_down": w_down}
+    if residual is not None:
+        named["residual"] = residual
+    for name, t in named.items():
+        check_tensor(name, t)
+    check_same_device(named)
+    for name, t in named.items():
+        check_gemm_dtype(name, t, on_gpu_too=False)
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} ({t.dtype}) must have x's dtype ({x.dtype})")
+    check_gemm_dtype("x", x)
+    for name in (gate_name, up_name, "w_down"):
+        if named[name].dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(named[name].shape)}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (its features)")
+    d, f = x.shape[-1], w_gate.shape[0]
+    if w_gate.shape != (f, d):
+        raise ValueError(f"{gate_name} must be [f, d={d}] (x has {d} features), got {tuple(w_gate.shape)}")
+    if w_up.shape != (f, d):
+        raise ValueError(f"{up_name} must be [f={f}, d={d}] like {gate_name}, got {tuple(w_up.shape)}")
+    if w_down.shape != (d, f):
+        raise ValueError(f"w_down must be [d={d}, f={f}], got {tuple(w_down.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
+    unit = 16 // x.element_size()
+    for what, size in (("the hidden size d", d), ("the intermediate size f", f)):
+        if size % unit:
+            raise ValueError(
+                f"{what} = {size} must be a multiple of {unit} for {x.dtype} "
+                "(TMA moves rows in 16-byte units)"
+            )
+    lead = x.shape[:-1]
+    out, _, _, _ = _forward(
+        x.reshape(-1, d).contiguous(), w_gate, w_up, w_down,
+        None if residual is None else residual.reshape(-1, d).contiguous(),
+    )  # fmt: skip
+    return out.reshape(*lead, d)

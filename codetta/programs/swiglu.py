@@ -1,0 +1,116 @@
+"""SwiGLU as GEMM epilogues (docs/design.md, the MLP block): the gate and up
+projections in one GEMM (their weights paired, each its own tensor) whose epilogue
+forms ``y = silu(g) * u``, and the product's backward in the epilogue of the down
+projection's dX GEMM.
+
+    forward:  g = r * (h @ W_gate^T), u = r * (h @ W_up^T)   (r: the RMSNorm scale of
+              the row, formed from K1's sumsq; 1 without a norm), y = silu(g) * u
+    backward: dy = d_out @ W_down;  du = dy * silu(g),
+              dg = dy * u * s * (1 + g (1 - s)),  s = sigmoid(g)
+
+The forward stores g, u (what the backward needs) and y (the down projection's
+input and its dW operand); y is formed from the fp32 g and u, the backward reads
+the stored (rounded) g and u.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kernels.configs import BACKWARD_CANDIDATES, _grid
+from ..kernels.program import PairedWeight, PerRow, Program, Scalar, Tile
+from .norm import rms_scale_of
+
+__all__ = ["SWIGLU", "SWIGLU_RMS", "DSWIGLU"]
+
+
+@triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in fp32."""
+    return g * tl.sigmoid(g) * u
+
+
+@triton.jit
+def swiglu(acc):
+    """acc = (h @ W_gate^T, h @ W_up^T):  g, u and y = silu(g) * u."""
+    g, u = acc
+    return g, u, silu_mul(g, u)
+
+
+@triton.jit
+def swiglu_rms(acc, sumsq, inv_d, eps):
+    """The same after an RMSNorm whose gamma K1 applied (its h): g and u scaled by the
+    row's r = rsqrt(sumsq / d + eps) first."""
+    r = rms_scale_of(sumsq, inv_d, eps)
+    g = acc[0] * r
+    u = acc[1] * r
+    return g, u, silu_mul(g, u)
+
+
+@triton.jit
+def dswiglu(acc, g, u):
+    """acc = dy = d_out @ W_down (the down projection's dX):  dg, du of y = silu(g) * u."""
+    s = tl.sigmoid(g)
+    du = acc * g * s
+    dg = acc * u * s * (1.0 + g * (1.0 - s))
+    return dg, du
+
+
+def _silu_mul(g, u):
+    return torch.nn.functional.silu(g) * u
+
+
+def _reference(g, u):
+    return {"g": g, "u": u, "y": _silu_mul(g, u)}
+
+
+def _rms(sumsq, inv_d, eps):
+    return (sumsq.float() * inv_d + eps).rsqrt()[:, None]
+
+
+def dswiglu_reference(dy, g, u) -> dict:
+    """{"dg", "du"} of y = silu(g) * u given dy, in PyTorch (float32 math, dy's dtype)."""
+    dt = dy.dtype
+    dy, g, u = dy.float(), g.float(), u.float()
+    s = torch.sigmoid(g)
+    return {"dg": (dy * u * s * (1 + g * (1 - s))).to(dt), "du": (dy * g * s).to(dt)}
+
+
+# two fp32 accumulators per tile: BLOCK_N is each one's width, so 128x128 (a 128x256
+# tile's registers) and smaller; the epilogue writes three tiles
+PAIRED_CANDIDATES = tuple(
+    _grid(((128, 128, 3, 8), (128, 128, 4, 8)), (2, 4), (False,))
+    + _grid(((128, 64, 4, 4),), (1, 2), (False,))
+)
+
+_OUTS = (Tile("g"), Tile("u"), Tile("y"))
+
+SWIGLU = Program(
+    "swiglu",
+    swiglu,
+    inputs=(PairedWeight("up"),),
+    outputs=_OUTS,
+    reference=lambda acc: _reference(*acc),
+    configs=PAIRED_CANDIDATES,
+)
+
+SWIGLU_RMS = Program(
+    "swiglu_rms",
+    swiglu_rms,
+    inputs=(PairedWeight("up"), PerRow("sumsq"), Scalar("inv_d"), Scalar("eps")),
+    outputs=_OUTS,
+    reference=lambda acc, sumsq, inv_d, eps: _reference(
+        acc[0] * _rms(sumsq, inv_d, eps), acc[1] * _rms(sumsq, inv_d, eps)
+    ),  # fmt: skip
+    configs=PAIRED_CANDIDATES,
+)
+
+DSWIGLU = Program(
+    "dswiglu",
+    dswiglu,
+    inputs=(Tile("g"), Tile("u")),
+    outputs=(Tile("dg"), Tile("du")),
+    reference=lambda acc, g, u: dswiglu_reference(acc, g, u),
+    configs=tuple(BACKWARD_CANDIDATES),
+    layouts=((False, True),),
+)

@@ -1,0 +1,289 @@
+"""Operators II: the SwiGLU MLP as GEMM epilogues (paired gate/up weights), forward and backward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ON_GPU
+from util import assert_within, rand
+
+import codetta
+from codetta.kernels.launch import recording
+from codetta.nn import SwiGLUMLP
+from codetta.ops import SwiGLU, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
+from codetta.programs import DSWIGLU, SWIGLU, SWIGLU_RMS
+
+# (tokens, d, f): odd token counts, f not a multiple of the tile (32 on CPU, 128 on GPU)
+SHAPES = [(77, 64, 88), (130, 48, 40)] if not ON_GPU else [(1000, 2048, 8192 + 64), (333, 1024, 1000)]
+EPS = 1e-6
+
+
+def _mlp_chain(x, wg, wu, wd, res, dtype):
+    """The eager MLP in ``dtype`` (PyTorch's own rounding of g, u, silu(g) and y)."""
+    x, wg, wu, wd = (t.to(dtype) for t in (x, wg, wu, wd))
+    out = (F.silu(x @ wg.t()) * (x @ wu.t())) @ wd.t()
+    return out if res is None else res.to(dtype) + out
+
+
+def _grads(fn, leaves, dout):
+    ts = [t.detach().clone().requires_grad_() for t in leaves]
+    out = fn(*ts)
+    (out.double() * dout.double()).sum().backward()
+    return out, [t.grad for t in ts]
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "plain"])
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("T,d,f", SHAPES, ids=str)
+def test_mlp_forward_backward(T, d, f, fused, residual, dtype, device):
+    """Output and every gradient against fp64, within 2x PyTorch's own error in the same
+    dtype; both weight forms (gate and up as two tensors, or one fused [2f, d])."""
+    x = rand(T, d, dtype=dtype, device=device)
+    wg, wu = (rand(f, d, dtype=dtype, device=device, scale=d**-0.5) for _ in range(2))
+    wd = rand(d, f, dtype=dtype, device=device, scale=f**-0.5)
+    res = rand(T, d, dtype=dtype, device=device) if residual else None
+    dout = rand(T, d, dtype=dtype, device=device)
+    if fused:
+        leaves = [x, torch.cat([wg, wu]), wd] + ([res] if residual else [])
+
+        def ours(x, wgu, wd, *r):
+            return swiglu_mlp(x, wgu, None, wd, *r)
+
+        def chain(dt):
+            return lambda x, wgu, wd, *r: _mlp_chain(x, wgu[:f], wgu[f:], wd, r[0] if r else None, dt)
+
+        names = ["dx", "dw_gate_up", "dw_down", "dresidual"]
+    else:
+        leaves = [x, wg, wu, wd] + ([res] if residual else [])
+
+        def ours(x, wg, wu, wd, *r):
+            return swiglu_mlp(x, wg, wu, wd, *r)
+
+        def chain(dt):
+            return lambda x, wg, wu, wd, *r: _mlp_chain(x, wg, wu, wd, r[0] if r else None, dt)
+
+        names = ["dx", "dw_gate", "dw_up", "dw_down", "dresidual"]
+    got = _grads(ours, leaves, dout)
+    ref = _grads(chain(torch.float64), [t.double() for t in leaves], dout)
+    same = _grads(chain(dtype), leaves, dout)
+    assert_within("out", got[0], ref[0], same[0])
+    for name, a, b, c in zip(names, got[1], ref[1], same[1]):
+        assert a.dtype == c.dtype, name
+        assert_within(name, a, b, c)
+
+
+def test_programs_through_gemm(dtype, device):
+    """The three programs alone (``gemm``): the paired GEMM's g, u, y with and without the
+    norm's row scale, and the dSwiGLU epilogue, against fp64."""
+    T, d, f = SHAPES[0]
+    x = rand(T, d, dtype=dtype, device=device)
+    wg, wu = (rand(f, d, dtype=dtype, device=device, scale=d**-0.5) for _ in range(2))
+    g64, u64 = x.double() @ wg.double().t(), x.double() @ wu.double().t()
+    sumsq = torch.rand(T, device=device) * d + 1.0
+    r = (sumsq.double() / d + EPS).rsqrt()[:, None]
+    for prog, kw, scale in (
+        (SWIGLU, {}, 1.0),
+        (SWIGLU_RMS, {"sumsq": sumsq, "inv_d": 1.0 / d, "eps": EPS}, r),
+    ):
+        out = codetta.gemm(x, wg, epilogue=prog, up=wu, **kw)
+        g, u = g64 * scale, u64 * scale
+        same_g, same_u = (x @ w.t() * (scale if prog is SWIGLU else r.to(dtype)) for w in (wg, wu))
+        assert_within(f"{prog.name}.g", out.g, g, same_g)
+        assert_within(f"{prog.name}.u", out.u, u, same_u)
+        assert_within(f"{prog.name}.y", out.y, F.silu(g) * u, F.silu(same_g) * same_u)
+    wd = rand(d, f, dtype=dtype, device=device, scale=f**-0.5)
+    dout = rand(T, d, dtype=dtype, device=device)
+    g, u = g64.to(dtype), u64.to(dtype)
+    out = codetta.gemm(dout, wd.t(), epilogue=DSWIGLU, g=g, u=u)
+
+    def dswiglu(dy, g, u):
+        s = torch.sigmoid(g)
+        return dy * u * s * (1 + g * (1 - s)), dy * g * s
+
+    ref = dswiglu(dout.double() @ wd.double(), g.double(), u.double())
+    same = dswiglu(dout @ wd, g, u)
+    assert_within("dg", out.dg, ref[0], same[0])
+    assert_within("du", out.du, ref[1], same[1])
+
+
+def test_kernel_plan():
+    """The MLP runs as the epilogue programs the design names, not as PyTorch math: the
+    forward's one paired GEMM (SWIGLU) and the down GEMM, the backward's DSWIGLU dX GEMM
+    and no other product of the [T, f] activation than the GEMMs (fails if the op's
+    kernel path is replaced by a reference)."""
+    T, d, f = SHAPES[0]
+    leaves = [rand(T, d, dtype=torch.float16, device="cpu")]
+    leaves += [rand(*s, dtype=torch.float16, device="cpu", scale=0.1) for s in ((f, d), (f, d), (d, f))]
+    leaves = [t.requires_grad_() for t in leaves]
+    with recording(compute=True) as calls:
+        out = swiglu_mlp(*leaves)
+        out.float().sum().backward()
+    names = [c.program.name for c in calls]
+    assert names[:2] == ["swiglu", "store"], names
+    assert "dswiglu" in names and len(names) == 2 + 6, names  # dX(+dSwiGLU), dW_down, 2 dX, 2 dW
+
+
+def test_norm_chain_matches_fp64(dtype, device):
+    """residual_rmsnorm_swiglu -> residual_rmsnorm_linear(SwiGLU): a Llama MLP sublayer
+    between two norms, every output and gradient against fp64; also with the activation
+    used outside the chain (its gradient then goes through SwiGLU in PyTorch)."""
+    T, d, f = SHAPES[0]
+    k, nq = d // 2, 40 if not ON_GPU else 1024
+    shapes = [(T, k, 1.0), (d, k, k**-0.5), (T, d, 1.0), None, (f, d, d**-0.5), (f, d, d**-0.5),
+              (d, f, f**-0.5), None, (nq, d, d**-0.5)]  # fmt: skip
+    leaves = [
+        (torch.rand(d, device=device) + 0.5)
+        if s is None
+        else rand(*s[:2], dtype=dtype, device=device, scale=s[2])
+        for s in shapes
+    ]
+    grads_out = [rand(T, d, dtype=dtype, device=device), rand(T, nq, dtype=dtype, device=device),
+                 rand(T, f, dtype=dtype, device=device)]  # fmt: skip
+
+    def chain(dt):
+        def f_(y, wo, res, g1, wg, wu, wd, g2, wq):
+            x = res + y @ wo.t()
+            xf = x.float() if dt != torch.float64 else x
+            n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g1.to(xf.dtype)).to(dt)
+            a = F.silu(n @ wg.t()) * (n @ wu.t())
+            x2 = x + a @ wd.t()
+            xf = x2.float() if dt != torch.float64 else x2
+            n2 = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g2.to(xf.dtype)).to(dt)
+            return x2, n2 @ wq.t(), a
+
+        return f_
+
+    def ours(y, wo, res, g1, wg, wu, wd, g2, wq):
+        x, act = residual_rmsnorm_swiglu(y, wo, res, g1, wg, wu, EPS)
+        assert isinstance(act, SwiGLU)
+        x2, z = residual_rmsnorm_linear(act, wd, x, g2, wq, EPS)
+        return x2, z, act.y
+
+    for use_act in (False, True):
+
+        def run(fn, ts, use_act=use_act):
+            ts = [t.detach().clone().requires_grad_() for t in ts]
+            outs = fn(*ts)
+            used = outs if use_act else outs[:2]
+            sum((o.double() * g.double()).sum() for o, g in zip(used, grads_out)).backward()
+            return list(outs) + [t.grad for t in ts]
+
+        got = run(ours, leaves)
+        ref = run(chain(torch.float64), [t.double() for t in leaves])
+        same = run(chain(dtype), leaves)
+        names = [
+            "x",
+            "z",
+            "act",
+            "dy",
+            "dw_o",
+            "dres",
+            "dgamma",
+            "dw_gate",
+            "dw_up",
+            "dw_down",
+            "dgamma2",
+            "dwq",
+        ]
+        for name, a, b, c in zip(names, got, ref, same):
+            assert_within(f"{name} (activation used: {use_act})", a, b, c)
+
+
+def test_module_shares_parameters(device):
+    torch.manual_seed(3)
+    mod = SwiGLUMLP(64, 96, device=device, dtype=torch.float16)
+    assert set(mod.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    x = rand(20, 64, dtype=torch.float16, device=device)
+    out = mod(x)
+    ref = swiglu_mlp(x, mod.gate_proj.weight, mod.up_proj.weight, mod.down_proj.weight)
+    assert torch.equal(out, ref)
+    wrapped = SwiGLUMLP.from_mlp(mod)
+    assert wrapped.gate_proj is mod.gate_proj and torch.equal(wrapped(x), out)
+    out.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in mod.parameters())
+    bad = torch.nn.Module()
+    bad.gate_proj, bad.up_proj, bad.down_proj = mod.gate_proj, mod.up_proj, mod.down_proj
+    bad.act_fn = torch.nn.GELU()
+    with pytest.raises(ValueError, match="activation is GELU"):
+        SwiGLUMLP.from_mlp(bad)
+
+
+def test_compile_fullgraph(device):
+    """torch.compile traces the custom ops (fake implementations) without graph breaks."""
+    T, d, f = 64, 64, 96
+    leaves = [rand(T, d, dtype=torch.float16, device=device)]
+    leaves += [rand(*s, dtype=torch.float16, device=device, scale=0.1) for s in ((f, d), (f, d), (d, f))]
+
+    def fn(x, wg, wu, wd):
+        return swiglu_mlp(x, wg, wu, wd, x).float().pow(2).sum()
+
+    backend = "inductor" if ON_GPU else "aot_eager"
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    a = [t.detach().clone().requires_grad_() for t in leaves]
+    b = [t.detach().clone().requires_grad_() for t in leaves]
+    out_c, out_e = compiled(*a), fn(*b)
+    out_c.backward()
+    out_e.backward()
+    assert torch.allclose(out_c, out_e, rtol=1e-3)
+    for ta, tb in zip(a, b):
+        assert torch.equal(ta.grad, tb.grad)
+
+
+def test_opcheck(device):
+    T, d, f = 32, 64, 48
+    ts = [rand(T, d, dtype=torch.float16, device=device)]
+    ts += [rand(*s, dtype=torch.float16, device=device, scale=0.1) for s in ((f, d), (f, d), (d, f), (T, d))]
+    ts = [t.requires_grad_() for t in ts]
+    for res in (ts[4], None):
+        torch.library.opcheck(
+            torch.ops.codetta.swiglu_mlp.default,
+            (*ts[:4], res),
+            test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
+
+
+@pytest.mark.parametrize(
+    "case,exc,match",
+    [
+        ("gate_shape", ValueError, r"w_gate must be \[f, d=64\]"),
+        ("up_shape", ValueError, r"w_up must be \[f=96, d=64\]"),
+        ("down_shape", ValueError, r"w_down must be \[d=64, f=96\]"),
+        ("residual_shape", ValueError, "residual .* must have x's shape"),
+        ("dtype_mix", TypeError, r"w_up \(torch.float32\) must have x's dtype"),
+        ("x_int", TypeError, "x must be bfloat16 or float16"),
+        ("f_odd", ValueError, "the intermediate size f = 90 must be a multiple of 8"),
+        ("fused_odd", ValueError, "even first dimension"),
+        ("device", ValueError, "w_down is on meta but x is on"),
+        ("misaligned", ValueError, "16-byte boundary"),
+        ("not_tensor", TypeError, "w_up must be a torch.Tensor"),
+    ],
+)
+def test_bad_input(case, exc, match, device):
+    T, d, f = 16, 64, 96
+    x = rand(T, d, dtype=torch.float16, device=device)
+    wg, wu = (rand(f, d, dtype=torch.float16, device=device) for _ in range(2))
+    wd = rand(d, f, dtype=torch.float16, device=device)
+    res = None
+    if case == "gate_shape":
+        wg = wg[:, :32]
+    elif case == "up_shape":
+        wu = wu[:48]
+    elif case == "down_shape":
+        wd = wd[:, :48]
+    elif case == "residual_shape":
+        res = x[:8]
+    elif case == "dtype_mix":
+        wu = wu.float()
+    elif case == "x_int":
+        x = x.to(torch.int32)
+    elif case == "f_odd":
+        wg, wu, wd = wg[:90], wu[:90], wd[:, :90].contiguous()
+    elif case == "fused_odd":
+        wg, wu = torch.cat([wg, wu])[:-1], None
+    elif case == "device":
+        wd = wd.to("meta")
+    elif case == "misaligned":
+        x = torch.empty(T * d + 1, dtype=torch.float16, device=device)[1:].view(T, d).normal_()
+    elif case == "not_tensor":
+        wu = wu.tolist()
+    with pytest.raises(exc, match=match):
+        swiglu_mlp(x, wg, wu, wd, res)
