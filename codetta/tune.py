@@ -28,43 +28,41 @@ import torch
 
 from .kernels import configs
 from .kernels.launch import RecordedCall, recording
+from .kernels.program import Kind
 from .kernels.settings import override
 from .kernels.tuning import CACHE_FORMAT, Chooser
 from .models import Widths
 from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
-from .ops.residual_rmsnorm import residual_rmsnorm_linear
+from .ops.residual_rmsnorm import SwiGLU, residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
 _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple of 8
 
 
-def _layer_boundaries(w: Widths):
-    """(K of the GEMM before the residual, [N of each GEMM after the norm]) per boundary
-    (the last layer's down projection, final norm and LM head + loss: ``_probe_loss``)."""
-    kv = w.kv_heads * w.head_dim
-    return [
-        (w.q_width, [w.intermediate, w.intermediate]),  # o_proj + residual -> norm -> gate, up
-        (w.intermediate, [w.q_width, kv, kv]),  # down_proj + residual -> norm -> next q, k, v
-    ]
-
-
 def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
+    """The GEMMs of one layer as the Hugging Face drop-in runs it (forward and backward):
+    o_proj + residual -> norm -> gate/up + SwiGLU, then down_proj + residual -> norm ->
+    next q, k, v (dSwiGLU in its dX epilogue), and the last layer's down_proj + final norm
+    (the LM head + loss: ``_probe_loss``)."""
     widths = {w.hidden, w.intermediate, w.q_width, w.kv_heads * w.head_dim, w.vocab}
     if _PROBE_TOKENS in widths:
         raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
-    T, d = _PROBE_TOKENS, w.hidden
-    calls = []
+    T, d, f, kv = _PROBE_TOKENS, w.hidden, w.intermediate, w.kv_heads * w.head_dim
+
+    def t(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt).requires_grad_()
+
     with override(force_reference=True), recording() as rec:
-        for k, ns in _layer_boundaries(w):
-            y = torch.empty(T, k, dtype=dtype, requires_grad=True)
-            w_o = torch.empty(d, k, dtype=dtype, requires_grad=True)
-            res = torch.empty(T, d, dtype=dtype, requires_grad=True)
-            gamma = torch.ones(d, requires_grad=True)
-            weights = [torch.empty(n, d, dtype=dtype, requires_grad=True) for n in ns]
-            x, zs = residual_rmsnorm_linear(y, w_o, res, gamma, weights)
-            torch.autograd.backward([x, *zs], [torch.empty_like(x), *(torch.empty_like(z) for z in zs)])
-        calls.extend(rec)
-    return calls
+        x, act = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d), t(d, dt=torch.float32),
+                                         t(f, d), t(f, d))  # fmt: skip
+        x2, zs = residual_rmsnorm_linear(act, t(d, f), x, t(d, dt=torch.float32), [t(w.q_width, d), t(kv, d),
+                                         t(kv, d)])  # fmt: skip
+        x3, n = residual_rmsnorm(
+            SwiGLU(*(t(T, f) for _ in range(3))), t(d, f), t(T, d), t(d, dt=torch.float32)
+        )
+        outs = [x2, *zs, x3, n]
+        torch.autograd.backward(outs, [torch.empty_like(o) for o in outs])
+        return list(rec)
 
 
 def _probe_loss(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
@@ -113,8 +111,11 @@ def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: fl
     a = _tensor((call.M, call.K), call.dtype, call.a_t, device) * 0.5
     weight = _tensor((call.N, call.K), call.dtype, call.b_t, device) * call.K**-0.5
     operands = {}
+    paired = {op.name for op in call.program.inputs if op.kind is Kind.PAIRED_WEIGHT}
     for name, shape, dt in call.operands:
-        if shape is None:
+        if name in paired:  # a second weight, laid out as the first
+            operands[name] = _tensor(shape, dt, call.b_t, device) * call.K**-0.5
+        elif shape is None:
             operands[name] = 1e-5 if name == "eps" else 1.0 / call.N
         elif dt in (torch.int32, torch.int64):
             operands[name] = torch.randint(0, call.N, shape, dtype=dt, device=device)

@@ -119,7 +119,8 @@ def test_matches_unpatched(family, tied, mask, dtype):
     with CountOps() as count:
         got = _step(ours, kw)
     n_layers = model.config.num_hidden_layers
-    assert (count.calls, count.losses) == (2 * n_layers - 1, 1), "the fused path did not run"
+    # every layer's two norms (the last one's through residual_rmsnorm, no next GEMM)
+    assert (count.calls, count.losses) == (2 * n_layers, 1), "the fused path did not run"
     assert got[0] is None  # training with labels: no logits, as Liger
     # the loss is a mean of per-token losses: its error is bounded by twice PyTorch's worst
     # per-token error (a max over many errors, like every other check; PyTorch's error on
@@ -210,7 +211,7 @@ def test_torch_compile_fullgraph_training_step():
 
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     got = _step(compiled, kw)
-    assert sum("codetta.residual_rmsnorm_linear" in t for t in targets) == 3, "codetta ops not in the graph"
+    assert sum("codetta.residual_rmsnorm_linear" in t for t in targets) == 4, "codetta ops not in the graph"
     assert sum("codetta.linear_cross_entropy" in t for t in targets) == 1
     assert torch.allclose(got[1], eager[1], rtol=1e-5)
     for name, g in eager[2].items():

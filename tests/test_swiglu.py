@@ -287,3 +287,34 @@ def test_bad_input(case, exc, match, device):
         wu = wu.tolist()
     with pytest.raises(exc, match=match):
         swiglu_mlp(x, wg, wu, wd, res)
+
+
+def test_norm_without_next_gemm(dtype, device):
+    """residual_rmsnorm (no next GEMM; a SwiGLU y): x and n, and every gradient, against fp64."""
+    T, d, f = SHAPES[0]
+    leaves = [rand(T, f, dtype=dtype, device=device), rand(T, f, dtype=dtype, device=device),
+              rand(d, f, dtype=dtype, device=device, scale=f**-0.5), rand(T, d, dtype=dtype, device=device),
+              torch.rand(d, device=device) + 0.5]  # fmt: skip
+    dx, dn = rand(T, d, dtype=dtype, device=device), rand(T, d, dtype=dtype, device=device)
+
+    def chain(dt):
+        def f_(g, u, wd, res, gamma):
+            x = res + (F.silu(g) * u) @ wd.t()
+            xf = x.float() if dt != torch.float64 else x
+            return x, (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * gamma.to(xf.dtype)).to(dt)
+
+        return f_
+
+    def ours(g, u, wd, res, gamma):
+        return codetta.ops.residual_rmsnorm(SwiGLU(F.silu(g) * u, g, u), wd, res, gamma, EPS)
+
+    def run(fn, ts):
+        ts = [t.detach().clone().requires_grad_() for t in ts]
+        x, n = fn(*ts)
+        ((x.double() * dx.double()).sum() + (n.double() * dn.double()).sum()).backward()
+        return [x, n] + [t.grad for t in ts]
+
+    got, ref = run(ours, leaves), run(chain(torch.float64), [t.double() for t in leaves])
+    same = run(chain(dtype), leaves)
+    for name, a, b, c in zip(["x", "n", "dg", "du", "dw_down", "dres", "dgamma"], got, ref, same):
+        assert_within(name, a, b, c)

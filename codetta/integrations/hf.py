@@ -12,9 +12,10 @@ step (``codetta.ops.residual_rmsnorm_linear``, with the next weights as they are
 no concatenation, no copies). Attention itself stays Hugging Face's: its
 configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
-first layer's input norm and q/k/v projections, RoPE, and (training with labels)
-the last layer's residual add and final norm run as in eager PyTorch for now
-(codetta's QKV+RoPE operator will replace the first two). Activations other than
+first layer's input norm and q/k/v projections and RoPE run as in eager PyTorch
+for now (codetta's QKV+RoPE operator will replace them); training with labels, the
+final norm's output is formed by one pass after K1 and goes to the fused LM head +
+loss (``codetta.ops.linear_cross_entropy``). Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
@@ -34,7 +35,7 @@ import weakref
 import torch
 
 from ..ops.cross_entropy import linear_cross_entropy
-from ..ops.residual_rmsnorm import residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from ..ops.residual_rmsnorm import residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
 
 FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
@@ -232,9 +233,10 @@ def _codetta_forward(
                 y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon
             )
         elif fused_loss:
-            # training with labels: the LM head and the loss in one chunked operator (no logits);
-            # the last residual add and the final norm in PyTorch for now
-            n = base.norm(h + mlp.down_proj(y.y if silu else y))
+            # training with labels: the last residual add and the final norm (K1 and one pass
+            # forming n), then the LM head and the loss in one chunked operator (no logits)
+            norm = base.norm
+            _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
             loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
         else:
             norm = base.norm

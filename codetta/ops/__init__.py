@@ -1,10 +1,16 @@
 """Operators: autograd functions registered through torch.library, one per file."""
 
 from .cross_entropy import linear_cross_entropy
-from .residual_rmsnorm import SwiGLU, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from .residual_rmsnorm import (
+    SwiGLU,
+    residual_rmsnorm,
+    residual_rmsnorm_linear,
+    residual_rmsnorm_swiglu,
+)
 from .swiglu import swiglu_mlp
 
 __all__ = [
+    "residual_rmsnorm",
     "residual_rmsnorm_linear",
     "residual_rmsnorm_swiglu",
     "SwiGLU",

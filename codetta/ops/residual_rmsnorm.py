@@ -69,6 +69,11 @@ def _forward(
     # returns their gradients from the dX GEMM's epilogue); swiglu: ws = [W_gate, W_up]
     # and zs = [g, u, y] from one paired GEMM
     d = residual.shape[1]
+    if not ws:
+        # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
+        k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+        r = torch.rsqrt(k1.sumsq * (1.0 / d) + eps)[:, None]
+        return k1.x, [(k1.h.float() * r).to(y.dtype)], k1.sumsq, residual.new_empty(0)
     if swiglu:
         k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
         act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
@@ -89,9 +94,11 @@ def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
-        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu],
+        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu]
+        if ws
+        else [residual.new_empty(residual.shape)],
         y.new_empty((M,), dtype=torch.float32),
-        ws[0].new_empty(ws[0].shape if fold_gamma else (0,)),
+        ws[0].new_empty(ws[0].shape) if fold_gamma else residual.new_empty(0),
     )
 
 
@@ -100,6 +107,9 @@ def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gam
     n, the normalized input that dW needs, is [M, d] and dies when this returns,
     before dy and dW_o allocate theirs (it is not kept to the end)."""
     d = x.shape[1]
+    if not ws:  # no next GEMM: the incoming gradient is the norm output's
+        dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps)
+        return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype)
     if len(ws) > 1:
         # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i, each later
         # product accumulated onto the earlier ones in its epilogue (no separate adds)
@@ -200,7 +210,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     if dzs is None:
-        dzs = [None] * (ctx.n_ws + ctx.swiglu)
+        dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
     if ctx.swiglu:
         # zs = [g, u, y]: a gradient that reaches y directly (y used outside the next
         # operator, which sends its gradient to g and u) goes through SwiGLU here
@@ -211,7 +221,8 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
             dg = extra["dg"] if dg is None else dg + extra["dg"]
             du = extra["du"] if du is None else du + extra["du"]
         dzs = [dg, du]
-    dzs = [x.new_zeros((x.shape[0], w.shape[0])) if g is None else g.contiguous() for g, w in zip(dzs, ws)]
+    widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
+    dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up)
     )
@@ -235,7 +246,7 @@ def _weights(weight) -> tuple[list, list[str]]:
 def _check(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
     """Validate the operator's arguments (naming them as the caller does, ``names``: the
     next weights'); return the weights as a list and eps."""
-    ws, w_names = _weights(weight)
+    ws, w_names = ([], []) if weight is None else _weights(weight)
     w_names = list(names) if names else w_names
     named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, **dict(zip(w_names, ws))}
     for name, t in named.items():
@@ -322,6 +333,18 @@ def residual_rmsnorm_swiglu(
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
 
 
+def residual_rmsnorm(
+    y, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x = residual + y @ w_o.T``;  ``n = rms_norm(x, gamma, eps)``.  Returns (x, n).
+
+    ``residual_rmsnorm_linear`` without a next GEMM, for a norm whose output is not
+    consumed by a plain projection (e.g. the final norm before a fused LM head + loss):
+    K1 writes x and the row statistics, one pass forms n. ``y`` may be a ``SwiGLU``.
+    """
+    return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, None, eps)
+
+
 def residual_rmsnorm_linear(
     y: torch.Tensor,
     w_o: torch.Tensor,
@@ -368,8 +391,8 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if fold_gamma and backward != "rowwise":
         raise ValueError(f"fold_gamma=True needs backward='rowwise', got {backward!r}")
-    if len(ws) > 1 and (fold_gamma or backward != "rowwise"):
-        raise ValueError("several next weights take the default backward (rowwise, no fold_gamma)")
+    if len(ws) != 1 and (fold_gamma or backward != "rowwise"):
+        raise ValueError("several or no next weights take the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
     x, zs, _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(),
@@ -384,4 +407,4 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         False,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs)
-    return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]
+    return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

@@ -77,10 +77,10 @@ def dswiglu_reference(dy, g, u) -> dict:
 
 
 # two fp32 accumulators per tile: BLOCK_N is each one's width, so 128x128 (a 128x256
-# tile's registers) and smaller; the epilogue writes three tiles
+# tile's registers) and smaller; the epilogue writes three tiles, so flattened loops
+# (the next tile's loads start during this tile's epilogue) are candidates too
 PAIRED_CANDIDATES = tuple(
-    _grid(((128, 128, 3, 8), (128, 128, 4, 8)), (2, 4), (False,))
-    + _grid(((128, 64, 4, 4),), (1, 2), (False,))
+    _grid(((128, 128, 3, 8), (128, 128, 4, 8)), (2, 4)) + _grid(((128, 64, 4, 4),), (1, 2), (False,))
 )
 
 _OUTS = (Tile("g"), Tile("u"), Tile("y"))
