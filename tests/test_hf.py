@@ -222,9 +222,10 @@ def test_torch_compile_fullgraph_training_step():
 def test_loss_curve_tracks_unpatched_on_gpu():
     """200 AdamW steps of a small Llama (d=1024, 8 layers, V=32000, bf16) on a fixed,
     learnable synthetic token stream: the patched loss curve (20-step means) stays within
-    twice the unpatched model's own run-to-run spread (two unpatched runs from the same
-    weights on the same data: they differ only by nondeterministic kernels) plus 0.01,
-    and the final losses agree within 1 %."""
+    twice the unpatched model's own run-to-run spread plus 0.01 (the spread of two more
+    unpatched runs on the same data: one from the same weights, differing only by
+    nondeterministic kernels; one from weights moved by about one bf16 rounding), and
+    the final losses agree within 1 %."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, cls = _config("llama", False, vocab_size=32000, hidden_size=1024, intermediate_size=2816,
@@ -261,13 +262,24 @@ def test_loss_curve_tracks_unpatched_on_gpu():
         return torch.tensor(losses)
 
     base, again, ours = train(False), train(False), train(True)
-    noise = (base - again).abs()
+    # the unpatched model's run-to-run noise, two ways: the same weights again (only its
+    # nondeterministic kernels differ), and weights moved by about one bf16 rounding
+    # (what any other correct kernel's rounding does to a step; training amplifies it)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    with torch.no_grad():
+        for p in init.parameters():
+            p.copy_((p.float() * (1 + 2**-8 * torch.randn(p.shape, device="cuda", generator=g))).to(p.dtype))
+    moved = train(False)
     window = 20  # compare smoothed curves: single steps are noisy in bf16
     smooth = lambda x: x.unfold(0, window, window).mean(1)  # noqa: E731
-    gap, spread = (smooth(ours) - smooth(base)).abs(), (smooth(again) - smooth(base)).abs()
+    for name, run in (("unpatched", base), ("again", again), ("moved", moved), ("codetta", ours)):
+        print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in smooth(run)))
+    gap = (smooth(ours) - smooth(base)).abs()
+    spread = torch.maximum((smooth(again) - smooth(base)).abs(), (smooth(moved) - smooth(base)).abs())
     final_ours, final_base = ours[-window:].mean(), base[-window:].mean()
-    print(f"unpatched run-to-run |diff| max {noise.max():.4f}; smoothed gaps ours {gap.max():.4f}, "
-          f"unpatched {spread.max():.4f}; final {final_ours:.4f} vs {final_base:.4f}")  # fmt: skip
+    final_spread = max(abs(x[-window:].mean() - final_base) for x in (again, moved))
+    print(f"smoothed gaps: codetta {gap.max():.4f}, unpatched noise {spread.max():.4f}; "
+          f"final {final_ours:.4f} vs {final_base:.4f} (noise {final_spread:.4f})")  # fmt: skip
     assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
     assert gap.max() <= 2 * spread.max() + 0.01
     assert abs(final_ours - final_base) <= 0.01 * final_base
