@@ -283,3 +283,20 @@ def test_loss_curve_tracks_unpatched_on_gpu():
     assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
     assert gap.max() <= 2 * spread.max() + 0.01
     assert abs(final_ours - final_base) <= 0.01 * final_base
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_kernel_plan_of_a_step(family):
+    """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its
+    backward in the down projection's dX GEMM, and RoPE in the q/k GEMMs after the first
+    layer (not for Qwen3: its per-head q/k norms come before RoPE)."""
+    from codetta.kernels.launch import recording
+
+    model = codetta.apply_codetta(_model(family, False))
+    with recording(compute=True) as calls:
+        _step(model, _inputs("none"))
+    names = [c.program.name for c in calls]
+    layers = model.config.num_hidden_layers
+    assert names.count("swiglu_rms") == layers and names.count("dswiglu") == layers, names
+    rope = names.count("rms_rope_16")
+    assert rope == (0 if family == "qwen3" else 2 * (layers - 1)), names

@@ -33,7 +33,7 @@ def _make(M, N, K, dtype, layout):
     return make_operands(M, N, K, dtype, "cuda", layout, w_scale=K**-0.5)
 
 
-def _operands(prog, M, N, dtype):
+def _operands(prog, M, N, dtype, K=64):
     if prog is PICK_LSE:
         t = torch.randint(0, N, (M,), device="cuda")
         t[::5] = -100
@@ -45,7 +45,7 @@ def _operands(prog, M, N, dtype):
         }
     if prog in (ACTIVATIONS, SWIGLU_PAIRS):
         return {}
-    ops = _program_operands(prog.name, M, N, "cuda")
+    ops = _program_operands(prog.name, M, N, "cuda", K)
     return {
         k: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
         for k, v in ops.items()
@@ -85,7 +85,7 @@ def test_program(prog, M, N, K):
     if a_t:
         M = -(-M // 8) * 8  # a transposed A's rows are M long: 16-byte multiples for TMA
     y, w = _make(M, N, K, dtype, ("t" if a_t else "n") + ("t" if b_t else "n"))
-    operands = _operands(prog, M, N, dtype)
+    operands = _operands(prog, M, N, dtype, K)
     call = make_call(prog, y, w, operands)
     assert PINGPONG.unsupported(call) is None
     for cfg in PINGPONG.candidates(prog):

@@ -339,10 +339,23 @@ def test_rotate_pairs_odd_n(device):
         codetta.gemm(y, w[:23], epilogue=pg.ROTATE_PAIRS, cos=cs, sin=cs)
 
 
-def _program_operands(name, M, N, device):
+def _program_operands(name, M, N, device, K=64):
     dtype = torch.float16
     f32 = dict(device=device, dtype=torch.float32)
+    norm = {"sumsq": torch.rand(M, **f32) * K + 1, "inv_d": 1.0 / K, "eps": 1e-6}
+    rope = {**norm, "pos": torch.randint(0, 4096, (M,), device=device), "freq": torch.rand(N, **f32),
+            "scaling": 0.9}  # fmt: skip
     return {
+        "swiglu": {"up": rand(N, K, dtype=dtype, device=device, scale=K**-0.5)},
+        "swiglu_rms": {
+            "up": rand(N, K, dtype=dtype, device=device, scale=K**-0.5),
+            "sumsq": torch.rand(M, **f32) * K + 1,
+            "inv_d": 1.0 / K,
+            "eps": 1e-6,
+        },  # fmt: skip
+        "dswiglu": {"g": rand(M, N, dtype=dtype, device=device), "u": rand(M, N, dtype=dtype, device=device)},
+        "rms_rope_64": rope,
+        "rms_rope_128": rope,
         "store": {},
         "accumulate": {"c": rand(M, N, dtype=dtype, device=device)},
         "accumulate_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
@@ -379,9 +392,9 @@ def test_reference_path_matches_kernel(name, device):
     """Each program's PyTorch reference (the CPU path without the interpreter)
     computes what its kernel computes."""
     prog = next(getattr(pg, n) for n in pg.__all__ if getattr(pg, n).name == name)
-    M, N, K = 77, 96, 64
+    M, N, K = 77, 128 if prog.sub_tile_multiple else 96, 64  # RoPE: whole heads of 64 or 128
     y, w = _inputs(M, N, K, torch.float16, device)
-    ops = _program_operands(name, M, N, device)
+    ops = _program_operands(name, M, N, device, K)
     kernel = codetta.gemm(y, w, epilogue=prog, **ops)
     cpu_ops = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in ops.items()}
     with settings.override(force_reference=True):

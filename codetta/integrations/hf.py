@@ -12,8 +12,9 @@ step (``codetta.ops.residual_rmsnorm_linear``, with the next weights as they are
 no concatenation, no copies). Attention itself stays Hugging Face's: its
 configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
-first layer's input norm and q/k/v projections and RoPE run as in eager PyTorch
-for now (codetta's QKV+RoPE operator will replace them); training with labels, the
+first layer's input norm, q/k/v projections and RoPE run as in eager PyTorch; the
+other layers' q and k come out of their GEMMs rotated (RoPE in the epilogue; not for
+Qwen3, whose per-head q/k norms come first: Hugging Face's RoPE there); training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
 loss (``codetta.ops.linear_cross_entropy``). Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
@@ -35,7 +36,8 @@ import weakref
 import torch
 
 from ..ops.cross_entropy import linear_cross_entropy
-from ..ops.residual_rmsnorm import residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from ..ops.residual_rmsnorm import RoPE, residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from ..programs.rope import RMS_ROPE
 
 FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
@@ -206,12 +208,14 @@ def _codetta_forward(
     fused_loss = labels is not None and self.training
     loss = logits = None
     silu = _is_silu(self.config)
+    rope = _fused_rope(base, layers[0].self_attn, position_ids)
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
+    rotated = False  # the first layer's q and k get Hugging Face's own RoPE
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
-        a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, **kwargs)
+        a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
         post = layer.post_attention_layernorm
         gate_up = (mlp.gate_proj.weight, mlp.up_proj.weight)
         if silu:
@@ -229,9 +233,11 @@ def _codetta_forward(
             nxt = layers[i + 1]
             ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
             norm = nxt.input_layernorm
+            # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
             h, qkv = residual_rmsnorm_linear(
-                y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon
+                y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
             )
+            rotated = rope is not None
         elif fused_loss:
             # training with labels: the last residual add and the final norm (K1 and one pass
             # forming n), then the LM head and the loss in one chunked operator (no logits)
@@ -287,10 +293,25 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
     return [mapping[types_[i]] for i in range(n_layers)]
 
 
-def _attention(attn, q, k, v, position_embeddings, mask, config, **kwargs):
+def _fused_rope(base, attn, position_ids):
+    """The ``RoPE`` argument that rotates q and k in their GEMMs' epilogues with the
+    model's own frequencies and attention scaling (read after ``rotary_emb`` ran, so a
+    dynamic rope type has updated them), or None where it does not apply: per-head q/k
+    norms (Qwen3: they come before RoPE), a head_dim without a RoPE program."""
+    rotary = base.rotary_emb
+    inv_freq = getattr(rotary, "inv_freq", None)
+    if hasattr(attn, "q_norm") or inv_freq is None or 2 * inv_freq.shape[0] not in RMS_ROPE:
+        return None
+    if 2 * inv_freq.shape[0] != attn.head_dim:
+        return None  # partial rotary (rotating part of each head): Hugging Face's own
+    return RoPE(position_ids, inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))
+
+
+def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, **kwargs):
     """The attention module's forward between its input projections and its output
     projection (Llama; Qwen3 adds per-head q/k norms; Mistral and Qwen3 pass a sliding
-    window): returns the heads' output as [..., heads * head_dim]."""
+    window): returns the heads' output as [..., heads * head_dim]. ``rotated``: q and
+    k arrive with RoPE applied already."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     apply_rotary_pos_emb, eager_attention_forward = _HELPERS[type(attn).__module__]
@@ -300,8 +321,9 @@ def _attention(attn, q, k, v, position_embeddings, mask, config, **kwargs):
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    cos, sin = position_embeddings
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if not rotated:
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
     extra = {}
     if hasattr(attn, "sliding_window"):

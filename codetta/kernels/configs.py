@@ -87,6 +87,17 @@ INTERPRETER_CONFIG = Config(
 INTERPRETER_NUM_SMS = 3
 
 
+def interpreter_config(sub_tile_multiple: int = 0) -> Config:
+    """The interpreter's configuration, widened where a program works on whole groups of
+    ``sub_tile_multiple`` columns (its sub-tiles must hold whole groups)."""
+    cfg = INTERPRETER_CONFIG
+    if not sub_tile_multiple or cfg.sub_n % sub_tile_multiple == 0:
+        return cfg
+    block_n = max(cfg.block_n, sub_tile_multiple)
+    return Config(cfg.block_m, block_n, cfg.block_k, cfg.group_m, block_n // sub_tile_multiple,
+                  cfg.num_stages, cfg.num_warps, tail_split=cfg.tail_split)  # fmt: skip
+
+
 SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may use
 SMEM_PER_SM = 233472  # bytes per SM; each resident block also reserves 1 KB
 REGS_PER_SM = 65536

@@ -127,7 +127,7 @@ class TritonEngine:
             cfgs = list(configs.PLAIN_CANDIDATES if n_tiles <= 1 else configs.STREAMING_CANDIDATES)
         if not program.tail_split:
             cfgs = list(dict.fromkeys(dataclasses.replace(c, tail_split=1) for c in cfgs))
-        return cfgs
+        return fitting_sub_tiles(program, cfgs)
 
     def unsupported(self, call: GemmCall) -> str | None:
         return None
@@ -253,6 +253,13 @@ class TritonEngine:
         return run
 
 
+def fitting_sub_tiles(program: Program, cfgs) -> list[Config]:
+    """The configurations whose epilogue sub-tiles are whole multiples of the program's
+    ``sub_tile_multiple`` (all of them when it has none)."""
+    m = program.sub_tile_multiple
+    return [c for c in cfgs if not m or c.sub_n % m == 0]
+
+
 def _slot_type(op, dtype, block) -> str:
     if op.is_tile or op.kind is Kind.PAIRED_WEIGHT:
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
@@ -286,10 +293,12 @@ class PingPongEngine:
         # a gathered element (RowPick) adds its column match over the tile
         held = loads + len(program.outputs) + sum(op.kind is Kind.ROW_PICK for op in program.outputs)
         if loads >= 2 or held >= 4:
-            return list(configs.PINGPONG_HEAVY_CANDIDATES)
-        if held >= 3:
-            return list(configs.PINGPONG_STREAMING_CANDIDATES)
-        return list(configs.PINGPONG_CANDIDATES)
+            cfgs = configs.PINGPONG_HEAVY_CANDIDATES
+        elif held >= 3:
+            cfgs = configs.PINGPONG_STREAMING_CANDIDATES
+        else:
+            cfgs = configs.PINGPONG_CANDIDATES
+        return fitting_sub_tiles(program, cfgs)
 
     def unsupported(self, call: GemmCall) -> str | None:
         """Why this mainloop cannot run the call (None: it can)."""

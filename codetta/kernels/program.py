@@ -183,6 +183,10 @@ class Program:
     last wave along K. ``sm90_body``: an escape hatch, a Gluon-specific body
     with the same contract for the ping-pong mainloop (default: ``body``);
     ``pingpong=False`` keeps the program on the Triton mainloop.
+    ``sub_tile_multiple``: the epilogue's sub-tiles must be a multiple of this many
+    columns wide (and N too): a body that works on whole groups of columns, e.g.
+    attention heads for RoPE's rotate-half; configurations that split finer are
+    left out.
     """
 
     name: str
@@ -196,6 +200,7 @@ class Program:
     tail_split: bool = True
     sm90_body: Any = None
     pingpong: bool = True
+    sub_tile_multiple: int = 0
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -2,6 +2,7 @@
 
 from .cross_entropy import linear_cross_entropy
 from .residual_rmsnorm import (
+    RoPE,
     SwiGLU,
     residual_rmsnorm,
     residual_rmsnorm_linear,
@@ -14,6 +15,7 @@ __all__ = [
     "residual_rmsnorm_linear",
     "residual_rmsnorm_swiglu",
     "SwiGLU",
+    "RoPE",
     "swiglu_mlp",
     "linear_cross_entropy",
 ]

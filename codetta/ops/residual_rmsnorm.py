@@ -45,6 +45,7 @@ from ..programs import (
     RMS_SCALE,
 )
 from ..programs.norm_rows import rms_backward_finish, rms_backward_rows, rowdot, scale_columns
+from ..programs.rope import RMS_ROPE, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
@@ -62,7 +63,12 @@ def _forward(
     fold_gamma: bool,
     gate_up: list[torch.Tensor],
     swiglu: bool,
+    rope: list[torch.Tensor],
+    rope_scaling: float,
+    n_rope: int,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    # rope: [] or [positions [M], frequencies [head_dim]]: the first n_rope outputs (q, k)
+    # get RoPE (rotate-half) in their GEMM's epilogue
     # returns (x, [z per next weight], sumsq, w_gamma): w_gamma = W * gamma when
     # fold_gamma (one next weight; kept for the backward), else an empty tensor.
     # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
@@ -85,12 +91,26 @@ def _forward(
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
-    zs = [gemm(k1.h, w, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps) for w in ws]
+    zs = []
+    for i, w in enumerate(ws):
+        norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}
+        if i < n_rope:
+            pos, freq = rope
+            prog = RMS_ROPE[freq.shape[0]]
+            zs.append(gemm(k1.h, w, epilogue=prog, **norm, pos=pos, freq=_column_freq(freq, w.shape[0]),
+                           scaling=rope_scaling))  # fmt: skip
+        else:
+            zs.append(gemm(k1.h, w, epilogue=RMS_SCALE, **norm))
     return k1.x, zs, k1.sumsq, ws[0].new_empty(0)
 
 
+def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
+    """The per-head frequencies [head_dim] repeated over the n columns of a projection."""
+    return freq.repeat(n // freq.shape[0])
+
+
 @_forward.register_fake
-def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu):
+def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu, rope, rope_scaling, n_rope):
     M = y.shape[0]
     return (
         residual.new_empty(residual.shape),
@@ -167,9 +187,18 @@ def _backward(
     mode: str,
     fold_gamma: bool,
     gate_up: list[torch.Tensor],
+    rope: list[torch.Tensor],
+    rope_scaling: float,
+    n_rope: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
     # dy is then empty: y's gradient goes to g and u)
+    if n_rope:
+        # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
+        # pass over each; freq holds each head's frequencies twice, the pass takes them once)
+        pos, freq = rope
+        half = freq[: freq.shape[0] // 2]
+        dzs = [unrotate_half_rows(g, pos, half, rope_scaling) if i < n_rope else g for i, g in enumerate(dzs)]
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if gate_up:
         # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
@@ -182,7 +211,25 @@ def _backward(
 
 
 @_backward.register_fake
-def _(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up):
+def _(
+    dx,
+    dzs,
+    y,
+    w_o,
+    gamma,
+    ws,
+    x,
+    z,
+    sumsq,
+    w_gamma,
+    eps,
+    mode,
+    fold_gamma,
+    gate_up,
+    rope,
+    rope_scaling,
+    n_rope,
+):
     return (
         y.new_empty(0 if gate_up else y.shape),
         w_o.new_empty(w_o.shape),
@@ -193,10 +240,13 @@ def _(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, g
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu = inputs
+    y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu, rope, rope_scaling, n_rope = (
+        inputs
+    )
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
+    ctx.rope, ctx.rope_scaling, ctx.n_rope = list(rope), rope_scaling, n_rope
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
     # with swiglu, g and u (zs[0], zs[1]) in case y is also used outside the next operator
     kept = (*gate_up, *zs[:2]) if swiglu else tuple(gate_up)
@@ -224,11 +274,13 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
     dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward(
-        dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up)
-    )
+        dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
+        ctx.rope, ctx.rope_scaling, ctx.n_rope,
+    )  # fmt: skip
+    rest = (None, [None] * len(ctx.rope), None, None)  # swiglu, rope, rope_scaling, n_rope
     if gate_up:
-        return None, dw_o, dres, dgamma, dws[: ctx.n_ws], None, None, None, dws[ctx.n_ws :], None
-    return dy, dw_o, dres, dgamma, dws, None, None, None, [], None
+        return None, dw_o, dres, dgamma, dws[: ctx.n_ws], None, None, None, dws[ctx.n_ws :], *rest
+    return dy, dw_o, dres, dgamma, dws, None, None, None, [], *rest
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -327,7 +379,7 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True,
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0,
     )  # fmt: skip
     f = w_gate.shape[0]
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
@@ -345,6 +397,20 @@ def residual_rmsnorm(
     return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, None, eps)
 
 
+class RoPE(NamedTuple):
+    """Rotary position embedding for ``residual_rmsnorm_linear``'s first ``n_weights``
+    outputs (q and k), in Hugging Face's rotate-half convention, applied in their GEMMs'
+    epilogues: each token's angles are ``position_ids * inv_freq`` (float32), cos and
+    sin scaled by ``attention_scaling`` (a model's ``rotary_emb.inv_freq`` and
+    ``.attention_scaling`` cover its rope_scaling type). ``position_ids``: integers
+    broadcastable to the tokens' shape (packed sequences: per-token positions)."""
+
+    position_ids: torch.Tensor
+    inv_freq: torch.Tensor
+    attention_scaling: float = 1.0
+    n_weights: int = 2
+
+
 def residual_rmsnorm_linear(
     y: torch.Tensor,
     w_o: torch.Tensor,
@@ -352,6 +418,7 @@ def residual_rmsnorm_linear(
     gamma: torch.Tensor,
     weight,
     eps: float | None = None,
+    rope: RoPE | None = None,
 ):
     """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
 
@@ -365,13 +432,50 @@ def residual_rmsnorm_linear(
     GEMMs: a layer's q, k and v projections, or gate and up): then ``z`` is a tuple,
     one output per weight, the norm is computed once and the weights are used as they
     are (no concatenation); the backward sums their input gradients in the GEMMs'
-    epilogues.
+    epilogues. ``rope`` (a ``RoPE``): the first ``rope.n_weights`` outputs (q, k) come
+    out rotated, in their GEMMs' epilogues (the backward applies the rotation's
+    transpose to their gradients in one pass, then the usual GEMMs).
     """
-    return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps)
+    return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps, rope=rope)
+
+
+def _rope_args(rope, ws, lead, device) -> tuple[list, float, int]:
+    """(tensors, scaling, how many outputs) of a ``RoPE`` argument, validated."""
+    if rope is None:
+        return [], 1.0, 0
+    if not isinstance(rope, RoPE):
+        raise TypeError(f"rope must be a codetta.ops.RoPE, got {type(rope).__name__}")
+    pos, inv_freq = rope.position_ids, rope.inv_freq
+    check_tensor("rope.position_ids", pos)
+    check_tensor("rope.inv_freq", inv_freq)
+    if pos.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"rope.position_ids must be int32 or int64, got {pos.dtype}")
+    if inv_freq.dim() != 1 or inv_freq.dtype != torch.float32:
+        raise TypeError(f"rope.inv_freq must be a 1-D float32 tensor [head_dim / 2], got {inv_freq.dtype} "
+                        f"{tuple(inv_freq.shape)}")  # fmt: skip
+    hd = 2 * inv_freq.shape[0]
+    if hd not in RMS_ROPE:
+        raise ValueError(f"head_dim {hd} (2 x rope.inv_freq's length) must be one of {sorted(RMS_ROPE)}")
+    n = rope.n_weights
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ws):
+        raise ValueError(f"rope.n_weights must be an int in [1, {len(ws)}] (the next weights), got {n!r}")
+    for i in range(n):
+        if ws[i].shape[0] % hd:
+            raise ValueError(f"weight[{i}] has {ws[i].shape[0]} rows: not whole heads of head_dim {hd}")
+    if pos.device != device or inv_freq.device != device:
+        raise ValueError(f"rope tensors must be on {device}")
+    try:
+        pos = pos.expand(lead)
+    except RuntimeError:
+        raise ValueError(
+            f"rope.position_ids {tuple(pos.shape)} must broadcast to the tokens' shape {tuple(lead)}"
+        ) from None
+    freq = inv_freq.repeat(2)  # both halves of a head rotate by the same angles
+    return [pos.reshape(-1).contiguous(), freq], float(rope.attention_scaling), n
 
 
 def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, backward="rowwise",
-                                    fold_gamma=False):  # fmt: skip
+                                    fold_gamma=False, rope=None):  # fmt: skip
     """``residual_rmsnorm_linear`` with a research variant of the backward (see the
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
@@ -394,6 +498,9 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     if len(ws) != 1 and (fold_gamma or backward != "rowwise"):
         raise ValueError("several or no next weights take the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
+    rope_args, rope_scaling, n_rope = _rope_args(rope, ws, lead, y.device)
+    if n_rope and (fold_gamma or backward != "rowwise"):
+        raise ValueError("rope takes the default backward (rowwise, no fold_gamma)")
     x, zs, _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(),
         w_o,
@@ -405,6 +512,9 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         bool(fold_gamma),
         gate_up,
         False,
+        rope_args,
+        rope_scaling,
+        n_rope,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs)
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

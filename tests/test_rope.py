@@ -1,0 +1,178 @@
+"""Operators III (first part): RoPE in the q/k projections' epilogues after the residual +
+RMSNorm (Hugging Face's rotate-half convention), forward and backward."""
+
+import pytest
+import torch
+from conftest import ON_GPU
+from util import assert_within, rand
+
+import codetta
+from codetta.kernels.launch import recording
+from codetta.ops import RoPE, residual_rmsnorm_linear
+from codetta.ops.residual_rmsnorm import residual_rmsnorm_linear_variant
+from codetta.programs import RMS_ROPE
+
+EPS = 1e-6
+# (batch, seq, d, q heads, kv heads, head_dim): GQA ratios 1 and 4 (8 on the GPU)
+CASES = (
+    [(2, 19, 48, 4, 4, 16), (1, 37, 64, 4, 1, 32)]
+    if not ON_GPU
+    else [(2, 500, 2048, 32, 8, 64), (1, 777, 4096, 32, 4, 128), (3, 100, 1024, 8, 1, 128)]
+)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _chain(y, w_o, res, gamma, wq, wk, wv, pos, inv_freq, hd, dt):
+    """The unfused chain in ``dt``: residual, RMSNorm (fp32 statistics), projections, and
+    Hugging Face's apply_rotary_pos_emb on [B, H, S, hd] with cos/sin in ``dt`` (as
+    LlamaRotaryEmbedding returns them)."""
+    x = res + y @ w_o.t()
+    xf = x.float() if dt != torch.float64 else x
+    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * gamma.to(xf.dtype)).to(dt)
+    B, S = pos.shape
+    angle = pos.to(torch.float64 if dt == torch.float64 else torch.float32)[..., None] * inv_freq.to(
+        torch.float64 if dt == torch.float64 else torch.float32
+    )
+    emb = torch.cat([angle, angle], dim=-1)
+    cos, sin = emb.cos().to(dt)[:, None], emb.sin().to(dt)[:, None]  # [B, 1, S, hd]
+    outs = []
+    for w, rotate in ((wq, True), (wk, True), (wv, False)):
+        z = n @ w.t()
+        if rotate:
+            z4 = z.view(B, S, -1, hd).transpose(1, 2)
+            z4 = z4 * cos + _rotate_half(z4) * sin
+            z = z4.transpose(1, 2).reshape(B, S, -1)
+        outs.append(z)
+    return x, outs
+
+
+def _positions(B, S, packed, device):
+    pos = torch.arange(S, device=device).repeat(B, 1)
+    if packed:  # two sequences packed in each row: positions restart
+        cut = S // 3
+        pos[:, cut:] = torch.arange(S - cut, device=device)
+    return pos
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize("B,S,d,hq,hkv,hd", CASES, ids=str)
+def test_qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, dtype, device):
+    """x, q, k, v and every gradient against fp64, within 2x PyTorch's own error in the
+    same dtype (Hugging Face's own rotary code in that dtype)."""
+    K = d
+    y = rand(B, S, K, dtype=dtype, device=device)
+    w_o = rand(d, K, dtype=dtype, device=device, scale=K**-0.5)
+    res = rand(B, S, d, dtype=dtype, device=device)
+    gamma = torch.rand(d, device=device) + 0.5
+    ws = [rand(h * hd, d, dtype=dtype, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
+    leaves = [y, w_o, res, gamma, *ws]
+    pos = _positions(B, S, packed, device)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+    grads_in = [rand(B, S, d, dtype=dtype, device=device)] + [
+        rand(B, S, w.shape[0], dtype=dtype, device=device) for w in ws
+    ]
+
+    def run(fn, ts):
+        ts = [t.detach().clone().requires_grad_() for t in ts]
+        x, zs = fn(*ts)
+        outs = [x, *zs]
+        sum((o.double() * g.double()).sum() for o, g in zip(outs, grads_in)).backward()
+        return outs + [t.grad for t in ts]
+
+    def ours(y, w_o, res, gamma, wq, wk, wv):
+        return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=RoPE(pos, inv_freq))
+
+    def chain(dt):
+        return lambda *ts: _chain(*ts, pos, inv_freq, hd, dt)
+
+    got = run(ours, leaves)
+    ref = run(chain(torch.float64), [t.double() for t in leaves])
+    same = run(chain(dtype), leaves)
+    names = ["x", "q", "k", "v", "dy", "dw_o", "dres", "dgamma", "dwq", "dwk", "dwv"]
+    for name, a, b, c in zip(names, got, ref, same):
+        assert_within(name, a, b, c)
+
+
+def test_rope_runs_in_the_epilogue():
+    """q and k come from the RMS_ROPE program (fails if the rotation moves to PyTorch)."""
+    B, S, d, hq, hkv, hd = CASES[0]
+    t = [rand(B * S, d, dtype=torch.float16, device="cpu") for _ in range(2)]
+    ws = [rand(h * hd, d, dtype=torch.float16, device="cpu", scale=0.1) for h in (hq, hkv, hkv)]
+    inv_freq = torch.rand(hd // 2)
+    w_o = rand(d, d, dtype=torch.float16, device="cpu", scale=0.1)
+    with recording(compute=True) as calls:
+        residual_rmsnorm_linear(
+            t[0], w_o, t[1], torch.ones(d), ws, EPS, rope=RoPE(torch.arange(B * S), inv_freq)
+        )
+    names = [c.program.name for c in calls]
+    assert names == ["residual_rms", f"rms_rope_{hd}", f"rms_rope_{hd}", "rms_scale"], names
+
+
+def test_attention_scaling_and_one_rotated_weight(device):
+    """attention_scaling multiplies cos and sin; n_weights=1 rotates only the first output."""
+    T, d, hd = 24, 32, 16
+    y, res = rand(T, d, dtype=torch.float32, device=device), rand(T, d, dtype=torch.float32, device=device)
+    w_o = rand(d, d, dtype=torch.float32, device=device, scale=0.2)
+    ws = [rand(2 * hd, d, dtype=torch.float32, device=device, scale=0.2) for _ in range(2)]
+    pos, inv_freq = torch.arange(T, device=device), torch.rand(hd // 2, device=device)
+    _, (q1, k1) = residual_rmsnorm_linear(y, w_o, res, torch.ones(d, device=device), ws, EPS,
+                                          rope=RoPE(pos, inv_freq, 1.0, n_weights=1))  # fmt: skip
+    _, (q2, k2) = residual_rmsnorm_linear(y, w_o, res, torch.ones(d, device=device), ws, EPS,
+                                          rope=RoPE(pos, inv_freq, 0.5, n_weights=1))  # fmt: skip
+    _, (q0, k0) = residual_rmsnorm_linear(y, w_o, res, torch.ones(d, device=device), ws, EPS)
+    torch.testing.assert_close(q2, 0.5 * q1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k1, k0)
+    assert not torch.allclose(q1, q0)
+
+
+@pytest.mark.parametrize(
+    "case,exc,match",
+    [
+        ("pos_float", TypeError, "position_ids must be int32 or int64"),
+        ("freq_fp16", TypeError, "inv_freq must be a 1-D float32"),
+        ("head_dim", ValueError, "head_dim 12"),
+        ("n_weights", ValueError, "rope.n_weights must be an int in"),
+        ("pos_shape", ValueError, "must broadcast to the tokens' shape"),
+        ("not_whole_heads", ValueError, "not whole heads"),
+        ("variant", ValueError, "rope takes the default backward"),
+    ],
+)
+def test_bad_rope(case, exc, match, device):
+    T, d, hd = 16, 32, 16
+    y = rand(T, d, dtype=torch.float16, device=device)
+    w_o = rand(d, d, dtype=torch.float16, device=device)
+    ws = [rand(2 * hd, d, dtype=torch.float16, device=device)]
+    pos, inv_freq = torch.arange(T, device=device), torch.rand(hd // 2, device=device)
+    kw = {}
+    if case == "pos_float":
+        pos = pos.float()
+    elif case == "freq_fp16":
+        inv_freq = inv_freq.half()
+    elif case == "head_dim":
+        inv_freq = torch.rand(6, device=device)
+    elif case == "n_weights":
+        kw["n_weights"] = 3
+    elif case == "pos_shape":
+        pos = torch.arange(T + 1, device=device)
+    elif case == "not_whole_heads":
+        ws = [rand(24, d, dtype=torch.float16, device=device)]
+    rope = RoPE(pos, inv_freq, **{"n_weights": 1, **kw})
+    with pytest.raises(exc, match=match):
+        if case == "variant":
+            residual_rmsnorm_linear_variant(
+                y, w_o, y, torch.ones(d, device=device), ws[0], backward="folded", rope=rope
+            )
+        else:
+            residual_rmsnorm_linear(y, w_o, y, torch.ones(d, device=device), ws, rope=rope)
+
+
+def test_rope_program_needs_whole_heads():
+    assert RMS_ROPE[64].sub_tile_multiple == 64
+    a, w = torch.randn(8, 16), torch.randn(40, 16)
+    with pytest.raises(ValueError, match="multiple of head_dim 32|groups of 32 columns"):
+        codetta.gemm(a, w, epilogue=RMS_ROPE[32], sumsq=torch.ones(8), inv_d=1.0, eps=0.0,
+                     pos=torch.arange(8), freq=torch.ones(40), scaling=1.0)  # fmt: skip
