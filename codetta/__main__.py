@@ -38,7 +38,7 @@ def _bench(args) -> int:
         if part == "model":
             from codetta.bench import model
 
-            model.run(args.out, cases=args.models)
+            model.run(args.out, cases=args.models, variants=args.variants)
         elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
         elif part == "mlp":
@@ -70,6 +70,13 @@ def main(argv=None) -> int:
         default=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
         choices=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
         help="model part: which training steps (needs transformers; Liger if installed)",
+    )
+    b.add_argument(
+        "--variants",
+        nargs="+",
+        default=["eager", "liger", "torch.compile", "codetta", "codetta+compile"],
+        choices=["eager", "liger", "torch.compile", "codetta", "codetta+compile"],
+        help="model part: which variants (the floor is always timed)",
     )
     b.add_argument(
         "--widths",

@@ -229,11 +229,12 @@ def _progress(items, desc):
         return list(items)
 
 
-def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head")) -> Results:
+def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"),
+        variants=VARIANTS) -> Results:  # fmt: skip
     res = Results("model_step", baseline="floor (cuBLAS GEMMs + SDPA fwd+bwd)")
     for case in cases:
         print(f"== training step, {case}")
-        run_case(res, case)
+        run_case(res, case, variants)
         torch.cuda.empty_cache()
     res.write(out_dir)
     print(res.table())
