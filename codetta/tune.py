@@ -33,7 +33,14 @@ from .kernels.settings import override
 from .kernels.tuning import CACHE_FORMAT, Chooser
 from .models import Widths
 from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
-from .ops.residual_rmsnorm import SwiGLU, residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from .ops.residual_rmsnorm import (
+    RoPE,
+    SwiGLU,
+    residual_rmsnorm,
+    residual_rmsnorm_linear,
+    residual_rmsnorm_swiglu,
+)
+from .programs.rope import RMS_ROPE
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
 _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple of 8
@@ -42,7 +49,8 @@ _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple
 def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     """The GEMMs of one layer as the Hugging Face drop-in runs it (forward and backward):
     o_proj + residual -> norm -> gate/up + SwiGLU, then down_proj + residual -> norm ->
-    next q, k, v (dSwiGLU in its dX epilogue), and the last layer's down_proj + final norm
+    next q, k (RoPE in their epilogues), v (dSwiGLU in its dX epilogue), and the last
+    layer's down_proj + final norm
     (the LM head + loss: ``_probe_loss``)."""
     widths = {w.hidden, w.intermediate, w.q_width, w.kv_heads * w.head_dim, w.vocab}
     if _PROBE_TOKENS in widths:
@@ -55,8 +63,9 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     with override(force_reference=True), recording() as rec:
         x, act = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d), t(d, dt=torch.float32),
                                          t(f, d), t(f, d))  # fmt: skip
+        rope = RoPE(torch.arange(T), torch.rand(w.head_dim // 2)) if w.head_dim in RMS_ROPE else None
         x2, zs = residual_rmsnorm_linear(act, t(d, f), x, t(d, dt=torch.float32), [t(w.q_width, d), t(kv, d),
-                                         t(kv, d)])  # fmt: skip
+                                         t(kv, d)], rope=rope)  # fmt: skip
         x3, n = residual_rmsnorm(
             SwiGLU(*(t(T, f) for _ in range(3))), t(d, f), t(T, d), t(d, dt=torch.float32)
         )
@@ -94,7 +103,8 @@ def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong:
     for t in tokens:
         chunk = rows_per_chunk(t, w.vocab, torch.finfo(dtype).bits // 8)
         for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk) for c in loss]:
-            out.setdefault(Chooser.key(call, pingpong), call)
+            # a program that cannot run on the ping-pong mainloop is keyed as the launcher keys it
+            out.setdefault(Chooser.key(call, pingpong and call.program.pingpong), call)
     return out
 
 

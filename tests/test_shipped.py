@@ -68,18 +68,22 @@ def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypa
 
 def test_model_calls_cover_the_step():
     """The recorded plan of a layer, as the Hugging Face drop-in calls the operators: K1
-    and the scaled next GEMMs forward (gate and up, q, k and v as separate weights);
-    dX (summed over the next GEMMs in their epilogues), dW, dy and dW_o backward; the
-    LM head + loss per chunk of rows; the token count (or the chunk's rows) lands
-    wherever the probe's did (M, or K of dW)."""
+    and the scaled next GEMMs forward (gate and up paired with SwiGLU, q and k with RoPE,
+    v as separate weights); dX (dSwiGLU in the down projection's, summed over the next
+    GEMMs in their epilogues), dW, dy and dW_o backward; the LM head + loss per chunk of
+    rows; the token count (or the chunk's rows) lands wherever the probe's did (M, or K
+    of dW)."""
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "accumulate_f32"}
+    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "accumulate_f32",
+                     "swiglu_rms", "dswiglu", "rms_rope_128"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
-    assert ("rms_scale", False, False, 16384, 14336, 4096) in shapes  # gate, up
-    assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # k, v
+    assert ("swiglu_rms", False, False, 16384, 14336, 4096) in shapes  # gate and up, paired
+    assert ("dswiglu", False, True, 16384, 14336, 4096) in shapes  # down's dX + dSwiGLU
+    assert ("rms_rope_128", False, False, 16384, 1024, 4096) in shapes  # k (q: N 4096)
+    assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # v
     assert ("ce_logits", False, False, 1024, 128256, 4096) in shapes  # LM head + loss, 1024-row chunks
     assert ("accumulate_f32", True, True, 128256, 4096, 1024) in shapes  # its dW, summed in place
     assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
