@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import ON_GPU
-from util import assert_within, rand
+from util import assert_within, check_compile_matches_eager, rand
 
 import codetta
 from codetta.nn import ResidualRMSNormLinear
@@ -176,16 +176,7 @@ def test_compile_fullgraph(device):
         x, z = residual_rmsnorm_linear(*t, EPS)
         return x.float().sum() + z.float().pow(2).sum()
 
-    backend = "inductor" if ON_GPU else "aot_eager"
-    compiled = torch.compile(f, fullgraph=True, backend=backend)
-    a = [t.detach().clone().requires_grad_() for t in leaves]
-    b = [t.detach().clone().requires_grad_() for t in leaves]
-    out_c, out_e = compiled(*a), f(*b)
-    out_c.backward()
-    out_e.backward()
-    assert torch.allclose(out_c, out_e, rtol=1e-3)
-    for ta, tb in zip(a, b):
-        assert torch.equal(ta.grad, tb.grad)
+    check_compile_matches_eager(f, leaves, ON_GPU)
 
 
 def test_opcheck(device):

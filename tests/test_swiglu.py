@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ON_GPU
-from util import assert_within, rand
+from util import assert_within, check_compile_matches_eager, rand
 
 import codetta
 from codetta.kernels.launch import recording
@@ -216,16 +216,7 @@ def test_compile_fullgraph(device):
     def fn(x, wg, wu, wd):
         return swiglu_mlp(x, wg, wu, wd, x).float().pow(2).sum()
 
-    backend = "inductor" if ON_GPU else "aot_eager"
-    compiled = torch.compile(fn, fullgraph=True, backend=backend)
-    a = [t.detach().clone().requires_grad_() for t in leaves]
-    b = [t.detach().clone().requires_grad_() for t in leaves]
-    out_c, out_e = compiled(*a), fn(*b)
-    out_c.backward()
-    out_e.backward()
-    assert torch.allclose(out_c, out_e, rtol=1e-3)
-    for ta, tb in zip(a, b):
-        assert torch.equal(ta.grad, tb.grad)
+    check_compile_matches_eager(fn, leaves, ON_GPU)
 
 
 def test_opcheck(device):
