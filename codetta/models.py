@@ -22,6 +22,7 @@ class Widths:
     head_dim: int
     vocab: int
     tied: bool = False
+    qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3)
 
     @property
     def q_width(self) -> int:
@@ -40,12 +41,12 @@ KNOWN = {
         Widths("llama3-3b", 3072, 8192, 24, 8, 128, 128256, tied=True),
         Widths("llama3-8b", 4096, 14336, 32, 8, 128, 128256),
         Widths("llama3-70b", 8192, 28672, 64, 8, 128, 128256),
-        Widths("qwen3-0.6b", 1024, 3072, 16, 8, 128, 151936, tied=True),
-        Widths("qwen3-1.7b", 2048, 6144, 16, 8, 128, 151936, tied=True),
-        Widths("qwen3-4b", 2560, 9728, 32, 8, 128, 151936, tied=True),
-        Widths("qwen3-8b", 4096, 12288, 32, 8, 128, 151936),
-        Widths("qwen3-14b", 5120, 17408, 40, 8, 128, 151936),
-        Widths("qwen3-32b", 5120, 25600, 64, 8, 128, 151936),
+        Widths("qwen3-0.6b", 1024, 3072, 16, 8, 128, 151936, tied=True, qk_norm=True),
+        Widths("qwen3-1.7b", 2048, 6144, 16, 8, 128, 151936, tied=True, qk_norm=True),
+        Widths("qwen3-4b", 2560, 9728, 32, 8, 128, 151936, tied=True, qk_norm=True),
+        Widths("qwen3-8b", 4096, 12288, 32, 8, 128, 151936, qk_norm=True),
+        Widths("qwen3-14b", 5120, 17408, 40, 8, 128, 151936, qk_norm=True),
+        Widths("qwen3-32b", 5120, 25600, 64, 8, 128, 151936, qk_norm=True),
         Widths("mistral-7b", 4096, 14336, 32, 8, 128, 32768),
     )
 }
@@ -95,4 +96,5 @@ def _from_dict(cfg: dict, name: str) -> Widths:
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
         vocab=cfg["vocab_size"],
         tied=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=cfg.get("model_type") == "qwen3",
     )

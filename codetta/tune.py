@@ -63,7 +63,8 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     with override(force_reference=True), recording() as rec:
         x, act = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d), t(d, dt=torch.float32),
                                          t(f, d), t(f, d))  # fmt: skip
-        rope = RoPE(torch.arange(T), torch.rand(w.head_dim // 2)) if w.head_dim in RMS_ROPE else None
+        qk = {"qk_norm_weights": (t(w.head_dim), t(w.head_dim))} if w.qk_norm else {}
+        rope = RoPE(torch.arange(T), torch.rand(w.head_dim // 2), **qk) if w.head_dim in RMS_ROPE else None
         x2, zs = residual_rmsnorm_linear(act, t(d, f), x, t(d, dt=torch.float32), [t(w.q_width, d), t(kv, d),
                                          t(kv, d)], rope=rope)  # fmt: skip
         x3, n = residual_rmsnorm(

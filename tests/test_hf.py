@@ -292,7 +292,7 @@ def test_loss_curve_tracks_unpatched_on_gpu():
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its
     backward in the down projection's dX GEMM, and RoPE in the q/k GEMMs after the first
-    layer (not for Qwen3: its per-head q/k norms come before RoPE)."""
+    layer (for Qwen3 after its per-head q/k norms, in the same epilogue)."""
     from codetta.kernels.launch import recording
 
     model = codetta.apply_codetta(_model(family, False))
@@ -301,5 +301,5 @@ def test_kernel_plan_of_a_step(family):
     names = [c.program.name for c in calls]
     layers = model.config.num_hidden_layers
     assert names.count("swiglu_rms") == layers and names.count("dswiglu") == layers, names
-    rope = names.count("rms_rope_16")
-    assert rope == (0 if family == "qwen3" else 2 * (layers - 1)), names
+    rope = names.count("rms_qknorm_rope_16" if family == "qwen3" else "rms_rope_16")
+    assert rope == 2 * (layers - 1), names

@@ -356,6 +356,7 @@ def _program_operands(name, M, N, device, K=64):
         "dswiglu": {"g": rand(M, N, dtype=dtype, device=device), "u": rand(M, N, dtype=dtype, device=device)},
         "rms_rope_64": rope,
         "rms_rope_128": rope,
+        "rms_qknorm_rope_128": {**rope, "qk_w": torch.rand(N, **f32) + 0.5, "qk_eps": 1e-6},
         "store": {},
         "accumulate": {"c": rand(M, N, dtype=dtype, device=device)},
         "accumulate_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
@@ -392,7 +393,7 @@ def test_reference_path_matches_kernel(name, device):
     """Each program's PyTorch reference (the CPU path without the interpreter)
     computes what its kernel computes."""
     prog = next(getattr(pg, n) for n in pg.__all__ if getattr(pg, n).name == name)
-    M, N, K = 77, 128 if prog.sub_tile_multiple else 96, 64  # RoPE: whole heads of 64 or 128
+    M, N, K = 77, 128 if prog.sub_tile_width else 96, 64  # RoPE: whole heads of 64 or 128
     y, w = _inputs(M, N, K, torch.float16, device)
     ops = _program_operands(name, M, N, device, K)
     kernel = codetta.gemm(y, w, epilogue=prog, **ops)

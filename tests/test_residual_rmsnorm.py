@@ -187,7 +187,7 @@ def test_opcheck(device):
     for ws, fold_gamma in (([w], False), ([w], True), ([w, w2], False)):
         torch.library.opcheck(
             torch.ops.codetta.residual_rmsnorm_linear.default,
-            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False),
+            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False, [], 1.0, 0, 0.0),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 

@@ -13,6 +13,7 @@ from codetta.ops.residual_rmsnorm import residual_rmsnorm_linear_variant
 from codetta.programs import RMS_ROPE
 
 EPS = 1e-6
+QK_EPS = 1e-6
 # (batch, seq, d, q heads, kv heads, head_dim): GQA ratios 1 and 4 (8 on the GPU)
 CASES = (
     [(2, 19, 48, 4, 4, 16), (1, 37, 64, 4, 1, 32)]
@@ -26,7 +27,14 @@ def _rotate_half(x):
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def _chain(y, w_o, res, gamma, wq, wk, wv, pos, inv_freq, hd, dt):
+def _head_norm(z4, w, dt):
+    """Qwen3RMSNorm over each head of [B, S, H, hd]: statistics in fp32 (fp64 for the
+    reference), rounded to the input dtype, times the weight."""
+    zf = z4.float() if dt != torch.float64 else z4
+    return (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + QK_EPS)).to(dt) * w.to(dt)
+
+
+def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt):
     """The unfused chain in ``dt``: residual, RMSNorm (fp32 statistics), projections, and
     Hugging Face's apply_rotary_pos_emb on [B, H, S, hd] with cos/sin in ``dt`` (as
     LlamaRotaryEmbedding returns them)."""
@@ -40,10 +48,13 @@ def _chain(y, w_o, res, gamma, wq, wk, wv, pos, inv_freq, hd, dt):
     emb = torch.cat([angle, angle], dim=-1)
     cos, sin = emb.cos().to(dt)[:, None], emb.sin().to(dt)[:, None]  # [B, 1, S, hd]
     outs = []
-    for w, rotate in ((wq, True), (wk, True), (wv, False)):
+    for i, (w, rotate) in enumerate(((wq, True), (wk, True), (wv, False))):
         z = n @ w.t()
         if rotate:
-            z4 = z.view(B, S, -1, hd).transpose(1, 2)
+            z4 = z.view(B, S, -1, hd)
+            if qk:
+                z4 = _head_norm(z4, qk[i], dt)
+            z4 = z4.transpose(1, 2)
             z4 = z4 * cos + _rotate_half(z4) * sin
             z = z4.transpose(1, 2).reshape(B, S, -1)
         outs.append(z)
@@ -58,11 +69,13 @@ def _positions(B, S, packed, device):
     return pos
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qk_norm"])
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("B,S,d,hq,hkv,hd", CASES, ids=str)
-def test_qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, dtype, device):
+def test_qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device):
     """x, q, k, v and every gradient against fp64, within 2x PyTorch's own error in the
-    same dtype (Hugging Face's own rotary code in that dtype)."""
+    same dtype (Hugging Face's own rotary code in that dtype); with Qwen3's per-head q/k
+    norms before RoPE too (their weights' gradients included)."""
     K = d
     y = rand(B, S, K, dtype=dtype, device=device)
     w_o = rand(d, K, dtype=dtype, device=device, scale=K**-0.5)
@@ -70,6 +83,8 @@ def test_qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, dtype, device):
     gamma = torch.rand(d, device=device) + 0.5
     ws = [rand(h * hd, d, dtype=dtype, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
     leaves = [y, w_o, res, gamma, *ws]
+    if qk_norm:
+        leaves += [torch.rand(hd, device=device).to(dtype) + 0.5 for _ in range(2)]
     pos = _positions(B, S, packed, device)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     grads_in = [rand(B, S, d, dtype=dtype, device=device)] + [
@@ -83,16 +98,17 @@ def test_qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, dtype, device):
         sum((o.double() * g.double()).sum() for o, g in zip(outs, grads_in)).backward()
         return outs + [t.grad for t in ts]
 
-    def ours(y, w_o, res, gamma, wq, wk, wv):
-        return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=RoPE(pos, inv_freq))
+    def ours(y, w_o, res, gamma, wq, wk, wv, *qk):
+        rope = RoPE(pos, inv_freq, qk_norm_weights=tuple(qk), qk_norm_eps=QK_EPS)
+        return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=rope)
 
     def chain(dt):
-        return lambda *ts: _chain(*ts, pos, inv_freq, hd, dt)
+        return lambda *ts: _chain(*ts, pos=pos, inv_freq=inv_freq, hd=hd, dt=dt)
 
     got = run(ours, leaves)
     ref = run(chain(torch.float64), [t.double() for t in leaves])
     same = run(chain(dtype), leaves)
-    names = ["x", "q", "k", "v", "dy", "dw_o", "dres", "dgamma", "dwq", "dwk", "dwv"]
+    names = ["x", "q", "k", "v", "dy", "dw_o", "dres", "dgamma", "dwq", "dwk", "dwv", "dq_norm", "dk_norm"]
     for name, a, b, c in zip(names, got, ref, same):
         assert_within(name, a, b, c)
 
@@ -171,7 +187,7 @@ def test_bad_rope(case, exc, match, device):
 
 
 def test_rope_program_needs_whole_heads():
-    assert RMS_ROPE[64].sub_tile_multiple == 64
+    assert RMS_ROPE[64].sub_tile_width == 64
     a, w = torch.randn(8, 16), torch.randn(40, 16)
     with pytest.raises(ValueError, match="multiple of head_dim 32|groups of 32 columns"):
         codetta.gemm(a, w, epilogue=RMS_ROPE[32], sumsq=torch.ones(8), inv_d=1.0, eps=0.0,

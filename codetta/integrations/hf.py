@@ -13,8 +13,8 @@ no concatenation, no copies). Attention itself stays Hugging Face's: its
 configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
 first layer's input norm, q/k/v projections and RoPE run as in eager PyTorch; the
-other layers' q and k come out of their GEMMs rotated (RoPE in the epilogue; not for
-Qwen3, whose per-head q/k norms come first: Hugging Face's RoPE there); training with labels, the
+other layers' q and k come out of their GEMMs rotated (RoPE in the epilogue, after
+Qwen3's per-head q/k norms, also in the epilogue); training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
 loss (``codetta.ops.linear_cross_entropy``). Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
@@ -208,7 +208,6 @@ def _codetta_forward(
     fused_loss = labels is not None and self.training
     loss = logits = None
     silu = _is_silu(self.config)
-    rope = _fused_rope(base, layers[0].self_attn, position_ids)
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
@@ -234,6 +233,7 @@ def _codetta_forward(
             ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
             norm = nxt.input_layernorm
             # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
+            rope = _fused_rope(base, nxt.self_attn, position_ids)  # that layer's own q/k norms
             h, qkv = residual_rmsnorm_linear(
                 y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
             )
@@ -296,29 +296,36 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
 def _fused_rope(base, attn, position_ids):
     """The ``RoPE`` argument that rotates q and k in their GEMMs' epilogues with the
     model's own frequencies and attention scaling (read after ``rotary_emb`` ran, so a
-    dynamic rope type has updated them), or None where it does not apply: per-head q/k
-    norms (Qwen3: they come before RoPE), a head_dim without a RoPE program."""
+    dynamic rope type has updated them), after Qwen3's per-head q/k norms where the
+    model has them; None where it does not apply (a head_dim without a RoPE program,
+    partial rotary)."""
     rotary = base.rotary_emb
     inv_freq = getattr(rotary, "inv_freq", None)
-    if hasattr(attn, "q_norm") or inv_freq is None or 2 * inv_freq.shape[0] not in RMS_ROPE:
+    if inv_freq is None or 2 * inv_freq.shape[0] not in RMS_ROPE:
         return None
     if 2 * inv_freq.shape[0] != attn.head_dim:
         return None  # partial rotary (rotating part of each head): Hugging Face's own
-    return RoPE(position_ids, inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))
+    qk = {}
+    if hasattr(attn, "q_norm"):
+        eps = attn.q_norm.variance_epsilon
+        if attn.k_norm.variance_epsilon != eps:
+            return None
+        qk = {"qk_norm_weights": (attn.q_norm.weight, attn.k_norm.weight), "qk_norm_eps": eps}
+    return RoPE(position_ids, inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)), **qk)
 
 
 def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, **kwargs):
     """The attention module's forward between its input projections and its output
     projection (Llama; Qwen3 adds per-head q/k norms; Mistral and Qwen3 pass a sliding
     window): returns the heads' output as [..., heads * head_dim]. ``rotated``: q and
-    k arrive with RoPE applied already."""
+    k arrive with RoPE (and Qwen3's q/k norms) applied already."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     apply_rotary_pos_emb, eager_attention_forward = _HELPERS[type(attn).__module__]
     input_shape = q.shape[:-1]
     hidden_shape = (*input_shape, -1, attn.head_dim)
     q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
-    if hasattr(attn, "q_norm"):
+    if hasattr(attn, "q_norm") and not rotated:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if not rotated:

@@ -87,14 +87,14 @@ INTERPRETER_CONFIG = Config(
 INTERPRETER_NUM_SMS = 3
 
 
-def interpreter_config(sub_tile_multiple: int = 0) -> Config:
-    """The interpreter's configuration, widened where a program works on whole groups of
-    ``sub_tile_multiple`` columns (its sub-tiles must hold whole groups)."""
+def interpreter_config(sub_tile_width: int = 0) -> Config:
+    """The interpreter's configuration; for a program whose sub-tiles must be exactly
+    ``sub_tile_width`` columns wide, one whose are."""
     cfg = INTERPRETER_CONFIG
-    if not sub_tile_multiple or cfg.sub_n % sub_tile_multiple == 0:
+    if not sub_tile_width or cfg.sub_n == sub_tile_width:
         return cfg
-    block_n = max(cfg.block_n, sub_tile_multiple)
-    return Config(cfg.block_m, block_n, cfg.block_k, cfg.group_m, block_n // sub_tile_multiple,
+    block_n = max(cfg.block_n, sub_tile_width)
+    return Config(cfg.block_m, block_n, cfg.block_k, cfg.group_m, block_n // sub_tile_width,
                   cfg.num_stages, cfg.num_warps, tail_split=cfg.tail_split)  # fmt: skip
 
 

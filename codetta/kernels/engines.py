@@ -254,10 +254,10 @@ class TritonEngine:
 
 
 def fitting_sub_tiles(program: Program, cfgs) -> list[Config]:
-    """The configurations whose epilogue sub-tiles are whole multiples of the program's
-    ``sub_tile_multiple`` (all of them when it has none)."""
-    m = program.sub_tile_multiple
-    return [c for c in cfgs if not m or c.sub_n % m == 0]
+    """The configurations whose epilogue sub-tiles are exactly the program's
+    ``sub_tile_width`` wide (all of them when it asks for none)."""
+    w = program.sub_tile_width
+    return [c for c in cfgs if not w or c.sub_n == w]
 
 
 def _slot_type(op, dtype, block) -> str:

@@ -241,10 +241,10 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     check_matrix_alignment("weight", weight, b_t, "N, K")
     if program.check is not None:
         program.check(M, N)
-    if program.sub_tile_multiple and N % program.sub_tile_multiple:
+    if program.sub_tile_width and N % program.sub_tile_width:
         raise ValueError(
-            f"program {program.name!r} works on groups of {program.sub_tile_multiple} columns: "
-            f"N={N} must be a multiple of {program.sub_tile_multiple}"
+            f"program {program.name!r} works on groups of {program.sub_tile_width} columns: "
+            f"N={N} must be a multiple of {program.sub_tile_width}"
         )
     for i, op in enumerate(program.outputs):
         if not op.is_tile or (i < len(provided) and provided[i]):

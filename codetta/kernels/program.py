@@ -183,10 +183,9 @@ class Program:
     last wave along K. ``sm90_body``: an escape hatch, a Gluon-specific body
     with the same contract for the ping-pong mainloop (default: ``body``);
     ``pingpong=False`` keeps the program on the Triton mainloop.
-    ``sub_tile_multiple``: the epilogue's sub-tiles must be a multiple of this many
-    columns wide (and N too): a body that works on whole groups of columns, e.g.
-    attention heads for RoPE's rotate-half; configurations that split finer are
-    left out.
+    ``sub_tile_width``: every epilogue sub-tile is exactly this many columns wide
+    (and N a multiple of it): a body that works on one group of columns at a time,
+    e.g. one attention head for RoPE's rotate-half; other configurations are left out.
     """
 
     name: str
@@ -200,7 +199,7 @@ class Program:
     tail_split: bool = True
     sm90_body: Any = None
     pingpong: bool = True
-    sub_tile_multiple: int = 0
+    sub_tile_width: int = 0
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

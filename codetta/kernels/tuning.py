@@ -258,7 +258,7 @@ class Chooser:
     def choose(self, call: GemmCall, prepare) -> Config:
         """``prepare(cfg) -> fn`` makes a runnable launch of the call for tuning."""
         if device.interpreting():
-            return configs.interpreter_config(call.program.sub_tile_multiple)
+            return configs.interpreter_config(call.program.sub_tile_width)
         pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
         memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, call.device, pp)
         cfg = self._chosen.get(memo)

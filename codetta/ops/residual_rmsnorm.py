@@ -45,7 +45,7 @@ from ..programs import (
     RMS_SCALE,
 )
 from ..programs.norm_rows import rms_backward_finish, rms_backward_rows, rowdot, scale_columns
-from ..programs.rope import RMS_ROPE, unrotate_half_rows
+from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
@@ -66,9 +66,12 @@ def _forward(
     rope: list[torch.Tensor],
     rope_scaling: float,
     n_rope: int,
+    qk_eps: float,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    # rope: [] or [positions [M], frequencies [head_dim]]: the first n_rope outputs (q, k)
-    # get RoPE (rotate-half) in their GEMM's epilogue
+    # rope: [] or [positions [M], frequencies [head_dim], (a q/k norm weight [head_dim]
+    # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half), after
+    # that per-head norm if given, in their GEMM's epilogue; then zs also holds, after the
+    # outputs, each normed one's un-normalized z (for the backward)
     # returns (x, [z per next weight], sumsq, w_gamma): w_gamma = W * gamma when
     # fold_gamma (one next weight; kept for the backward), else an empty tensor.
     # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
@@ -91,17 +94,23 @@ def _forward(
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
-    zs = []
+    zs, pres = [], []
     for i, w in enumerate(ws):
         norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}
         if i < n_rope:
-            pos, freq = rope
-            prog = RMS_ROPE[freq.shape[0]]
-            zs.append(gemm(k1.h, w, epilogue=prog, **norm, pos=pos, freq=_column_freq(freq, w.shape[0]),
-                           scaling=rope_scaling))  # fmt: skip
+            pos, freq, *qk_ws = rope
+            rot = {"pos": pos, "freq": _column_freq(freq, w.shape[0]), "scaling": rope_scaling}
+            if qk_ws:
+                prog = RMS_QKNORM_ROPE[freq.shape[0]]
+                out = gemm(k1.h, w, epilogue=prog, **norm, **rot, qk_w=_column_freq(qk_ws[i], w.shape[0]),
+                           qk_eps=qk_eps)  # fmt: skip
+                zs.append(out.out)
+                pres.append(out.pre)
+            else:
+                zs.append(gemm(k1.h, w, epilogue=RMS_ROPE[freq.shape[0]], **norm, **rot))
         else:
             zs.append(gemm(k1.h, w, epilogue=RMS_SCALE, **norm))
-    return k1.x, zs, k1.sumsq, ws[0].new_empty(0)
+    return k1.x, zs + pres, k1.sumsq, ws[0].new_empty(0)
 
 
 def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
@@ -110,11 +119,27 @@ def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @_forward.register_fake
-def _(y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu, rope, rope_scaling, n_rope):
+def _(
+    y,
+    w_o,
+    residual,
+    gamma,
+    ws,
+    eps,
+    backward,
+    fold_gamma,
+    gate_up,
+    swiglu,
+    rope,
+    rope_scaling,
+    n_rope,
+    qk_eps,
+):
     M = y.shape[0]
+    pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
     return (
         residual.new_empty(residual.shape),
-        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu]
+        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu + pre]
         if ws
         else [residual.new_empty(residual.shape)],
         y.new_empty((M,), dtype=torch.float32),
@@ -190,15 +215,23 @@ def _backward(
     rope: list[torch.Tensor],
     rope_scaling: float,
     n_rope: int,
+    qk_eps: float,
+    pres: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
     # dy is then empty: y's gradient goes to g and u)
     if n_rope:
         # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
         # pass over each; freq holds each head's frequencies twice, the pass takes them once)
-        pos, freq = rope
+        pos, freq, *qk_ws = rope
         half = freq[: freq.shape[0] // 2]
-        dzs = [unrotate_half_rows(g, pos, half, rope_scaling) if i < n_rope else g for i, g in enumerate(dzs)]
+        dzs, dqk = list(dzs), []
+        for i in range(n_rope):
+            if qk_ws:  # the per-head norm's backward in the same pass
+                dzs[i], dw = qknorm_backward_rows(dzs[i], pres[i], qk_ws[i], pos, half, rope_scaling, qk_eps)
+                dqk.append(dw.to(qk_ws[i].dtype))
+            else:
+                dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling)
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if gate_up:
         # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
@@ -207,6 +240,8 @@ def _backward(
     else:
         dy = gemm(dx_total, w_o.t())
     dw_o = gemm(dx_total.t(), y.t())
+    if n_rope and len(rope) > 2:
+        dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'
     return dy, dw_o, dx_total, dgamma, dws
 
 
@@ -229,27 +264,47 @@ def _(
     rope,
     rope_scaling,
     n_rope,
+    qk_eps,
+    pres,
 ):
+    qk_ws = rope[2:] if n_rope else []
     return (
         y.new_empty(0 if gate_up else y.shape),
         w_o.new_empty(w_o.shape),
         x.new_empty(x.shape),
         gamma.new_empty(gamma.shape),
-        [w.new_empty(w.shape) for w in ws] + [t.new_empty(t.shape) for t in gate_up],
+        [w.new_empty(w.shape) for w in ws]
+        + [t.new_empty(t.shape) for t in gate_up]
+        + [w.new_empty(w.shape) for w in qk_ws],
     )
 
 
 def _setup_context(ctx, inputs, output):
-    y, w_o, residual, gamma, ws, eps, backward, fold_gamma, gate_up, swiglu, rope, rope_scaling, n_rope = (
-        inputs
-    )
+    (
+        y,
+        w_o,
+        residual,
+        gamma,
+        ws,
+        eps,
+        backward,
+        fold_gamma,
+        gate_up,
+        swiglu,
+        rope,
+        rope_scaling,
+        n_rope,
+        qk_eps,
+    ) = inputs
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
-    ctx.rope, ctx.rope_scaling, ctx.n_rope = list(rope), rope_scaling, n_rope
+    ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps = list(rope), rope_scaling, n_rope, qk_eps
+    pres = tuple(zs[len(ws) :]) if n_rope else ()  # the q/k norms' inputs z (with qk norms)
+    ctx.n_pres = len(pres)
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
     # with swiglu, g and u (zs[0], zs[1]) in case y is also used outside the next operator
-    kept = (*gate_up, *zs[:2]) if swiglu else tuple(gate_up)
+    kept = (*gate_up, *zs[:2]) if swiglu else (*gate_up, *pres)
     ctx.save_for_backward(
         y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept
     )
@@ -258,9 +313,11 @@ def _setup_context(ctx, inputs, output):
 def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     y, w_o, gamma, x, z, sumsq, w_gamma, *rest = ctx.saved_tensors
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
+    pres = rest[ctx.n_ws + ctx.n_gate_up : ctx.n_ws + ctx.n_gate_up + ctx.n_pres]
     dx = torch.zeros_like(x) if dx is None else dx.contiguous()
     if dzs is None:
         dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
+    dzs = list(dzs)[: max(1, ctx.n_ws + ctx.swiglu)]  # the q/k norms' z are internal: no gradient
     if ctx.swiglu:
         # zs = [g, u, y]: a gradient that reaches y directly (y used outside the next
         # operator, which sends its gradient to g and u) goes through SwiGLU here
@@ -275,12 +332,15 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
-        ctx.rope, ctx.rope_scaling, ctx.n_rope,
+        ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, list(pres),
     )  # fmt: skip
-    rest = (None, [None] * len(ctx.rope), None, None)  # swiglu, rope, rope_scaling, n_rope
+    # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
+    n, g = ctx.n_ws, ctx.n_gate_up
+    rope_grads = [None, None] + list(dws[n + g :]) if len(ctx.rope) > 2 else [None] * len(ctx.rope)
+    rest = (None, rope_grads, None, None, None)  # swiglu, rope, rope_scaling, n_rope, qk_eps
     if gate_up:
-        return None, dw_o, dres, dgamma, dws[: ctx.n_ws], None, None, None, dws[ctx.n_ws :], *rest
-    return dy, dw_o, dres, dgamma, dws, None, None, None, [], *rest
+        return None, dw_o, dres, dgamma, dws[:n], None, None, None, dws[n : n + g], *rest
+    return dy, dw_o, dres, dgamma, dws[:n], None, None, None, [], *rest
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -379,7 +439,7 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0,
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0,
     )  # fmt: skip
     f = w_gate.shape[0]
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
@@ -403,12 +463,16 @@ class RoPE(NamedTuple):
     epilogues: each token's angles are ``position_ids * inv_freq`` (float32), cos and
     sin scaled by ``attention_scaling`` (a model's ``rotary_emb.inv_freq`` and
     ``.attention_scaling`` cover its rope_scaling type). ``position_ids``: integers
-    broadcastable to the tokens' shape (packed sequences: per-token positions)."""
+    broadcastable to the tokens' shape (packed sequences: per-token positions).
+    ``qk_norm_weights``: one [head_dim] weight per rotated output (Qwen3's q_norm and
+    k_norm), an RMSNorm over each head (``qk_norm_eps``) applied before the rotation."""
 
     position_ids: torch.Tensor
     inv_freq: torch.Tensor
     attention_scaling: float = 1.0
     n_weights: int = 2
+    qk_norm_weights: tuple = ()
+    qk_norm_eps: float = 1e-6
 
 
 def residual_rmsnorm_linear(
@@ -439,10 +503,10 @@ def residual_rmsnorm_linear(
     return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps, rope=rope)
 
 
-def _rope_args(rope, ws, lead, device) -> tuple[list, float, int]:
-    """(tensors, scaling, how many outputs) of a ``RoPE`` argument, validated."""
+def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
+    """(tensors, scaling, how many outputs, q/k norm eps) of a ``RoPE`` argument, validated."""
     if rope is None:
-        return [], 1.0, 0
+        return [], 1.0, 0, 0.0
     if not isinstance(rope, RoPE):
         raise TypeError(f"rope must be a codetta.ops.RoPE, got {type(rope).__name__}")
     pos, inv_freq = rope.position_ids, rope.inv_freq
@@ -471,7 +535,21 @@ def _rope_args(rope, ws, lead, device) -> tuple[list, float, int]:
             f"rope.position_ids {tuple(pos.shape)} must broadcast to the tokens' shape {tuple(lead)}"
         ) from None
     freq = inv_freq.repeat(2)  # both halves of a head rotate by the same angles
-    return [pos.reshape(-1).contiguous(), freq], float(rope.attention_scaling), n
+    qk = list(rope.qk_norm_weights)
+    if qk:
+        if len(qk) != n:
+            raise ValueError(
+                f"rope.qk_norm_weights: one [head_dim] weight per rotated output ({n}), got {len(qk)}"
+            )
+        for i, w in enumerate(qk):
+            check_tensor(f"rope.qk_norm_weights[{i}]", w)
+            if w.shape != (hd,) or not w.is_floating_point() or w.device != device:
+                raise ValueError(f"rope.qk_norm_weights[{i}] must be a float [{hd}] tensor on {device}, got "
+                                 f"{w.dtype} {tuple(w.shape)} on {w.device}")  # fmt: skip
+    eps = float(rope.qk_norm_eps)
+    if qk and not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"rope.qk_norm_eps must be a finite number >= 0, got {rope.qk_norm_eps!r}")
+    return [pos.reshape(-1).contiguous(), freq, *qk], float(rope.attention_scaling), n, eps
 
 
 def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, backward="rowwise",
@@ -498,7 +576,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     if len(ws) != 1 and (fold_gamma or backward != "rowwise"):
         raise ValueError("several or no next weights take the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
-    rope_args, rope_scaling, n_rope = _rope_args(rope, ws, lead, y.device)
+    rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, y.device)
     if n_rope and (fold_gamma or backward != "rowwise"):
         raise ValueError("rope takes the default backward (rowwise, no fold_gamma)")
     x, zs, _, _ = _forward(
@@ -515,6 +593,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         rope_args,
         rope_scaling,
         n_rope,
+        qk_eps,
     )
-    zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs)
+    zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

@@ -11,7 +11,7 @@ from .norm import (
     RMS_GRAD_PARTIALS,
     RMS_SCALE,
 )
-from .rope import RMS_ROPE, RMS_ROPE_64, RMS_ROPE_128, ROTATE_PAIRS  # noqa: F401 - RMS_ROPE: every head dim
+from .rope import RMS_QKNORM_ROPE, RMS_QKNORM_ROPE_128, RMS_ROPE, RMS_ROPE_64, RMS_ROPE_128, ROTATE_PAIRS  # noqa: F401 - RMS_ROPE: every head dim
 from .swiglu import DSWIGLU, SWIGLU, SWIGLU_RMS
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "ROTATE_PAIRS",
     "RMS_ROPE_64",
     "RMS_ROPE_128",
+    "RMS_QKNORM_ROPE_128",
     "SWIGLU",
     "SWIGLU_RMS",
     "DSWIGLU",

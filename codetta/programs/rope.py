@@ -40,15 +40,17 @@ ROTATE_PAIRS = Program(
 )
 
 
-# ---- RoPE in Hugging Face's rotate-half convention, on whole attention heads
+# ---- RoPE in Hugging Face's rotate-half convention, one attention head per sub-tile
+# (the programs set sub_tile_width = head_dim, so a body sees exactly one head: its
+# width is the head dim, and one body serves every head dim)
 
 
 @triton.jit
-def _halves(x, HD: tl.constexpr):
-    """[BM, W] (W a multiple of HD) -> each head's first and second halves, [BM, W/HD, HD/2]."""
+def _halves(x):
+    """[BM, W] -> its left and right halves, [BM, W/2] each (a head's two halves)."""
     BM: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
-    return tl.split(tl.permute(tl.reshape(x, (BM, W // HD, 2, HD // 2)), (0, 1, 3, 2)))
+    return tl.split(tl.permute(tl.reshape(x, (BM, 2, W // 2)), (0, 2, 1)))
 
 
 @triton.jit
@@ -56,19 +58,16 @@ def _whole(first, second):
     """Inverse of ``_halves``."""
     BM: tl.constexpr = first.shape[0]
     H: tl.constexpr = first.shape[1]
-    HALF: tl.constexpr = first.shape[2]
-    return tl.reshape(tl.permute(tl.join(first, second), (0, 1, 3, 2)), (BM, H * 2 * HALF))
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), (BM, 2 * H))
 
 
 @triton.jit
-def _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, HD: tl.constexpr):
-    """The norm's row scale, then RoPE over heads of HD columns (Hugging Face's
-    rotate-half): with x1, x2 a head's halves and a = position[m] * inv_freq (the
-    column's frequency, the same in both halves), out = (x1 cos a - x2 sin a,
-    x2 cos a + x1 sin a) * (cos and sin times ``scaling``). The angles are formed on
-    half-width tensors: half the sines and cosines, half their registers."""
-    x1, x2 = _halves(acc * rms_scale_of(sumsq, inv_d, eps), HD)
-    a1, a2 = _halves(pos.to(tl.float32) * freq, HD)  # angles in the acc's layout, then halved
+def _rotate(x1, x2, pos, freq, scaling):
+    """RoPE of one head given its halves: a = position[m] * inv_freq (the column's
+    frequency, the same in both halves); (x1 cos a - x2 sin a, x2 cos a + x1 sin a), cos
+    and sin times ``scaling``. The angles are formed at full width in the accumulator's
+    layout, then halved (Gluon takes no other way)."""
+    a1, a2 = _halves(pos.to(tl.float32) * freq)
     sin, cos = P.sincos(a1)
     c = cos * scaling
     s = sin * scaling
@@ -76,29 +75,31 @@ def _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, HD: tl.constexpr):
 
 
 @triton.jit
-def rms_rope_16(acc, sumsq, inv_d, eps, pos, freq, scaling):
-    """q or k with the norm's row scale and RoPE (head_dim 16): see ``_rms_rope``."""
-    return _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, 16)
+def rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling):
+    """q or k of one head: the norm's row scale r = rsqrt(sumsq / d + eps), then RoPE."""
+    x1, x2 = _halves(acc * rms_scale_of(sumsq, inv_d, eps))
+    return _rotate(x1, x2, pos, freq, scaling)
 
 
 @triton.jit
-def rms_rope_32(acc, sumsq, inv_d, eps, pos, freq, scaling):
-    return _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, 32)
+def rms_qknorm_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+    """As ``rms_rope`` with Qwen3's per-head RMSNorm between the two (weight ``qk_w``,
+    the [head_dim] weight repeated per head): z = acc * r; z * rsqrt(mean of the head's
+    z^2 + qk_eps) * qk_w; then RoPE. Also returns z (``pre``), the backward's input."""
+    z = acc * rms_scale_of(sumsq, inv_d, eps)
+    W: tl.constexpr = acc.shape[1]
+    # the sub-tile is one head: its row sums are the heads' (at full width, the
+    # accumulator's layout throughout, as Gluon needs)
+    rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
+    n1, n2 = _halves(z * rho * qk_w)
+    return _rotate(n1, n2, pos, freq, scaling), z
 
 
-@triton.jit
-def rms_rope_64(acc, sumsq, inv_d, eps, pos, freq, scaling):
-    return _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, 64)
-
-
-@triton.jit
-def rms_rope_128(acc, sumsq, inv_d, eps, pos, freq, scaling):
-    return _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, 128)
-
-
-@triton.jit
-def rms_rope_256(acc, sumsq, inv_d, eps, pos, freq, scaling):
-    return _rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, 256)
+def head_rms_norm(z: torch.Tensor, weight: torch.Tensor, eps: float, head_dim: int) -> torch.Tensor:
+    """Each head's RMSNorm (weight [head_dim]) over [M, N] rows, in z's dtype."""
+    M, N = z.shape
+    h = z.reshape(M, N // head_dim, head_dim)
+    return (h * (h.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.to(z.dtype)).reshape(M, N)
 
 
 def rope_tables(pos: torch.Tensor, freq: torch.Tensor, scaling: float):
@@ -129,11 +130,28 @@ def unrotate_half(dout: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head
     return torch.stack([d1, d2], dim=2).reshape(M, N).to(dout.dtype)
 
 
+def _first_half_freq(freq: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The frequencies the programs use: each head's first half, for both halves (a
+    model's are the same in both: Hugging Face repeats inv_freq)."""
+    h = freq.reshape(-1, 2, head_dim // 2)[:, :1]
+    return h.expand(-1, 2, -1).reshape(-1)
+
+
 def _rope_reference(head_dim):
     def ref(acc, sumsq, inv_d, eps, pos, freq, scaling):
         z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
-        cos, sin = rope_tables(pos, freq, scaling)
+        cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
         return {"out": rotate_half_reference(z, cos.to(acc.dtype), sin.to(acc.dtype), head_dim)}
+
+    return ref
+
+
+def _qknorm_reference(head_dim):
+    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
+        n = head_rms_norm(z, torch.ones(head_dim, dtype=z.dtype), qk_eps, head_dim) * qk_w.to(z.dtype)
+        cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
+        return {"out": rotate_half_reference(n, cos.to(acc.dtype), sin.to(acc.dtype), head_dim), "pre": z}
 
     return ref
 
@@ -146,16 +164,19 @@ def _head_check(head_dim):
     return check
 
 
-# whole heads per sub-tile; the ping-pong mainloop's candidates are filtered the same way
+# tiles whose sub-tiles can be one head (64, 128 or 256 wide: each program keeps those
+# exactly its head dim wide; the ping-pong mainloop's candidates are filtered the same
+# way). The sm_90a check found 256x128 tiles, 4-warp 128x128 tiles and 128-wide
+# sub-tiles of 128x256 tiles spilling (the whole fp32 tile stays live under the
+# rotation's temporaries): out
 _ROPE_CANDIDATES = tuple(
-    _grid(((128, 256, 3, 8),), (2, 4))
-    + _grid(((256, 128, 3, 8),), (1, 2), (False,))
-    + _grid(((128, 128, 4, 4),), (1, 2), (True,))
+    _grid(((128, 256, 3, 8),), (1, 4)) + _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (1, 2), (False,))
 )
 
 # q or k projections after an RMSNorm (K1's h): the norm's row scale, then RoPE with each
 # row's position (PerRow index: packed sequences work) and each column's inverse frequency
-# ([N]: the model's inv_freq, per head, both halves), times the rope's attention scaling
+# ([N]: the model's inv_freq, per head, both halves; a head's first half is what counts),
+# times the rope's attention scaling
 RMS_ROPE = {
     hd: Program(
         f"rms_rope_{hd}",
@@ -172,16 +193,36 @@ RMS_ROPE = {
         reference=_rope_reference(hd),
         check=_head_check(hd),
         configs=_ROPE_CANDIDATES,
-        sub_tile_multiple=hd,
+        sub_tile_width=hd,
     )
-    for hd, body in (
-        (16, rms_rope_16),
-        (32, rms_rope_32),
-        (64, rms_rope_64),
-        (128, rms_rope_128),
-        (256, rms_rope_256),
-    )  # fmt: skip
+    for hd, body in ((hd, rms_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
 }
+# the same with Qwen3's per-head q/k RMSNorm before RoPE (qk_w: the norm weight repeated
+# over the projection's heads, [N]); also stores the un-normalized z for the backward
+RMS_QKNORM_ROPE = {
+    hd: Program(
+        f"rms_qknorm_rope_{hd}",
+        body,
+        inputs=(
+            PerRow("sumsq"),
+            Scalar("inv_d"),
+            Scalar("eps"),
+            PerRow("pos", index=True),
+            PerCol("freq"),
+            Scalar("scaling"),
+            PerCol("qk_w"),
+            Scalar("qk_eps"),
+        ),  # fmt: skip
+        outputs=(Tile("out"), Tile("pre")),
+        reference=_qknorm_reference(hd),
+        check=_head_check(hd),
+        configs=_ROPE_CANDIDATES,
+        sub_tile_width=hd,
+        pingpong=False,  # spilled 648 B on the ping-pong mainloop's 168-register consumers
+    )
+    for hd, body in ((hd, rms_qknorm_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
+}
+
 # the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral), as
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
@@ -218,9 +259,7 @@ def unrotate_half_rows(
     tensor of dout's dtype."""
     M, N = dout.shape
     half = inv_freq.shape[0]
-    if dout.device.type == "cpu" and (
-        not device.interpreting() or SETTINGS.force_reference or dout.dtype == torch.bfloat16
-    ):
+    if _rows_in_torch(dout):
         cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // (2 * half)), scaling)
         return unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
@@ -233,3 +272,77 @@ def unrotate_half_rows(
             dout, out, pos.contiguous(), freq, M, N, float(scaling), HALF=half, BLOCK_M=block_m
         )
     return out
+
+
+RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
+
+
+@triton.jit
+def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
+                            HALF: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    # one program: BLOCK_M rows of one head; dw partials: row (pid_m, head) of [., 2 HALF]
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HALF)
+    mask = (rows < M)[:, None]
+    base = rows.to(tl.int64)[:, None] * N + head * 2 * HALF + cols[None, :]
+    g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
+    g2 = tl.load(g_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    z1 = tl.load(pre_ptr + base, mask=mask, other=0.0).to(tl.float32)
+    z2 = tl.load(pre_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
+    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
+    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + cols)[None, :])
+    c = cos * scaling
+    s = sin * scaling
+    n1 = g1 * c + g2 * s  # the gradient of the normalized head, before the rotation
+    n2 = g2 * c - g1 * s
+    rho = tl.rsqrt((tl.sum(z1 * z1, axis=1) + tl.sum(z2 * z2, axis=1)) * (0.5 / HALF) + eps)[:, None]
+    h1 = z1 * rho
+    h2 = z2 * rho
+    gw1 = n1 * w1
+    gw2 = n2 * w2
+    m = ((tl.sum(gw1 * h1, axis=1) + tl.sum(gw2 * h2, axis=1)) * (0.5 / HALF))[:, None]
+    tl.store(out_ptr + base, (rho * (gw1 - h1 * m)).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + base + HALF, (rho * (gw2 - h2 * m)).to(out_ptr.dtype.element_ty), mask=mask)
+    part = (pid_m * tl.num_programs(1) + head).to(tl.int64) * 2 * HALF
+    tl.store(dw_ptr + part + cols, tl.sum(n1 * h1, axis=0))
+    tl.store(dw_ptr + part + HALF + cols, tl.sum(n2 * h2, axis=0))
+
+
+def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float):
+    """The gradient through RMS_QKNORM_ROPE's per-head norm and rotation, one pass over
+    [M, N]: returns (dz [M, N] in dout's dtype, dweight [head_dim] float32). ``pre``: the
+    forward's z (the norm's input); ``weight``: the norm weight [head_dim]."""
+    M, N = dout.shape
+    half = inv_freq.shape[0]
+    hd = 2 * half
+    if _rows_in_torch(dout):
+        cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // hd), scaling)
+        n = unrotate_half(dout.float(), cos, sin, hd).reshape(M, N // hd, hd)
+        z = pre.float().reshape(M, N // hd, hd)
+        rho = (z.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+        h = z * rho
+        gw = n * weight.float()
+        dz = rho * (gw - h * (gw * h).mean(-1, keepdim=True))
+        return dz.reshape(M, N).to(dout.dtype), (n * h).sum((0, 1))
+    dout, pre = dout.contiguous(), pre.contiguous()
+    out = torch.empty_like(dout)
+    block_m = max(1, 2048 // half)
+    grid = (triton.cdiv(M, block_m), N // hd)
+    dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
+    with device.on_device(dout.device):
+        freq = inv_freq.float().contiguous()
+        _qknorm_backward_kernel[grid](dout, pre, weight.contiguous(), out, dw, pos.contiguous(), freq, M, N,
+                                      float(scaling), float(eps), HALF=half, BLOCK_M=block_m)  # fmt: skip
+    return out, dw.sum(0)
+
+
+def _rows_in_torch(t: torch.Tensor) -> bool:
+    """These passes run in PyTorch on CPU tensors unless the interpreter is on (and bf16
+    ones always: the interpreter rounds to bf16 by truncation)."""
+    return t.device.type == "cpu" and (
+        not device.interpreting() or SETTINGS.force_reference or t.dtype == torch.bfloat16
+    )
