@@ -14,6 +14,7 @@ reductions leave them out, stores skip them.
 import triton
 import triton.language as tl
 
+from . import primitives as P
 from .program import Kind
 
 K_TILE: tl.constexpr = tl.constexpr(int(Kind.TILE))
@@ -42,24 +43,16 @@ def pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.
 
 
 @triton.jit
-def _split_cols(x):
-    """[BM, BN] -> its left and right halves."""
-    BM: tl.constexpr = x.shape[0]
-    BN: tl.constexpr = x.shape[1]
-    return tl.split(tl.permute(tl.reshape(x, (BM, 2, BN // 2)), (0, 2, 1)))
-
-
-@triton.jit
 def column_blocks(acc, EPI_SPLIT: tl.constexpr):
     """The tile as a tuple of EPI_SPLIT column sub-tiles, left to right."""
     if EPI_SPLIT == 1:
         blocks = (acc,)
     elif EPI_SPLIT == 2:
-        blocks = _split_cols(acc)
+        blocks = P.halves(acc)
     else:
         tl.static_assert(EPI_SPLIT == 4, "EPI_SPLIT must be 1, 2 or 4")
-        left, right = _split_cols(acc)
-        blocks = _split_cols(left) + _split_cols(right)
+        left, right = P.halves(acc)
+        blocks = P.halves(left) + P.halves(right)
     return blocks
 
 

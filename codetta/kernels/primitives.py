@@ -27,6 +27,22 @@ def gelu_tanh(x):
 
 
 @triton.jit
+def halves(x):
+    """[BM, W] -> its left and right halves, [BM, W/2] each."""
+    BM: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, (BM, 2, W // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def whole(left, right):
+    """Inverse of ``halves``: [BM, H] and [BM, H] -> [BM, 2H]."""
+    BM: tl.constexpr = left.shape[0]
+    H: tl.constexpr = left.shape[1]
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BM, 2 * H))
+
+
+@triton.jit
 def even_odd(x):
     """Split [BM, BNs] into its even and odd columns, [BM, BNs/2] each."""
     BM: tl.constexpr = x.shape[0]

@@ -46,38 +46,22 @@ ROTATE_PAIRS = Program(
 
 
 @triton.jit
-def _halves(x):
-    """[BM, W] -> its left and right halves, [BM, W/2] each (a head's two halves)."""
-    BM: tl.constexpr = x.shape[0]
-    W: tl.constexpr = x.shape[1]
-    return tl.split(tl.permute(tl.reshape(x, (BM, 2, W // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def _whole(first, second):
-    """Inverse of ``_halves``."""
-    BM: tl.constexpr = first.shape[0]
-    H: tl.constexpr = first.shape[1]
-    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), (BM, 2 * H))
-
-
-@triton.jit
 def _rotate(x1, x2, pos, freq, scaling):
     """RoPE of one head given its halves: a = position[m] * inv_freq (the column's
     frequency, the same in both halves); (x1 cos a - x2 sin a, x2 cos a + x1 sin a), cos
     and sin times ``scaling``. The angles are formed at full width in the accumulator's
     layout, then halved (Gluon takes no other way)."""
-    a1, a2 = _halves(pos.to(tl.float32) * freq)
+    a1, a2 = P.halves(pos.to(tl.float32) * freq)
     sin, cos = P.sincos(a1)
     c = cos * scaling
     s = sin * scaling
-    return _whole(x1 * c - x2 * s, x2 * c + x1 * s)
+    return P.whole(x1 * c - x2 * s, x2 * c + x1 * s)
 
 
 @triton.jit
 def rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling):
     """q or k of one head: the norm's row scale r = rsqrt(sumsq / d + eps), then RoPE."""
-    x1, x2 = _halves(acc * rms_scale_of(sumsq, inv_d, eps))
+    x1, x2 = P.halves(acc * rms_scale_of(sumsq, inv_d, eps))
     return _rotate(x1, x2, pos, freq, scaling)
 
 
@@ -91,7 +75,7 @@ def rms_qknorm_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
     # the sub-tile is one head: its row sums are the heads' (at full width, the
     # accumulator's layout throughout, as Gluon needs)
     rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
-    n1, n2 = _halves(z * rho * qk_w)
+    n1, n2 = P.halves(z * rho * qk_w)
     return _rotate(n1, n2, pos, freq, scaling), z
 
 
@@ -173,6 +157,9 @@ _ROPE_CANDIDATES = tuple(
     _grid(((128, 256, 3, 8),), (1, 4)) + _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (1, 2), (False,))
 )
 
+_ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
+                Scalar("scaling"))  # fmt: skip
+
 # q or k projections after an RMSNorm (K1's h): the norm's row scale, then RoPE with each
 # row's position (PerRow index: packed sequences work) and each column's inverse frequency
 # ([N]: the model's inv_freq, per head, both halves; a head's first half is what counts),
@@ -181,14 +168,7 @@ RMS_ROPE = {
     hd: Program(
         f"rms_rope_{hd}",
         body,
-        inputs=(
-            PerRow("sumsq"),
-            Scalar("inv_d"),
-            Scalar("eps"),
-            PerRow("pos", index=True),
-            PerCol("freq"),
-            Scalar("scaling"),
-        ),  # fmt: skip
+        inputs=_ROPE_INPUTS,
         outputs=(Tile("out"),),
         reference=_rope_reference(hd),
         check=_head_check(hd),
@@ -203,16 +183,7 @@ RMS_QKNORM_ROPE = {
     hd: Program(
         f"rms_qknorm_rope_{hd}",
         body,
-        inputs=(
-            PerRow("sumsq"),
-            Scalar("inv_d"),
-            Scalar("eps"),
-            PerRow("pos", index=True),
-            PerCol("freq"),
-            Scalar("scaling"),
-            PerCol("qk_w"),
-            Scalar("qk_eps"),
-        ),  # fmt: skip
+        inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")),
         outputs=(Tile("out"), Tile("pre")),
         reference=_qknorm_reference(hd),
         check=_head_check(hd),
