@@ -288,7 +288,7 @@ def test_loss_curve_tracks_unpatched_on_gpu():
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])  # (Mistral's plan is Llama's)
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its
     backward in the down projection's dX GEMM, and RoPE in the q/k GEMMs after the first
