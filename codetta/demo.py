@@ -13,12 +13,18 @@ import torch
 
 ROLES = {
     ("residual_rms", "nn"): "o_proj / down_proj + residual; stores x, x*gamma and sum x^2 (K1)",
-    ("rms_scale", "nn"): "next projection (q, k, v / gate, up / LM head) x 1/rms(x) per row",
+    ("rms_scale", "nn"): "next projection (v / LM head) x 1/rms(x) per row",
+    ("swiglu_rms", "nn"): "gate and up (two weights, one GEMM) x 1/rms(x); stores g, u, silu(g)*u",
+    ("dswiglu", "nt"): "down_proj's dX with the SwiGLU backward: dg, du",
+    ("accumulate_f32", "tt"): "LM head weight gradient, summed over row chunks in fp32",
     ("store", "nt"): "input gradient dX = dY @ W",
     ("accumulate", "nt"): "input gradient of a second/third next GEMM, added in the epilogue",
     ("store", "tt"): "weight gradient dW = dY^T @ X",
     ("ce_logits", "nn"): "LM head: a chunk of logits, its rows' log-sum-exp and target logit",
 }
+for _hd in (16, 32, 64, 128, 256):
+    ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
+    ROLES[(f"rms_qknorm_rope_{_hd}", "nn")] = "q, k x 1/rms(x), per-head q/k norm, RoPE (Qwen3)"
 
 
 def _err(x, ref) -> float:
@@ -128,7 +134,7 @@ def _plan(calls, dtype) -> None:
     for key, cs in seen.items():
         shapes = sorted({(c.M, c.N, c.K) for c in cs})
         shown = ", ".join(f"{m}x{n}x{k}" for m, n, k in shapes[:3]) + (" ..." if len(shapes) > 3 else "")
-        print(f"    {len(cs):3d} x {key[0]:<12} {ROLES.get(key, ''):<72} {shown}")
+        print(f"    {len(cs):3d} x {key[0]:<20} {ROLES.get(key, ''):<72} {shown}")
     elt = torch.finfo(dtype).bits // 8
     k1s = [c for c in calls if c.program.name == "residual_rms"]
     saved = sum(3 * c.M * c.N * elt for c in k1s)
