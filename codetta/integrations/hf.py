@@ -208,6 +208,7 @@ def _codetta_forward(
     fused_loss = labels is not None and self.training
     loss = logits = None
     silu = _is_silu(self.config)
+    rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
@@ -233,7 +234,7 @@ def _codetta_forward(
             ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
             norm = nxt.input_layernorm
             # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
-            rope = _fused_rope(base, nxt.self_attn, position_ids)  # that layer's own q/k norms
+            rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
             h, qkv = residual_rmsnorm_linear(
                 y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
             )
@@ -296,22 +297,27 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
 def _fused_rope(base, attn, position_ids):
     """The ``RoPE`` argument that rotates q and k in their GEMMs' epilogues with the
     model's own frequencies and attention scaling (read after ``rotary_emb`` ran, so a
-    dynamic rope type has updated them), after Qwen3's per-head q/k norms where the
-    model has them; None where it does not apply (a head_dim without a RoPE program,
-    partial rotary)."""
+    dynamic rope type has updated them), without q/k norms (``_layer_rope`` adds a
+    layer's); None where it does not apply (a head_dim without a RoPE program, partial
+    rotary)."""
     rotary = base.rotary_emb
     inv_freq = getattr(rotary, "inv_freq", None)
     if inv_freq is None or 2 * inv_freq.shape[0] not in RMS_ROPE:
         return None
     if 2 * inv_freq.shape[0] != attn.head_dim:
         return None  # partial rotary (rotating part of each head): Hugging Face's own
-    qk = {}
-    if hasattr(attn, "q_norm"):
-        eps = attn.q_norm.variance_epsilon
-        if attn.k_norm.variance_epsilon != eps:
-            return None
-        qk = {"qk_norm_weights": (attn.q_norm.weight, attn.k_norm.weight), "qk_norm_eps": eps}
-    return RoPE(position_ids, inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)), **qk)
+    return RoPE(position_ids, inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))
+
+
+def _layer_rope(rope, attn):
+    """``rope`` for one layer: with its per-head q/k norms (Qwen3) where it has them; None
+    where RoPE does not apply, or the two norms' eps differ."""
+    if rope is None or not hasattr(attn, "q_norm"):
+        return rope
+    eps = attn.q_norm.variance_epsilon
+    if attn.k_norm.variance_epsilon != eps:
+        return None
+    return rope._replace(qk_norm_weights=(attn.q_norm.weight, attn.k_norm.weight), qk_norm_eps=eps)
 
 
 def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, **kwargs):

@@ -198,27 +198,33 @@ RMS_QKNORM_ROPE = {
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]
+RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
+
+
+@triton.jit
+def _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The backward passes' block: BLOCK_M rows of one head (program ids: row block, head),
+    its halves addressed directly. Returns (offsets of the first half [BLOCK_M, HALF], the
+    row mask, the un-rotated gradient halves n1, n2: the rotation's transpose, in fp32)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HALF)
+    mask = (rows < M)[:, None]
+    base = rows.to(tl.int64)[:, None] * N + tl.program_id(1) * 2 * HALF + cols[None, :]
+    g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
+    g2 = tl.load(g_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
+    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + cols)[None, :])
+    c = cos * scaling
+    s = sin * scaling
+    return base, mask, g1 * c + g2 * s, g2 * c - g1 * s
 
 
 @triton.jit
 def _unrotate_kernel(g_ptr, out_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr,
                      BLOCK_M: tl.constexpr):  # fmt: skip
-    # one program: BLOCK_M rows of one head; the head's halves are addressed directly
-    pid_m = tl.program_id(0)
-    head = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, HALF)
-    mask = (rows < M)[:, None]
-    base = rows.to(tl.int64)[:, None] * N + head * 2 * HALF + cols[None, :]
-    g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    g2 = tl.load(g_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
-    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
-    freq = tl.load(freq_ptr + cols)
-    sin, cos = P.sincos(pos[:, None] * freq[None, :])
-    c = cos * scaling
-    s = sin * scaling
-    tl.store(out_ptr + base, (g1 * c + g2 * s).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + base + HALF, (g2 * c - g1 * s).to(out_ptr.dtype.element_ty), mask=mask)
+    base, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M)
+    tl.store(out_ptr + base, n1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + base + HALF, n2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def unrotate_half_rows(
@@ -245,31 +251,17 @@ def unrotate_half_rows(
     return out
 
 
-RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
-
-
 @triton.jit
 def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
                             HALF: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
-    # one program: BLOCK_M rows of one head; dw partials: row (pid_m, head) of [., 2 HALF]
-    pid_m = tl.program_id(0)
-    head = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # n1, n2: the gradient of the normalized head, before the rotation; dw partials: row
+    # (row block, head) of [., 2 HALF]
+    base, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M)
     cols = tl.arange(0, HALF)
-    mask = (rows < M)[:, None]
-    base = rows.to(tl.int64)[:, None] * N + head * 2 * HALF + cols[None, :]
-    g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    g2 = tl.load(g_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
     z1 = tl.load(pre_ptr + base, mask=mask, other=0.0).to(tl.float32)
     z2 = tl.load(pre_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
     w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
     w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
-    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
-    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + cols)[None, :])
-    c = cos * scaling
-    s = sin * scaling
-    n1 = g1 * c + g2 * s  # the gradient of the normalized head, before the rotation
-    n2 = g2 * c - g1 * s
     rho = tl.rsqrt((tl.sum(z1 * z1, axis=1) + tl.sum(z2 * z2, axis=1)) * (0.5 / HALF) + eps)[:, None]
     h1 = z1 * rho
     h2 = z2 * rho
@@ -278,7 +270,7 @@ def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, fre
     m = ((tl.sum(gw1 * h1, axis=1) + tl.sum(gw2 * h2, axis=1)) * (0.5 / HALF))[:, None]
     tl.store(out_ptr + base, (rho * (gw1 - h1 * m)).to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + base + HALF, (rho * (gw2 - h2 * m)).to(out_ptr.dtype.element_ty), mask=mask)
-    part = (pid_m * tl.num_programs(1) + head).to(tl.int64) * 2 * HALF
+    part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 2 * HALF
     tl.store(dw_ptr + part + cols, tl.sum(n1 * h1, axis=0))
     tl.store(dw_ptr + part + HALF + cols, tl.sum(n2 * h2, axis=0))
 
