@@ -14,7 +14,7 @@ import triton.language as tl
 from ..kernels import device
 from ..kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
 from ..kernels.program import DType, PerRow, Program, RowLogSumExp, RowPick, Tile
-from ..kernels.settings import SETTINGS
+from .norm_rows import torch_path
 
 
 @triton.jit
@@ -49,12 +49,6 @@ def _reference(logit, target):
     return {"logits": logit, "lse": logit.logsumexp(1), "picked": _pick(logit, target)}
 
 
-def _torch_path(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and (
-        not device.interpreting() or SETTINGS.force_reference or x.dtype == torch.bfloat16
-    )
-
-
 @triton.jit
 def _softmax_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, V, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -78,7 +72,7 @@ def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor,
     M, V = logits.shape
     if M == 0:
         return logits
-    if _torch_path(logits):
+    if torch_path(logits):
         g = torch.exp(logits.float() - lse.float()[:, None])
         valid = (target >= 0) & (target < V)
         rows = torch.arange(M, device=logits.device)[valid]

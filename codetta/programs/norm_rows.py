@@ -14,10 +14,10 @@ from ..kernels.settings import SETTINGS
 from .norm import rms_scale_of
 
 
-def _torch_path(x: torch.Tensor) -> bool:
-    """CPU tensors run these passes in PyTorch unless the interpreter is on, and bf16
-    ones always: the triton 3.6 interpreter rounds fp32 -> bf16 by truncation (twice
-    the error of round-to-nearest)."""
+def torch_path(x: torch.Tensor) -> bool:
+    """CPU tensors run the row passes (here, ce.py, rope.py) in PyTorch unless the
+    interpreter is on, and bf16 ones always: the triton 3.6 interpreter rounds fp32 ->
+    bf16 by truncation (twice the error of round-to-nearest)."""
     return x.device.type == "cpu" and (
         not device.interpreting() or SETTINGS.force_reference or x.dtype == torch.bfloat16
     )
@@ -66,7 +66,7 @@ def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty(M, dtype=torch.float32, device=a.device)
     if M == 0:
         return out
-    if _torch_path(a):
+    if torch_path(a):
         return (a.double() * b.double()).sum(1).float()
     with device.on_device(a.device):
         _rowdot_kernel[(M,)](
@@ -93,7 +93,7 @@ def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"need a contiguous [R, D] w and a [D] gamma, got {tuple(w.shape)} and {tuple(gamma.shape)}"
         )
-    if _torch_path(w) or w.numel() == 0:
+    if torch_path(w) or w.numel() == 0:
         return (w.float() * gamma.float()).to(w.dtype)
     R, D = w.shape
     out = torch.empty_like(w)
@@ -140,7 +140,7 @@ def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
     n = torch.empty_like(x)
     if M == 0:
         return dx, n
-    if _torch_path(x):
+    if torch_path(x):
         r = _r(sumsq, D, eps)
         g = gamma.float()
         xf = x.float()
@@ -226,7 +226,7 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     dgamma = None if gamma is None else torch.empty((programs, D), dtype=torch.float32, device=x.device)
     if M == 0:
         return dx, n, None if dgamma is None else dgamma.zero_()
-    if _torch_path(x):
+    if torch_path(x):
         r = _r(sumsq, D, eps)
         g, xf, dhf = (1.0 if gamma is None else gamma.float()), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)

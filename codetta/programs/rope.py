@@ -10,8 +10,8 @@ from ..kernels import device
 from ..kernels import primitives as P
 from ..kernels.configs import _grid
 from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile
-from ..kernels.settings import SETTINGS
 from .norm import rms_scale_of
+from .norm_rows import torch_path
 
 
 @triton.jit
@@ -236,7 +236,7 @@ def unrotate_half_rows(
     tensor of dout's dtype."""
     M, N = dout.shape
     half = inv_freq.shape[0]
-    if _rows_in_torch(dout):
+    if torch_path(dout):
         cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // (2 * half)), scaling)
         return unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
@@ -282,7 +282,7 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
     M, N = dout.shape
     half = inv_freq.shape[0]
     hd = 2 * half
-    if _rows_in_torch(dout):
+    if torch_path(dout):
         cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // hd), scaling)
         n = unrotate_half(dout.float(), cos, sin, hd).reshape(M, N // hd, hd)
         z = pre.float().reshape(M, N // hd, hd)
@@ -301,11 +301,3 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         _qknorm_backward_kernel[grid](dout, pre, weight.contiguous(), out, dw, pos.contiguous(), freq, M, N,
                                       float(scaling), float(eps), HALF=half, BLOCK_M=block_m)  # fmt: skip
     return out, dw.sum(0)
-
-
-def _rows_in_torch(t: torch.Tensor) -> bool:
-    """These passes run in PyTorch on CPU tensors unless the interpreter is on (and bf16
-    ones always: the interpreter rounds to bf16 by truncation)."""
-    return t.device.type == "cpu" and (
-        not device.interpreting() or SETTINGS.force_reference or t.dtype == torch.bfloat16
-    )
