@@ -4,6 +4,7 @@ python -m codetta          the benchmark on a GPU, the interpreter demo on a CPU
 python -m codetta demo     the K1 program against float64, and a tiny Llama through the drop-in
 python -m codetta bench    the benchmarks against cuBLAS, eager, torch.compile and Liger (GPU)
 python -m codetta tune     tune the GEMMs of a model's training step on this GPU (--list: CPU)
+python -m codetta train    train a Hugging Face Llama-family model (torchrun: FSDP2 or DDP), loss and tokens/s
 """
 
 from __future__ import annotations
@@ -102,7 +103,16 @@ def main(argv=None) -> int:
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")
     t.add_argument("--merge", action="store_true", help="keep the entries --out already holds")
     t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
+    r = sub.add_parser("train", help="train a model for some steps: FSDP2/DDP under torchrun, codetta on/off")
+    from codetta.train import add_arguments
+
+    add_arguments(r)
     args = p.parse_args(argv)
+    if args.cmd == "train":
+        from codetta.train import train
+
+        train(args)
+        return 0
     if args.cmd == "tune":
         from codetta.tune import main as tune_main
 

@@ -187,12 +187,32 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta_to_llama(_model("qwen3", False))
 
 
-def test_gradient_checkpointing_raises():
+@pytest.mark.parametrize("how", ["hf", "checkpoint_wrapper", "composable"])
+def test_activation_checkpointing_raises(how):
+    """Hugging Face's gradient checkpointing and torch.distributed's per-block wrappers
+    (which the fused forward would silently bypass) raise a clear error."""
     model = codetta.apply_codetta(_model("llama", False))
-    model.gradient_checkpointing_enable()
+    if how == "hf":  # (transformers 5.x: one flag on the base model and one per layer)
+        enable = (
+            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        )
+        enable()
+    elif how == "checkpoint_wrapper":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        layers = model.model.layers
+        for i in range(len(layers)):
+            layers[i] = checkpoint_wrapper(layers[i])
+    else:
+        from torch.distributed._composable import checkpoint
+
+        checkpoint(model.model.layers[1])
     model.train()
-    with pytest.raises(RuntimeError, match="gradient checkpointing"):
+    with pytest.raises(RuntimeError, match="activation \\(gradient\\) checkpointing is not supported"):
         model(**_inputs("none"))
+    model.eval()  # (inference: nothing is checkpointed, the fused forward runs)
+    with torch.no_grad():
+        assert model(**_inputs("none")).loss.isfinite()
 
 
 def test_torch_compile_fullgraph_training_step():

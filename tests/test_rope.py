@@ -146,9 +146,10 @@ def test_rope_runs_in_the_epilogue():
 def test_attention_scaling_and_one_rotated_weight(device):
     """attention_scaling multiplies cos and sin; n_weights=1 rotates only the first output."""
     T, d, hd = 24, 32, 16
-    y, res = rand(T, d, dtype=torch.float32, device=device), rand(T, d, dtype=torch.float32, device=device)
-    w_o = rand(d, d, dtype=torch.float32, device=device, scale=0.2)
-    ws = [rand(2 * hd, d, dtype=torch.float32, device=device, scale=0.2) for _ in range(2)]
+    dt = torch.float16 if ON_GPU else torch.float32  # (the GPU serves 16-bit GEMMs only)
+    y, res = rand(T, d, dtype=dt, device=device), rand(T, d, dtype=dt, device=device)
+    w_o = rand(d, d, dtype=dt, device=device, scale=0.2)
+    ws = [rand(2 * hd, d, dtype=dt, device=device, scale=0.2) for _ in range(2)]
     pos, inv_freq = torch.arange(T, device=device), torch.rand(hd // 2, device=device)
     _, (q1, k1) = residual_rmsnorm_linear(y, w_o, res, torch.ones(d, device=device), ws, EPS,
                                           rope=RoPE(pos, inv_freq, 1.0, n_weights=1))  # fmt: skip

@@ -38,6 +38,15 @@ import torch
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import RoPE, residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
 from ..programs.rope import RMS_ROPE
+from .fsdp import Spans
+
+try:  # the composable APIs applied to a module (torch.distributed's activation checkpointing)
+    from torch.distributed._composable.contract import _get_registry as _composable_registry
+except ImportError:  # torch built without distributed
+
+    def _composable_registry(module):
+        return None
+
 
 FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
@@ -66,8 +75,11 @@ def _causal_lm_class(family: str):
 
 
 def _original_forward(model):
-    cls = type(model)
-    return _ORIGINAL.get(cls, cls.forward)
+    # through the class's bases: FSDP2 and others swap in a subclass of the model's class
+    for cls in type(model).__mro__:
+        if cls in _ORIGINAL:
+            return _ORIGINAL[cls]
+    return type(model).forward
 
 
 def apply(family: str, model=None):
@@ -190,10 +202,12 @@ def _codetta_forward(
     for name in ("cache", "past_key_values", "use_cache", "logits_to_keep"):
         kwargs.pop(name, None)
     base = self.model
-    if base.gradient_checkpointing and self.training:
+    if self.training and (base.gradient_checkpointing or _checkpointed(base.layers)):
         raise RuntimeError(
-            "codetta: gradient checkpointing is not supported by the fused forward yet; call "
-            "model.gradient_checkpointing_disable() or codetta.revert(model)"
+            "codetta: activation (gradient) checkpointing is not supported by the fused forward "
+            "yet (it never calls the decoder layers' forwards, so a checkpoint wrapper around "
+            "them would silently not apply); call model.gradient_checkpointing_disable(), leave "
+            "the layers unwrapped, or codetta.revert(model)"
         )
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -209,6 +223,9 @@ def _codetta_forward(
     loss = logits = None
     silu = _is_silu(self.config)
     rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
+    # FSDP2: each layer's parameters are gathered over the span that uses them (fsdp.py)
+    spans = Spans([*([layer] for layer in layers), (base.norm, self.lm_head)])
+    (h,) = spans.open(0, h)
     first = layers[0]
     n0 = first.input_layernorm(h)
     qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
@@ -229,6 +246,9 @@ def _codetta_forward(
                 a, attn.o_proj.weight, h, post.weight, gate_up, post.variance_epsilon
             )
             y = mlp.act_fn(g) * u
+        # (the next span opens before its parameters are read: under FSDP2 they are
+        # gathered then)
+        (h,) = spans.open(i + 1, h)
         if i + 1 < len(layers):
             nxt = layers[i + 1]
             ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
@@ -238,6 +258,7 @@ def _codetta_forward(
             h, qkv = residual_rmsnorm_linear(
                 y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
             )
+            (h,) = spans.close(i, (h,))  # (FSDP2 gathers layer i again when dh arrives)
             rotated = rope is not None
         elif fused_loss:
             # training with labels: the last residual add and the final norm (K1 and one pass
@@ -245,18 +266,32 @@ def _codetta_forward(
             norm = base.norm
             _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
             loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
+            loss = spans.close(i + 1, spans.close(i, loss))
         else:
             norm = base.norm
             h, zs = residual_rmsnorm_linear(
                 y, mlp.down_proj.weight, h, norm.weight, (self.lm_head.weight,), norm.variance_epsilon
             )
-            logits = zs[0]
+            logits = spans.close(i + 1, spans.close(i, zs[0]))
     if labels is not None and not fused_loss:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
     out = CausalLMOutputWithPast(loss=loss, logits=logits)
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     return out if return_dict else out.to_tuple()
+
+
+def _checkpointed(layers) -> bool:
+    """A layer checkpointed by Hugging Face (its per-layer flag), or wrapped for it by
+    torch.distributed (the ``checkpoint_wrapper`` module, the composable ``checkpoint``)."""
+    for layer in layers:
+        if getattr(layer, "gradient_checkpointing", False):
+            return True
+        if type(layer).__name__ == "CheckpointWrapper" or hasattr(layer, "_checkpoint_wrapped_module"):
+            return True
+        if "checkpoint" in (_composable_registry(layer) or {}):
+            return True
+    return False
 
 
 def _is_silu(config) -> bool:

@@ -157,6 +157,13 @@ _ROPE_CANDIDATES = tuple(
     _grid(((128, 256, 3, 8),), (1, 4)) + _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (1, 2), (False,))
 )
 
+
+def _rope_candidates(hd: int) -> tuple:
+    """Narrow heads (16, 32: tiny test models) split 64- or 128-wide tiles in four."""
+    if hd >= 64:
+        return _ROPE_CANDIDATES
+    return _ROPE_CANDIDATES + tuple(_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
+
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
                 Scalar("scaling"))  # fmt: skip
 
@@ -172,7 +179,7 @@ RMS_ROPE = {
         outputs=(Tile("out"),),
         reference=_rope_reference(hd),
         check=_head_check(hd),
-        configs=_ROPE_CANDIDATES,
+        configs=_rope_candidates(hd),
         sub_tile_width=hd,
     )
     for hd, body in ((hd, rms_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
@@ -187,7 +194,7 @@ RMS_QKNORM_ROPE = {
         outputs=(Tile("out"), Tile("pre")),
         reference=_qknorm_reference(hd),
         check=_head_check(hd),
-        configs=_ROPE_CANDIDATES,
+        configs=_rope_candidates(hd),
         sub_tile_width=hd,
         pingpong=False,  # spilled 648 B on the ping-pong mainloop's 168-register consumers
     )

@@ -1,0 +1,86 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) under the drop-in's fused forward.
+
+FSDP2 gathers a wrapped module's parameters in a hook that runs before the module's
+forward, frees them after it, gathers them again when the gradient reaches the
+forward's outputs, and reduce-scatters their gradients when the gradient reaches the
+forward's inputs. The fused forward (``integrations.hf``) never calls a decoder
+layer's forward, and one operator at each layer boundary uses two layers' parameters
+(the down projection of one, the next one's input norm and q/k/v projections), so no
+module forward marks the span a layer's parameters are used in.
+
+``Spans`` runs each wrapped layer's FSDP2 hooks around that span itself: layer j's
+span opens just before the boundary operator into layer j (its input: the residual
+stream) and closes just after the boundary operator out of layer j (its outputs: the
+next residual stream and projections, or the loss). Neighbouring spans overlap by one
+operator, so both layers' parameters are gathered while it runs, forward and
+backward, and a layer's gradients are reduce-scattered only once the operator that
+opened its span has formed them. No extra communication: each span gathers and
+reduce-scatters once per step, as the layer's own forward would.
+
+Uses FSDP2's per-module state (``_get_fsdp_state``, ``_pre_forward``,
+``_post_forward``): private, unchanged in torch 2.6-2.13; ``supported`` says when a
+torch lacks them. Modules not wrapped by ``fully_shard`` (no FSDP, DDP, one GPU)
+make every call here a no-op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _fsdp_module_class():
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without distributed, or before FSDP2
+        return None
+    return FSDPModule
+
+
+def _states(modules) -> list:
+    """The FSDP2 states of ``modules`` and their submodules, each once, outermost first."""
+    cls = _fsdp_module_class()
+    if cls is None:
+        return []
+    seen, out = set(), []
+    for top in modules:
+        for m in top.modules():
+            if isinstance(m, cls):
+                state = m._get_fsdp_state()
+                if id(state) not in seen:
+                    seen.add(id(state))
+                    out.append((m, state))
+    return out
+
+
+def supported(state) -> bool:
+    return all(hasattr(state, name) for name in ("_pre_forward", "_post_forward"))
+
+
+class Spans:
+    """The FSDP2 hooks of a list of spans, each given as the modules whose parameters the
+    span uses (a decoder layer; the final norm and the LM head)."""
+
+    def __init__(self, spans):
+        self._states = [_states(modules) for modules in spans]
+        for states in self._states:
+            for module, state in states:
+                if not supported(state):
+                    raise RuntimeError(
+                        f"codetta: this torch's FSDP2 lacks the hooks the fused forward drives "
+                        f"({type(module).__name__}); use torch >= 2.6 or codetta.revert(model)"
+                    )
+        self.active = any(self._states)
+
+    def open(self, j: int, *tensors: torch.Tensor):
+        """Span j starts; ``tensors`` are its inputs (use the returned ones: FSDP2 hooks the
+        reduce-scatter of the span's gradients onto them)."""
+        for module, state in self._states[j]:
+            tensors, _ = state._pre_forward(module, tensors, {})
+        return tensors
+
+    def close(self, j: int, outputs):
+        """Span j ends; ``outputs`` are its outputs (FSDP2 gathers the span's parameters
+        again when their gradients arrive). Returns them (maybe cast by FSDP2)."""
+        for module, state in reversed(self._states[j]):
+            outputs = state._post_forward(module, (), outputs)
+        return outputs

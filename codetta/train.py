@@ -1,0 +1,332 @@
+"""``python -m codetta train``: train a Hugging Face Llama-family causal LM for some steps,
+in one process or several (``torchrun``), under FSDP2 or DDP, with codetta on or off;
+logs the loss and tokens/s per GPU, and writes every step's numbers as JSON.
+
+    torchrun --nproc_per_node=2 -m codetta train --model llama3-1b --parallel fsdp
+    torchrun --nproc_per_node=2 -m codetta train --model llama3-1b --parallel fsdp --no-codetta
+
+Precision: FSDP2 keeps float32 parameters and optimizer state, computes in ``--dtype``
+and reduces gradients in float32 (``MixedPrecisionPolicy``); DDP and one process
+(``--parallel none``) keep the parameters in ``--dtype`` (as the benchmark does).
+
+Data: a synthetic stream with a learnable rule (``--data synthetic``: over 64 tokens
+in a fixed random order, each token is followed by the next or the one after, at
+random, so the loss falls towards ln 2), or a flat file of token ids (``--data
+tokens.bin --data-dtype uint16``). Each step takes the same global batch whatever
+the number of processes: step s uses sequences [s*B, (s+1)*B) of the stream, each
+process a contiguous share of them, split into ``--accum`` micro-batches whose
+gradients are synchronised after the last one only (FSDP2's
+``set_requires_gradient_sync``, DDP's ``no_sync``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# from each model's published config.json: what the widths table (codetta.models) lacks
+_FULL = {
+    "llama3-1b": dict(num_hidden_layers=16, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "llama3-3b": dict(num_hidden_layers=28, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "llama3-8b": dict(num_hidden_layers=32, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "llama3-70b": dict(num_hidden_layers=80, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "qwen3-0.6b": dict(num_hidden_layers=28, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-1.7b": dict(num_hidden_layers=28, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-4b": dict(num_hidden_layers=36, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-8b": dict(num_hidden_layers=36, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-14b": dict(num_hidden_layers=40, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-32b": dict(num_hidden_layers=64, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "mistral-7b": dict(num_hidden_layers=32, rope_theta=1000000.0, rms_norm_eps=1e-5),
+}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SYNTHETIC_TOKENS = 64
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="llama3-1b",
+        help="a name from codetta.models.KNOWN, a config.json (or its folder), or a hub name",
+    )
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's own)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the model's own)")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step, all processes together")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=10, help="steps of linear learning-rate warmup")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    p.add_argument("--parallel", choices=["none", "fsdp", "ddp"], default="fsdp")
+    p.add_argument(
+        "--codetta",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="patch the model with codetta.apply_codetta (--no-codetta: the model as it is)",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile each decoder layer (unpatched models only)"
+    )
+    p.add_argument("--data", default="synthetic", help="'synthetic' or a flat file of token ids")
+    p.add_argument("--data-dtype", choices=["uint16", "int32", "int64"], default="uint16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--perturb",
+        action="store_true",
+        help="move every initial weight by about one bf16 rounding (measures run-to-run noise)",
+    )
+    p.add_argument("--time-from", type=int, default=5, help="steps left out of the tokens/s figures")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--out", default=None, help="JSON file for every step's loss and time (rank 0)")
+    p.add_argument("--save", default=None, help="save the trained weights here (torch.save, rank 0)")
+
+
+def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
+    """A ``transformers`` config: a known model's from its widths, else read by
+    ``AutoConfig`` (a config.json, its folder, or a hub name)."""
+    import transformers
+
+    from .models import KNOWN
+
+    name = spec.lower()
+    if name in KNOWN:
+        w = KNOWN[name]
+        family = name.split("-")[0].rstrip("0123456789") or "llama"
+        cls = {"llama": transformers.LlamaConfig, "qwen": transformers.Qwen3Config,
+               "mistral": transformers.MistralConfig}[family]  # fmt: skip
+        cfg = cls(hidden_size=w.hidden, intermediate_size=w.intermediate, num_attention_heads=w.heads,
+                  num_key_value_heads=w.kv_heads, head_dim=w.head_dim, vocab_size=w.vocab,
+                  tie_word_embeddings=w.tied, max_position_embeddings=max(seq_len, 4096),
+                  attn_implementation="sdpa", **_FULL[name])  # fmt: skip
+    else:
+        path = Path(spec)
+        source = str(path.parent) if path.is_file() else spec
+        cfg = transformers.AutoConfig.from_pretrained(source)
+        cfg._attn_implementation = "sdpa"
+        cfg.max_position_embeddings = max(cfg.max_position_embeddings, seq_len)
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:layers]
+    if vocab is not None:
+        cfg.vocab_size = vocab
+    cfg.use_cache = False
+    return cfg
+
+
+class Stream:
+    """The token stream: sequence g is ``tokens[g*T : (g+1)*T]`` (synthetic: made from g)."""
+
+    def __init__(self, data: str, data_dtype: str, seq_len: int, vocab: int, seed: int):
+        self.seq_len, self.seed = seq_len, seed
+        if data == "synthetic":
+            self.tokens = None
+            order = torch.Generator().manual_seed(seed)
+            self.used = torch.randperm(vocab, generator=order)[: min(vocab, SYNTHETIC_TOKENS)]
+        else:
+            dtype = getattr(torch, data_dtype)
+            n = os.path.getsize(data) // torch.empty((), dtype=dtype).element_size()
+            if n < seq_len:
+                raise ValueError(f"{data} holds {n} tokens, fewer than one sequence ({seq_len})")
+            self.tokens = torch.from_file(data, shared=False, size=n, dtype=dtype)
+            top = int(self.tokens.max())
+            if top >= vocab:
+                raise ValueError(f"{data} holds token id {top}, outside the vocabulary ({vocab})")
+
+    def sequences(self, first: int, count: int) -> torch.Tensor:
+        T = self.seq_len
+        if self.tokens is not None:
+            n = self.tokens.numel() // T
+            rows = [self.tokens[(g % n) * T : (g % n + 1) * T] for g in range(first, first + count)]
+            return torch.stack(rows).long()
+        k = self.used.numel()
+        out = torch.empty(count, T, dtype=torch.long)
+        for row, g in enumerate(range(first, first + count)):
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + g)
+            start = torch.randint(k, (1,), generator=gen)
+            hops = torch.randint(1, 3, (T,), generator=gen)
+            hops[0] = 0
+            out[row] = self.used[(start + hops.cumsum(0)) % k]
+        return out
+
+
+def _perturb(model, seed: int) -> None:
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed + 9)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, device=p.device, generator=gen, dtype=torch.float32)
+            p.copy_((p.float() * (1 + 2**-8 * noise)).to(p.dtype))
+
+
+def _setup_distributed(parallel: str):
+    """(rank, world, device): from torchrun's environment, or one process of its own."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if parallel == "none":
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise SystemExit("codetta train: --parallel none runs one process; use --parallel fsdp or ddp")
+        return 0, 1, torch.device("cuda" if cuda else "cpu")
+    if "RANK" not in os.environ:  # not under torchrun: a group of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def build(args, device, world: int):
+    """The model (patched or not, wrapped for ``args.parallel``) and its optimizer."""
+    import transformers
+
+    cfg = hf_config(args.model, args.layers, args.vocab, args.seq_len)
+    dtype = _DTYPES[args.dtype]
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    if args.parallel != "fsdp":
+        model.to(dtype)
+    if args.perturb:
+        _perturb(model, args.seed)
+    if args.codetta:
+        if args.compile:
+            raise SystemExit("codetta train: --compile is for the unpatched model here (--no-codetta)")
+        import codetta
+
+        codetta.apply_codetta(model)
+    elif args.compile:
+        for layer in model.model.layers:
+            layer.compile()
+    if args.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    elif args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            foreach=device.type == "cuda")  # fmt: skip
+    return model, opt, cfg
+
+
+def _sync_context(model, parallel: str, sync: bool):
+    if parallel == "fsdp":
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    if parallel == "ddp" and not sync:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def train(args) -> dict:
+    import torch.distributed as dist
+
+    rank, world, device = _setup_distributed(args.parallel)
+    per = args.batch // (world * args.accum)
+    if per * world * args.accum != args.batch:
+        raise SystemExit(
+            f"codetta train: --batch {args.batch} does not split into {world} processes "
+            f"x {args.accum} micro-batches"
+        )
+    model, opt, cfg = build(args, device, world)
+    stream = Stream(args.data, args.data_dtype, args.seq_len, cfg.vocab_size, args.seed)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, step_ms = [], []
+    tokens_per_gpu = args.batch * args.seq_len / world
+    model.train()
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=device, dtype=torch.float32)
+        for micro in range(args.accum):
+            first = step * args.batch + (rank * args.accum + micro) * per
+            ids = stream.sequences(first, per).to(device, non_blocking=True)
+            with _sync_context(model, args.parallel, micro == args.accum - 1):
+                loss = model(input_ids=ids, labels=ids).loss / args.accum
+                loss.backward()
+            total += loss.detach().float()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if world > 1:
+            dist.all_reduce(total)  # (SUM: gloo has no AVG)
+        value = total.item() / world  # (waits for the step's kernels)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(value)
+        if not math.isfinite(value):
+            raise SystemExit(f"codetta train: loss {value} at step {step}")
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"step {step:5d}  loss {value:.4f}  {step_ms[-1]:8.1f} ms  "
+                  f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/GPU", flush=True)  # fmt: skip
+    timed = step_ms[args.time_from :] or step_ms or [math.nan]
+    result = {
+        "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
+        "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
+        "perturb": args.perturb, "dtype": args.dtype, "batch": args.batch, "seq_len": args.seq_len,
+        "accum": args.accum, "steps": args.steps, "lr": args.lr, "data": args.data,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__, "commit": os.environ.get("CODETTA_COMMIT", "unknown"),
+        "losses": losses, "step_ms": step_ms,
+        "median_step_ms": statistics.median(timed),
+        "tokens_per_s_per_gpu": tokens_per_gpu / statistics.median(timed) * 1e3,
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+    }  # fmt: skip
+    if rank == 0:
+        print(
+            f"done: {world} process(es), median {result['median_step_ms']:.1f} ms/step, "
+            f"{result['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, final loss {(losses or [math.nan])[-1]:.4f}",
+            flush=True,
+        )
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.save:
+        _save(model, args, rank)
+    if args.parallel != "none":
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+def _save(model, args, rank: int) -> None:
+    """The full (unsharded) weights, in float32, under their usual names."""
+    if args.parallel == "none":
+        state = model.state_dict()
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)  # (every rank takes part)
+    if rank == 0:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k.removeprefix("module."): v.detach().float().cpu() for k, v in state.items()}, args.save)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="codetta train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_arguments(p)
+    train(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

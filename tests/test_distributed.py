@@ -1,0 +1,69 @@
+"""codetta under torch.distributed, on CPU: ``python -m codetta train`` launched with
+torchrun (2 processes, gloo, fp32, the operators' PyTorch reference path). A patched
+tiny model trained under FSDP2 and under DDP, with gradient accumulation, ends with
+the same weights and losses as one process training the same patched model on the
+same global batches. The GPU run (NCCL, bf16, 2 H200s) is scripts/fsdp_run.sh."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch.distributed.fsdp")
+
+TOL = 1e-5  # fp32 after 4 AdamW steps: only the order of the gradient sums differs
+
+
+def _config(tmp_path, family):
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                  rms_norm_eps=1e-5)  # fmt: skip
+    if family == "llama":
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, **common)
+    else:
+        cfg = transformers.Qwen3Config(tie_word_embeddings=False, **common)
+    folder = tmp_path / family
+    cfg.save_pretrained(folder)
+    return folder / "config.json"
+
+
+def _train(tmp_path, config, tag, nproc, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the reference path
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(__file__)), env.get("PYTHONPATH", "")]
+    )
+    out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "codetta", "train", "--model", str(config), "--seq-len", "16", "--batch", "4",
+           "--steps", "4", "--warmup", "1", "--lr", "1e-3", "--dtype", "fp32", "--out", str(out),
+           "--save", str(save), *args]  # fmt: skip
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    return json.loads(out.read_text()), torch.load(save)
+
+
+def _rel(a, b):
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max()).item() for k in b)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
+    """llama: tied embeddings, FSDP2 and DDP; qwen3: per-head q/k norms in the boundary
+    operator's epilogue (the next layer's parameters), FSDP2. Both with 2 micro-batches
+    per step (gradients synchronised after the second only)."""
+    config = _config(tmp_path, family)
+    one, w_one = _train(tmp_path, config, "one", 1, "--parallel", "none")
+    _, w_init = _train(tmp_path, config, "init", 1, "--parallel", "none", "--steps", "0")
+    moved = _rel(w_one, w_init)
+    assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
+    for parallel in ["fsdp", "ddp"] if family == "llama" else ["fsdp"]:
+        res, w = _train(tmp_path, config, parallel, 2, "--parallel", parallel, "--accum", "2")
+        assert res["world"] == 2 and res["codetta"]
+        assert sorted(w) == sorted(w_one)
+        err = _rel(w, w_one)
+        assert err < TOL, f"{parallel}: weights differ from one process's by {err:.2e}"
+        assert res["losses"] == pytest.approx(one["losses"], rel=TOL)
