@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 16's GPU runs on one host with 2 GPUs (device kind nvidia-h200-x2), from the repo
+# root: `python -m codetta train` under torchrun, FSDP2 (float32 parameters, bf16
+# compute, float32 gradient reduction), the same global batch (8 x 2048 tokens) on 1
+# and 2 GPUs. Results under $OUT/fsdp/ (one JSON + log per run), then a summary
+# (scripts/fsdp_summary.py). Runs, named by what they vary:
+#   1gpu / 1gpu-codetta         one GPU each, side by side (loss curves only)
+#   2gpu / 2gpu-codetta         FSDP2 over both GPUs, unpatched and patched
+#   2gpu-moved                  unpatched, weights moved by ~one bf16 rounding (the noise)
+#   2gpu-compile                unpatched, each decoder layer torch.compile'd
+# Env: MODEL (llama3-1b), STEPS (100), RUNS (all of the above), RUN_TIMEOUT (s per run).
+set -o pipefail
+OUT=${OUT:-/tmp/codetta-out}
+mkdir -p "$OUT/fsdp"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0 \
+  CODETTA_AUTOTUNE=${CODETTA_AUTOTUNE:-0} CODETTA_CACHE_DIR=${CODETTA_CACHE_DIR:-/tmp/codetta-cache}
+{
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv
+  nvidia-smi topo -m 2>/dev/null | head -4
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  echo "commit (CODETTA_COMMIT): ${CODETTA_COMMIT:-unset}"
+} 2>&1 | tee "$OUT/fsdp/env.txt"
+COMMON=(--model "${MODEL:-llama3-1b}" --seq-len 2048 --batch 8 --steps "${STEPS:-100}" --time-from 10
+        --log-every 25 --parallel fsdp)
+run() {  # tag, GPUs ("0", "1" or "0,1"), then train's arguments
+  local tag=$1 gpus=$2; shift 2
+  local n; n=$(echo "$gpus" | tr ',' '\n' | wc -l)
+  echo "=== $tag ($(date +%T), GPUs $gpus)"
+  CUDA_VISIBLE_DEVICES=$gpus timeout "${RUN_TIMEOUT:-240}" torchrun --standalone --nproc_per_node="$n" \
+    -m codetta train "${COMMON[@]}" --out "$OUT/fsdp/$tag.json" "$@" > "$OUT/fsdp/$tag.log" 2>&1
+  echo "$tag rc=$? $(grep '^done' "$OUT/fsdp/$tag.log")"
+  grep -E "Error|error:" "$OUT/fsdp/$tag.log" | tail -3
+}
+RUNS=${RUNS:-"1gpu 2gpu 2gpu-codetta 2gpu-moved 2gpu-compile"}
+for r in $RUNS; do
+  case $r in
+    1gpu)  # the two one-GPU runs side by side, one GPU each
+      run 1gpu 0 --no-codetta & run 1gpu-codetta 1 --codetta; wait ;;
+    2gpu) run 2gpu 0,1 --no-codetta ;;
+    2gpu-codetta) run 2gpu-codetta 0,1 --codetta ;;
+    2gpu-moved) run 2gpu-moved 0,1 --no-codetta --perturb ;;
+    2gpu-compile) run 2gpu-compile 0,1 --no-codetta --compile ;;
+  esac
+done
+python3 scripts/fsdp_summary.py "$OUT/fsdp" 2>&1 | tee "$OUT/fsdp/summary.md"

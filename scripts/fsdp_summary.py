@@ -1,0 +1,84 @@
+"""Summary of scripts/fsdp_run.sh's runs (a folder of `codetta train` JSON files): the loss
+curves compared pairwise against the measured run-to-run noise, tokens/s per GPU and
+their ratios, as markdown; a PNG of the curves where matplotlib is installed.
+
+    python scripts/fsdp_summary.py results/fsdp/<run>
+"""
+
+import json
+import sys
+from pathlib import Path
+
+WINDOW = 10  # steps per point of a compared curve (means over windows)
+
+
+def windows(losses):
+    return [sum(losses[i : i + WINDOW]) / len(losses[i : i + WINDOW]) for i in range(0, len(losses), WINDOW)]
+
+
+def gap(a, b):
+    wa, wb = windows(a["losses"]), windows(b["losses"])
+    return max(abs(x - y) for x, y in zip(wa, wb))
+
+
+def main(folder):
+    folder = Path(folder)
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    if not runs:
+        print(f"no runs in {folder}")
+        return 1
+    any_run = next(iter(runs.values()))
+    print(
+        f"# FSDP2 runs: {any_run['model']} ({any_run['layers']} layers, vocab {any_run['vocab']}), "
+        f"{any_run['batch']} x {any_run['seq_len']} tokens per step, {any_run['steps']} steps"
+    )
+    print(f"\n{any_run['device']}, torch {any_run['torch']}, commit {any_run['commit']}\n")
+    print("| run | GPUs | codetta | compile | loss, last 10 steps | ms/step | tokens/s/GPU | peak GB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for tag, r in runs.items():
+        last = sum(r["losses"][-10:]) / len(r["losses"][-10:])
+        print(
+            f"| {tag} | {r['world']} | {r['codetta']} | {r['compile']} | {last:.4f} | "
+            f"{r['median_step_ms']:.1f} | {r['tokens_per_s_per_gpu']:.0f} | {r['peak_memory_gb'] or 0:.1f} |"
+        )
+    noise = gap(runs["2gpu-moved"], runs["2gpu"]) if {"2gpu-moved", "2gpu"} <= runs.keys() else None
+    print(f"\nLoss curves: largest gap between {WINDOW}-step means")
+    if noise is not None:
+        print(f"- noise (unpatched, weights moved by ~one bf16 rounding): {noise:.4f}")
+    for a, b in [("2gpu", "1gpu"), ("2gpu-codetta", "1gpu-codetta"), ("1gpu-codetta", "1gpu"),
+                 ("2gpu-codetta", "2gpu"), ("2gpu-compile", "2gpu")]:  # fmt: skip
+        if a in runs and b in runs:
+            g = gap(runs[a], runs[b])
+            verdict = "" if noise is None else (" (within the noise)" if g <= noise else
+                                                f" ({g / noise:.2f} x the noise)")  # fmt: skip
+            print(f"- {a} vs {b}: {g:.4f}{verdict}")
+    print("\nThroughput (tokens/s per GPU, median step after the first 10)")
+    if "2gpu-codetta" in runs:
+        ours = runs["2gpu-codetta"]["tokens_per_s_per_gpu"]
+        for other, bar in [("2gpu", 1.10), ("2gpu-compile", 1.0)]:
+            if other in runs:
+                ratio = ours / runs[other]["tokens_per_s_per_gpu"]
+                verdict = "met" if ratio >= bar else "MISSED"
+                print(f"- codetta / {other}: {ratio:.3f} (bar >= {bar:.2f}: {verdict})")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return 0
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for tag, r in runs.items():
+        ax.plot(range(len(r["losses"])), r["losses"], label=tag, lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{any_run['model']} under FSDP2, {any_run['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "loss_curves.png", dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
