@@ -8,6 +8,9 @@
 #   2gpu / 2gpu-codetta         FSDP2 over both GPUs, unpatched and patched
 #   2gpu-moved                  unpatched, weights moved by ~one bf16 rounding (the noise)
 #   2gpu-compile                unpatched, each decoder layer torch.compile'd
+#   2gpu-codetta-mN             patched, CODETTA_SM_MARGIN=N (SMs the GEMMs leave to NCCL)
+#   1gpu-half / 1gpu-half-codetta  one GPU each, side by side, half the batch (a 2-GPU
+#                               run's tokens per GPU, no communication)
 # Env: MODEL (llama3-1b), STEPS (100), RUNS (all of the above), RUN_TIMEOUT (s per run).
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -43,6 +46,11 @@ for r in $RUNS; do
     2gpu-codetta) run 2gpu-codetta 0,1 --codetta ;;
     2gpu-moved) run 2gpu-moved 0,1 --no-codetta --perturb ;;
     2gpu-compile) run 2gpu-compile 0,1 --no-codetta --compile ;;
+    2gpu-codetta-m*) CODETTA_SM_MARGIN=${r#2gpu-codetta-m} run "$r" 0,1 --codetta ;;
+    1gpu-half)
+      run 1gpu-half 0 --no-codetta --batch 4 & run 1gpu-half-codetta 1 --codetta --batch 4; wait ;;
   esac
 done
 python3 scripts/fsdp_summary.py "$OUT/fsdp" 2>&1 | tee "$OUT/fsdp/summary.md"
+# (the device returns a few files only: one archive)
+tar czf "$OUT/fsdp.tgz" -C "$OUT" fsdp && rm -r "$OUT/fsdp"

@@ -171,7 +171,7 @@ class TritonEngine:
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
         num_sms = (
-            configs.INTERPRETER_NUM_SMS if interp else device.num_sms(call.device.index or 0) * cfg.occupancy
+            configs.INTERPRETER_NUM_SMS if interp else device.grid_sms(call.device.index or 0) * cfg.occupancy
         )
         tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
@@ -197,7 +197,7 @@ class TritonEngine:
     @staticmethod
     def _plan_key(call: GemmCall, cfg: Config) -> tuple:
         return (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-                call.device, SETTINGS.tail_split)  # fmt: skip
+                call.device, SETTINGS.tail_split, device.sm_margin())  # fmt: skip
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
@@ -361,7 +361,7 @@ class PingPongEngine:
 
     @staticmethod
     def _grid(call: GemmCall, cfg: Config) -> int:
-        sms = device.num_sms(call.device.index or 0)
+        sms = device.grid_sms(call.device.index or 0)
         return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
 
     @staticmethod

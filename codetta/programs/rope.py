@@ -164,6 +164,7 @@ def _rope_candidates(hd: int) -> tuple:
         return _ROPE_CANDIDATES
     return _ROPE_CANDIDATES + tuple(_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
 
+
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
                 Scalar("scaling"))  # fmt: skip
 
