@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NO_NUMPY = """
@@ -59,3 +61,17 @@ def test_readme_options_exist():
                 [sys.executable, "-m", "codetta", cmd, "--help"], env=_env(), capture_output=True, text=True
             )
             assert opt in proc.stdout, f"'python -m codetta {cmd}' has no {opt}"
+
+
+def test_sm_margin_setting():
+    """CODETTA_SM_MARGIN: a whole number (default 0); anything else is refused at import
+    with the variable's name."""
+    from codetta.kernels import device, settings
+
+    assert settings._margin("0") == 0 and settings._margin("16") == 16
+    for bad in ("-1", "many", "1.5", "auto"):
+        with pytest.raises(ValueError, match="CODETTA_SM_MARGIN"):
+            settings._margin(bad)
+    assert device.sm_margin() == 0
+    with settings.override(sm_margin=24):
+        assert device.sm_margin() == 24

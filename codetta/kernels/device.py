@@ -27,25 +27,16 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# SMs left free under several processes (CODETTA_SM_MARGIN=auto): a persistent launch
-# otherwise holds every SM until it ends, so NCCL's all-gathers and reduce-scatters on
-# their own streams wait for it instead of overlapping (NOTES.md, issue 16)
-AUTO_SM_MARGIN = 16
-
-
 def sm_margin() -> int:
     from .settings import SETTINGS
 
-    if SETTINGS.sm_margin is not None:
-        return SETTINGS.sm_margin
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return AUTO_SM_MARGIN
-    return 0
+    return SETTINGS.sm_margin
 
 
 def grid_sms(device_index: int) -> int:
-    """The SMs a persistent launch spreads its tiles over: all but ``sm_margin()``."""
+    """The SMs a persistent launch spreads its tiles over: all but ``sm_margin()`` (left
+    free for kernels on other streams). Under FSDP2 on two H200s leaving 16 or 32 SMs to
+    NCCL made the step slower, not faster (run 42, NOTES.md): the default is 0."""
     return max(1, num_sms(device_index) - sm_margin())
 
 

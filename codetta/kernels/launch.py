@@ -157,8 +157,7 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 def _signature(program, a, weight, operands: dict, config, out=None) -> tuple | None:
     """The key of a call's ``_Bound``; None for what only the full path handles (or rejects)."""
     try:
-        key = [program, config, SETTINGS.generation, CHOOSER.generation, _tensor_key(a), _tensor_key(weight),
-               device.sm_margin()]  # fmt: skip
+        key = [program, config, SETTINGS.generation, CHOOSER.generation, _tensor_key(a), _tensor_key(weight)]
         for name, v in operands.items():
             key.append(name)
             key.append(_tensor_key(v) if isinstance(v, torch.Tensor) else type(v))

@@ -9,9 +9,8 @@
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
-| ``CODETTA_SM_MARGIN`` | auto | SMs a persistent GEMM leaves free for kernels on other streams |
-|  |  | (NCCL's collectives); auto: ``device.AUTO_SM_MARGIN`` once torch.distributed |
-|  |  | runs more than one process, else 0 |
+| ``CODETTA_SM_MARGIN`` | 0 | SMs a persistent GEMM leaves free for kernels on other streams |
+|  |  | (NCCL's collectives; measured no gain under FSDP2, NOTES.md) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -33,7 +32,7 @@ class Settings:
     pingpong: bool = True
     tail_split: bool = True
     tune_verbose: bool = False
-    sm_margin: int | None = None  # None: auto (device.grid_sms)
+    sm_margin: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -60,20 +59,18 @@ class Settings:
             pingpong=flag("CODETTA_PINGPONG", True),
             tail_split=flag("CODETTA_TAIL_SPLIT", True),
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
-            sm_margin=_margin(env.get("CODETTA_SM_MARGIN", "auto")),
+            sm_margin=_margin(env.get("CODETTA_SM_MARGIN", "0")),
             cache_dir=Path(cache),
         )
 
 
-def _margin(value: str) -> int | None:
-    if value.strip().lower() in ("", "auto"):
-        return None
+def _margin(value: str) -> int:
     try:
         margin = int(value)
     except ValueError:
         margin = -1
     if margin < 0:
-        raise ValueError(f"CODETTA_SM_MARGIN must be 'auto' or a whole number >= 0, got {value!r}")
+        raise ValueError(f"CODETTA_SM_MARGIN must be a whole number >= 0, got {value!r}")
     return margin
 
 
