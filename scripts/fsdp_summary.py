@@ -30,7 +30,7 @@ def main(folder):
     any_run = next(iter(runs.values()))
     print(
         f"# FSDP2 runs: {any_run['model']} ({any_run['layers']} layers, vocab {any_run['vocab']}), "
-        f"{any_run['batch']} x {any_run['seq_len']} tokens per step, {any_run['steps']} steps"
+        f"sequences of {any_run['seq_len']} tokens"
     )
     print(f"\n{any_run['device']}, torch {any_run['torch']}, commit {any_run['commit']}\n")
     print(
@@ -41,7 +41,8 @@ def main(folder):
     for tag, r in runs.items():
         last = sum(r["losses"][-10:]) / len(r["losses"][-10:])
         print(
-            f"| {tag} | {r['world']} | {r['batch']} | {r['steps']} | {r['codetta']} | {r['compile']} | {last:.4f} | "
+            f"| {tag} | {r['world']} | {r['batch']} | {r['steps']} | {r['codetta']} | {r['compile']} "
+            f"| {last:.4f} | "
             f"{r['median_step_ms']:.1f} | {r['tokens_per_s_per_gpu']:.0f} | {r['peak_memory_gb'] or 0:.1f} |"
         )
     noise = gap(runs["2gpu-moved"], runs["2gpu"]) if {"2gpu-moved", "2gpu"} <= runs.keys() else None
