@@ -75,7 +75,9 @@ def main(folder):
         import matplotlib.pyplot as plt
     except ImportError:
         return 0
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ref = next((t for t in ("1gpu", "2gpu") if t in runs), None)
+    fig, axes = plt.subplots(1, 2 if ref else 1, figsize=(12 if ref else 7, 4), squeeze=False)
+    ax = axes[0][0]
     for tag, r in runs.items():
         ax.plot(range(len(r["losses"])), r["losses"], label=tag, lw=1)
     ax.set_yscale("log")
@@ -83,6 +85,17 @@ def main(folder):
     ax.set_ylabel("loss")
     ax.set_title(f"{any_run['model']} under FSDP2, {any_run['device']}")
     ax.legend()
+    if ref:  # the curves overlap: their differences from one reference run, window means
+        ax = axes[0][1]
+        base = windows(runs[ref]["losses"])
+        for tag, r in runs.items():
+            if tag != ref and r["steps"] == runs[ref]["steps"]:
+                diff = [a - b for a, b in zip(windows(r["losses"]), base)]
+                ax.plot([WINDOW * (i + 0.5) for i in range(len(diff))], diff, marker="o", ms=3, label=tag)
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"loss - {ref}'s ({WINDOW}-step means)")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(folder / "loss_curves.png", dpi=120)
     return 0
