@@ -18,9 +18,9 @@ opened its span has formed them. No extra communication: each span gathers and
 reduce-scatters once per step, as the layer's own forward would.
 
 Uses FSDP2's per-module state (``_get_fsdp_state``, ``_pre_forward``,
-``_post_forward``): private, unchanged in torch 2.6-2.13; ``supported`` says when a
-torch lacks them. Modules not wrapped by ``fully_shard`` (no FSDP, DDP, one GPU)
-make every call here a no-op.
+``_post_forward``): private API, checked on torch 2.11 (two H200s, NOTES.md) and 2.13
+(the CPU tests); a torch without them gets a clear error, not a wrong step. Modules
+not wrapped by ``fully_shard`` (no FSDP, DDP, one GPU) make every call here a no-op.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Spans:
                 if not supported(state):
                     raise RuntimeError(
                         f"codetta: this torch's FSDP2 lacks the hooks the fused forward drives "
-                        f"({type(module).__name__}); use torch >= 2.6 or codetta.revert(model)"
+                        f"({type(module).__name__}); use torch 2.11 or newer, or codetta.revert(model)"
                     )
         self.active = any(self._states)
 
