@@ -46,16 +46,21 @@ def main(folder):
             f"{r['median_step_ms']:.1f} | {r['tokens_per_s_per_gpu']:.0f} | {r['peak_memory_gb'] or 0:.1f} |"
         )
     noise = gap(runs["2gpu-moved"], runs["2gpu"]) if {"2gpu-moved", "2gpu"} <= runs.keys() else None
-    print(f"\nLoss curves: largest gap between {WINDOW}-step means")
+    pairs = [("2gpu", "1gpu"), ("2gpu-codetta", "1gpu-codetta"), ("1gpu-codetta", "1gpu"),
+             ("2gpu-codetta", "2gpu"), ("2gpu-compile", "2gpu")]  # fmt: skip
+    pairs = [(a, b) for a, b in pairs if a in runs and b in runs and runs[a]["steps"] == runs[b]["steps"]]
+    if pairs or noise is not None:
+        print(f"\nLoss curves: largest gap between {WINDOW}-step means")
     if noise is not None:
         print(f"- noise (unpatched, weights moved by ~one bf16 rounding): {noise:.4f}")
-    for a, b in [("2gpu", "1gpu"), ("2gpu-codetta", "1gpu-codetta"), ("1gpu-codetta", "1gpu"),
-                 ("2gpu-codetta", "2gpu"), ("2gpu-compile", "2gpu")]:  # fmt: skip
-        if a in runs and b in runs:
-            g = gap(runs[a], runs[b])
-            verdict = "" if noise is None else (" (within the noise)" if g <= noise else
-                                                f" ({g / noise:.2f} x the noise)")  # fmt: skip
-            print(f"- {a} vs {b}: {g:.4f}{verdict}")
+    for a, b in pairs:
+        g = gap(runs[a], runs[b])
+        verdict = (
+            ""
+            if noise is None
+            else (" (within the noise)" if g <= noise else f" ({g / noise:.2f} x the noise)")
+        )
+        print(f"- {a} vs {b}: {g:.4f}{verdict}")
     print("\nThroughput (tokens/s per GPU, median step after the first 10)")
     for tag in [t for t in runs if t.startswith("2gpu-codetta")]:
         ours = runs[tag]["tokens_per_s_per_gpu"]

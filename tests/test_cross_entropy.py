@@ -120,9 +120,142 @@ def test_compile_fullgraph(device):
     t = torch.randint(0, V, (M,), device=device)
     t[::3] = -100
 
+    b = rand(V, dtype=torch.float16, device=device).requires_grad_()
+    cw = torch.rand(V, device=device) + 0.5
+
     def f(x, w, t):
         return linear_cross_entropy(x, w, t, chunk_rows=rows)
 
-    eager = f(x, w, t)
-    got = torch.compile(f, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")(x, w, t)
-    assert torch.equal(got, eager)
+    def g(x, w, t, b):  # every option: the optional tensors and floats of the custom op
+        return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, label_smoothing=0.1, z_loss=1e-3,
+                                    softcap=20.0, chunk_rows=rows)  # fmt: skip
+
+    backend = "inductor" if ON_GPU else "aot_eager"
+    for fn, args in ((f, (x, w, t)), (g, (x, w, t, b))):
+        eager = fn(*args)
+        eager.backward()
+        grads = [a.grad.clone() for a in args if a.requires_grad]
+        for a in args:
+            a.grad = None
+        got = torch.compile(fn, fullgraph=True, backend=backend)(*args)
+        assert torch.equal(got, eager)
+        got.backward()
+        for a, want in zip([a for a in args if a.requires_grad], grads):
+            assert torch.equal(a.grad, want)
+            a.grad = None
+
+
+def _torch_options(x, w, t, reduction, b=None, cw=None, eps=0.0, z=0.0, cap=None, upcast=True):
+    """The PyTorch formulation of every option: F.cross_entropy over F.linear (+ soft-cap),
+    plus z * lse^2 per counted row (averaged like the rest under mean)."""
+    logits = F.linear(x, w, b)
+    if cap:
+        logits = cap * torch.tanh(logits / cap)
+    if upcast:
+        logits = logits.float()
+    cw_ = None if cw is None else cw.to(logits.dtype)
+    loss = F.cross_entropy(logits, t.long(), weight=cw_, reduction=reduction, label_smoothing=eps)
+    if z:
+        valid = t != -100
+        zt = z * logits.logsumexp(-1) ** 2 * valid
+        denom = valid.sum() if cw is None else torch.where(valid, cw_[t.clamp_min(0).long()], 0).sum()
+        loss = loss + {"none": zt, "sum": zt.sum(), "mean": zt.sum() / denom}[reduction]
+    return loss.to(x.dtype)
+
+
+OPTIONS = [  # (options, reduction): each option alone, then all together
+    (dict(b=True), "mean"),
+    (dict(cap=20.0), "sum"),
+    (dict(cw=True), "mean"),
+    (dict(eps=0.1), "none"),
+    (dict(z=1e-3), "mean"),
+    (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "none"),
+    (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "mean"),
+]
+
+
+@pytest.mark.parametrize("opts,reduction", OPTIONS, ids=lambda o: str(o))
+def test_options_match_float64(opts, reduction, dtype, device):
+    """Bias, soft-capping, class weights, label smoothing, z-loss (each, and all at once):
+    loss and the gradients of input, weight and bias within twice PyTorch's own error;
+    large logits (so the cap bites), ignored rows, several chunks; 'none' with a
+    non-uniform incoming gradient."""
+    M, d, V, rows = (40, 32, 257, 16) if not ON_GPU else (2000, 2048, 32000, 512)
+    x = rand(M, d, dtype=dtype, device=device, scale=4.0)
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    b = rand(V, dtype=dtype, device=device) if opts.get("b") else None
+    cw = torch.rand(V, device=device) + 0.5 if opts.get("cw") else None
+    t = torch.randint(0, V, (M,), device=device)
+    t[::5] = -100
+    grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
+    kw = dict(eps=opts.get("eps", 0.0), z=opts.get("z", 0.0), cap=opts.get("cap"))
+
+    def run(fn, x, w, b):
+        leaves = [v.detach().clone().requires_grad_() for v in (x, w) + ((b,) if b is not None else ())]
+        loss = fn(*leaves)
+        g = torch.ones_like(loss) if grad is None else grad.to(loss.dtype)
+        (loss.double() * g.double()).sum().backward()
+        return [loss.detach()] + [v.grad for v in leaves]
+
+    def ours(x, w, b=None):
+        return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, reduction=reduction,
+                                    label_smoothing=kw["eps"], z_loss=kw["z"], softcap=kw["cap"],
+                                    chunk_rows=rows)  # fmt: skip
+
+    def exact(x, w, b=None):
+        return _torch_options(x, w, t, reduction, b, None if cw is None else cw.double(), upcast=False, **kw)
+
+    def same(x, w, b=None):
+        return _torch_options(x, w, t, reduction, b, cw, **kw)
+
+    got = run(ours, x, w, b)
+    want = run(exact, x.double(), w.double(), None if b is None else b.double())
+    torch_ = run(same, x, w, b)
+    assert got[0].dtype == dtype
+    for name, a, e, s in zip(("loss", "dinput", "dweight", "dbias"), got, want, torch_):
+        assert_within(name, a, e, s)
+
+
+def test_return_lse_module_and_torch_semantics(device):
+    """return_lse gives each row's log-sum-exp of the (capped) logits; the module form;
+    on a torch with F.linear_cross_entropy (2.13), the same loss for the arguments they
+    share."""
+    from codetta.nn import LinearCrossEntropyLoss
+
+    M, d, V = 24, 32, 100
+    dt = torch.float16 if ON_GPU else torch.float32
+    x = rand(2, M // 2, d, dtype=dt, device=device, scale=3.0)
+    w = rand(V, d, dtype=dt, device=device, scale=d**-0.5)
+    b = rand(V, dtype=dt, device=device)
+    t = torch.randint(0, V, (2, M // 2), device=device)
+    loss, lse = linear_cross_entropy(x, w, t, linear_bias=b, softcap=10.0, reduction="none", return_lse=True)
+    assert lse.shape == t.shape and lse.dtype == torch.float32
+    logits = 10.0 * torch.tanh(F.linear(x.double(), w.double(), b.double()) / 10.0)
+    torch.testing.assert_close(lse.double(), logits.logsumexp(-1), rtol=1e-2, atol=1e-2)
+    module = LinearCrossEntropyLoss(softcap=10.0, reduction="none")
+    torch.testing.assert_close(module(x, w, t, b), loss, rtol=0, atol=0)
+    if hasattr(F, "linear_cross_entropy") and not ON_GPU:
+        cw = torch.rand(V, device=device) + 0.5
+        for kw in (dict(), dict(linear_bias=b, weight=cw, label_smoothing=0.1)):
+            # (torch's takes 2-D input only)
+            theirs = F.linear_cross_entropy(x.reshape(M, d), w, t.reshape(M), ignore_index=-100, **kw)
+            ours = linear_cross_entropy(x, w, t, **kw)
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_option_errors(device):
+    dt = torch.float16
+    x, w = rand(8, 32, dtype=dt, device=device), rand(64, 32, dtype=dt, device=device)
+    t = torch.randint(0, 64, (8,), device=device)
+    with pytest.raises(ValueError, match="linear_bias must have shape"):
+        linear_cross_entropy(x, w, t, linear_bias=rand(63, dtype=dt, device=device))
+    with pytest.raises(TypeError, match="linear_bias"):
+        linear_cross_entropy(x, w, t, linear_bias=rand(64, dtype=torch.float32, device=device))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        linear_cross_entropy(x, w, t, weight=torch.ones(10, device=device))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        linear_cross_entropy(x, w, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="softcap"):
+        linear_cross_entropy(x, w, t, softcap=0.0)
+    with pytest.raises(ValueError, match="z_loss"):
+        linear_cross_entropy(x, w, t, z_loss=-1.0)

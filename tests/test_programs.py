@@ -384,6 +384,11 @@ def _program_operands(name, M, N, device, K=64):
         },
         "row_lse": {"scale": 2.0},
         "ce_logits": {"target": torch.randint(-1, N + 1, (M,), device=device)},
+        "ce_logits_ext": {
+            "target": torch.randint(-1, N + 1, (M,), device=device),
+            "bias": rand(N, dtype=dtype, device=device),
+            "softcap": 3.0,
+        },  # fmt: skip
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
     }[name]
 

@@ -20,10 +20,16 @@ def silu(x):
 
 
 @triton.jit
+def tanh(x):
+    """2 sigmoid(2x) - 1 (saturates to +-1 without overflow)."""
+    return 2.0 * sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
 def gelu_tanh(x):
     """GELU, tanh approximation (as torch's approximate='tanh')."""
     inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return 0.5 * x * (1.0 + (2.0 * sigmoid(2.0 * inner) - 1.0))
+    return 0.5 * x * (1.0 + tanh(inner))
 
 
 @triton.jit

@@ -16,18 +16,23 @@ works) and the fp32 dW accumulator (4 V d bytes, summed in place by the
 ACCUMULATE_F32 epilogue), plus O(M) row statistics: at V = 128256, d = 4096 that is
 0.25 + 2 GiB, above issue 15's 512 MiB bar (the fp32 accumulator is the term).
 
-First version: label smoothing, class weights, z-loss, soft-capping and a bias are
-not supported yet; one logits GEMM per chunk plus the dX and dW GEMMs.
+Options (``linear_cross_entropy``'s docstring): a bias and soft-capping go into the
+logits GEMM's epilogue (``CE_LOGITS_EXT``); class weights, label smoothing and z-loss
+only change each row's coefficients in the gradient pass (``programs/ce.py:
+ce_grad_``), which also forms the smoothing term's row sums. Still one logits GEMM
+per chunk plus the dX and dW GEMMs.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..programs.basic import ACCUMULATE_F32
-from ..programs.ce import CE_LOGITS, softmax_grad_
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, ce_grad_
 
 REDUCTIONS = ("mean", "sum", "none")
 CHUNK_BYTES = 256 * 2**20  # logits of one chunk of rows
@@ -42,24 +47,57 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int = CHUNK_BYTES) -> 
     return min(max(M, 1), rows)
 
 
-def _scales(target, ignore_index: int, reduction: str, grad: torch.Tensor | None, M: int):
-    """Per-row gradient scale: 0 for ignored rows; 1/n_valid (mean), 1 (sum), grad[m] (none)."""
-    valid = target != ignore_index
+def _scales(valid, denom, reduction: str, grad: torch.Tensor | None):
+    """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none)."""
     if reduction == "none":
         return torch.where(valid, grad.float(), 0.0)
     s = valid.float()
     if reduction == "mean":
-        s = s / valid.sum().clamp_min(1)
+        s = s / denom.clamp_min(torch.finfo(torch.float32).tiny)
     return s
 
 
-def _pass(x, w, target, ignore_index, reduction, rows, grad=None, want_grads=True):
-    """Loss rows (fp32 [M]) and, with ``want_grads``, dX (input dtype) and dW (fp32)."""
+class _Options(NamedTuple):
+    bias: torch.Tensor | None  # [V], input's dtype
+    weight: torch.Tensor | None  # [V] class weights, fp32
+    smoothing: float
+    z_loss: float
+    softcap: float  # 0: none
+
+    @property
+    def plain(self) -> bool:
+        return self.bias is None and not self.softcap
+
+
+def _row_weights(tc, valid, opts: _Options):
+    """w[target[m]] for the rows counted (0 for ignored rows), fp32."""
+    if opts.weight is None:
+        return valid.float()
+    return torch.where(valid, opts.weight[tc.clamp(0, opts.weight.shape[0] - 1).long()], 0.0)
+
+
+def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None, want_grads=True):
+    """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
+    dX (input dtype), dW and dbias (fp32).
+
+    Row loss, with p = softmax(c) over the (capped) logits c, eps = label smoothing,
+    w = class weights (1 without), t = the row's target:
+      (1 - eps) w[t] (lse - c[t]) + eps/V sum_n w[n] (lse - c[n]) + z_loss lse^2
+    and its gradient with respect to c: a p - b onehot(t) - eps/V w, a = (1 - eps) w[t]
+    + eps/V sum(w) + 2 z_loss lse, b = (1 - eps) w[t]."""
     M, V = x.shape[0], w.shape[0]
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
+    lse_all = torch.empty(M, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if want_grads else x.new_empty(0)
     dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device) if want_grads else None
-    scale = _scales(target, ignore_index, reduction, grad, M) if want_grads else None
+    db32 = (
+        torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
+    )
+    valid = target != ignore_index
+    wt = _row_weights(target, valid, opts)
+    scale = _scales(valid, wt.sum(), reduction, grad) if want_grads else None
+    eps, smooth = opts.smoothing, opts.smoothing / V
+    w_sum = float(V) if opts.weight is None else opts.weight.sum()
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
@@ -67,13 +105,42 @@ def _pass(x, w, target, ignore_index, reduction, rows, grad=None, want_grads=Tru
         sl = slice(start, min(M, start + rows))
         xc, tc = x[sl], target[sl]
         logits = buf[: xc.shape[0], :V]
-        out = gemm(xc, w, epilogue=CE_LOGITS, target=tc, out=(logits, None, None))
-        losses[sl] = torch.where(tc != ignore_index, out.lse - out.picked, 0.0)
+        if opts.plain:
+            out = gemm(xc, w, epilogue=CE_LOGITS, target=tc, out=(logits, None, None))
+        else:
+            bias = opts.bias if opts.bias is not None else _zeros(V, x)
+            out = gemm(xc, w, epilogue=CE_LOGITS_EXT, target=tc, bias=bias, softcap=opts.softcap,
+                       out=(logits, None, None))  # fmt: skip
+        lse, wc = out.lse, wt[sl]
+        lse_all[sl] = lse
+        loss = (1 - eps) * wc * (lse - out.picked)
+        if opts.z_loss:
+            loss = loss + opts.z_loss * lse * lse
+        coef = {}
+        if eps or opts.z_loss:
+            a = (1 - eps) * wc + smooth * w_sum + 2 * opts.z_loss * lse
+            coef = dict(a=a, b=(1 - eps) * wc)
+        elif opts.weight is not None:
+            coef = dict(a=wc, b=wc)
+        sums = None
         if want_grads:
-            dl = softmax_grad_(logits, out.lse, tc, scale[sl])
-            gemm(dl, w.t(), out=dx[sl])
-            gemm(dl.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
-    return losses, dx, dw32
+            sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
+                            softcap=opts.softcap, want_sum=bool(eps), **coef)  # fmt: skip
+            gemm(logits, w.t(), out=dx[sl])
+            gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
+            if db32 is not None:
+                db32 += logits.float().sum(0)
+        elif eps:
+            sums = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
+                            want_sum=True)  # fmt: skip
+        if eps:
+            loss = loss + smooth * (lse * w_sum - sums)
+        losses[sl] = torch.where(valid[sl], loss, 0.0)
+    return losses, lse_all, dx, dw32, db32
+
+
+def _zeros(V, x):
+    return torch.zeros(V, dtype=x.dtype, device=x.device)
 
 
 def _check_targets(target, V: int, ignore_index: int) -> None:
@@ -87,92 +154,148 @@ def _forward(
     x: torch.Tensor,
     w: torch.Tensor,
     target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
     ignore_index: int,
     reduction: str,
+    smoothing: float,
+    z_loss: float,
+    softcap: float,
     need_grad: bool,
     rows: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (loss, dx, dw): dx/dw for mean and sum when gradients are needed (else empty)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else empty)
     _check_targets(target, w.shape[0], ignore_index)  # here, not in the wrapper: torch.compile traces that
     grads = need_grad and reduction != "none"
-    losses, dx, dw32 = _pass(x, w, target, ignore_index, reduction, rows, want_grads=grads)
+    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
+    losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts, want_grads=grads)
     if reduction == "none":
         loss = losses
     else:
         loss = losses.sum()
-        if reduction == "mean":
-            loss = loss / (target != ignore_index).sum()  # 0/0 = nan when all are ignored, as torch
-    return loss, dx, (dw32.to(w.dtype) if grads else w.new_empty(0))
+        if reduction == "mean":  # 0/0 = nan when every row is ignored, as torch
+            loss = loss / _row_weights(target, target != ignore_index, opts).sum()
+    dw = dw32.to(w.dtype) if grads else w.new_empty(0)
+    db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
+    return loss, lse, dx, dw, db
 
 
 @_forward.register_fake
-def _(x, w, target, ignore_index, reduction, need_grad, rows):
+def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows):
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none"
-    return loss, x.new_empty(x.shape if grads else (0,)), w.new_empty(w.shape if grads else (0,))
+    db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
+    return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
+            w.new_empty(w.shape if grads else (0,)), db)  # fmt: skip
 
 
 @torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())
 def _backward_none(
-    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, ignore_index: int, rows: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _, dx, dw32 = _pass(x, w, target, ignore_index, "none", rows, grad=grad)
-    return dx, dw32.to(w.dtype)
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    ignore_index: int,
+    smoothing: float,
+    z_loss: float,
+    softcap: float,
+    rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
+    _, _, dx, dw32, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
+    return dx, dw32.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
 
 @_backward_none.register_fake
-def _(grad, x, w, target, ignore_index, rows):
-    return x.new_empty(x.shape), w.new_empty(w.shape)
+def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, softcap, rows):
+    return (
+        x.new_empty(x.shape),
+        w.new_empty(w.shape),
+        w.new_empty((w.shape[0],) if bias is not None else (0,)),
+    )
 
 
 def _setup(ctx, inputs, output):
-    x, w, target, ignore_index, reduction, need_grad, rows = inputs
-    _, dx, dw = output
+    x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows = (
+        inputs
+    )
+    _, _, dx, dw, db = output
     ctx.reduction, ctx.ignore_index, ctx.rows = reduction, ignore_index, rows
+    ctx.opts = (smoothing, z_loss, softcap)
+    ctx.has_bias = bias is not None
     ctx.set_materialize_grads(False)
     if reduction == "none":
-        ctx.save_for_backward(x, w, target)
+        ctx.save_for_backward(x, w, target, bias, class_weight)
     else:
-        ctx.save_for_backward(dx, dw)
+        ctx.save_for_backward(dx, dw, db)
 
 
-def _autograd_backward(ctx, dloss, _ddx, _ddw):
+def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
+    none = (None,) * 9
     if dloss is None:
-        return None, None, None, None, None, None, None
+        return (None, None, None) + none
     if ctx.reduction == "none":
-        x, w, target = ctx.saved_tensors
-        dx, dw = _backward_none(dloss.contiguous(), x, w, target, ctx.ignore_index, ctx.rows)
+        x, w, target, bias, class_weight = ctx.saved_tensors
+        dx, dw, db = _backward_none(dloss.contiguous(), x, w, target, bias, class_weight, ctx.ignore_index,
+                                    *ctx.opts, ctx.rows)  # fmt: skip
     else:
-        dx, dw = ctx.saved_tensors
+        dx, dw, db = ctx.saved_tensors
         if dx.numel() == 0:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
         g = dloss.to(torch.float32)
-        dx, dw = (dx * g).to(dx.dtype), (dw * g).to(dw.dtype)
-    return dx, dw, None, None, None, None, None
+        dx, dw, db = (dx * g).to(dx.dtype), (dw * g).to(dw.dtype), (db * g).to(db.dtype)
+    return (dx, dw, None, db if ctx.has_bias else None) + none[:8]
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)
 
 
 def linear_cross_entropy(
-    input, linear_weight, target, *, reduction="mean", ignore_index=-100, chunk_rows=None, loss_dtype=None
+    input,
+    linear_weight,
+    target,
+    *,
+    linear_bias=None,
+    weight=None,
+    reduction="mean",
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    softcap=None,
+    return_lse=False,
+    chunk_rows=None,
+    loss_dtype=None,
 ):
-    """``F.cross_entropy(F.linear(input, linear_weight), target, reduction=..., ignore_index=...)``
-    without materializing the logits in fp32 (module docstring: chunks, memory).
+    """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
+    reduction=..., ignore_index=..., label_smoothing=...)`` without materializing the
+    logits in fp32 (module docstring: chunks, memory), plus two options of other fused
+    losses: ``softcap`` (the logits become ``softcap * tanh(logits / softcap)`` before
+    the loss) and ``z_loss`` (``z_loss * lse**2`` added to each counted row's loss,
+    lse = the row's log-sum-exp; not scaled by class weights; averaged with the rest
+    under ``mean``).
 
-    input [..., d] (bf16/fp16 on the GPU; fp32 too on CPU), linear_weight [V, d] in
-    input's dtype, target [...] int64 or int32 class indices (``ignore_index`` rows
-    count nowhere). Returns a scalar (mean, sum) or the per-row losses (none), in
-    input's dtype. A target outside [0, V) other than ``ignore_index`` raises
-    (checked on the host, one synchronization). ``chunk_rows`` overrides the rows per
-    chunk (default: as many as ``CHUNK_BYTES`` of logits hold). ``loss_dtype``: the
-    loss's dtype (default input's, as torch; it is computed in float32 either way).
+    input [..., d] (bf16/fp16 on the GPU; fp32 too on CPU), linear_weight [V, d] and
+    linear_bias [V] in input's dtype, weight [V] (class weights, any float dtype),
+    target [...] int64 or int32 class indices (``ignore_index`` rows count nowhere).
+    Returns a scalar (mean, sum) or the per-row losses (none), in input's dtype; with
+    ``return_lse``, also each row's log-sum-exp (fp32, target's shape). A target
+    outside [0, V) other than ``ignore_index`` raises (checked on the host, one
+    synchronization). ``chunk_rows`` overrides the rows per chunk (default: as many
+    as ``CHUNK_BYTES`` of logits hold). ``loss_dtype``: the loss's dtype (default
+    input's, as torch; it is computed in float32 either way).
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)
     check_tensor("target", target)
-    check_same_device({"input": input, "linear_weight": linear_weight, "target": target})
+    named = {"input": input, "linear_weight": linear_weight, "target": target}
+    for name, t in (("linear_bias", linear_bias), ("weight", weight)):
+        if t is not None:
+            check_tensor(name, t)
+            named[name] = t
+    check_same_device(named)
     check_gemm_dtype("input", input)
     if linear_weight.dtype != input.dtype:
         raise TypeError(f"linear_weight ({linear_weight.dtype}) must have input's dtype ({input.dtype})")
@@ -187,6 +310,23 @@ def linear_cross_entropy(
     if target.shape != input.shape[:-1]:
         raise ValueError(f"target must have shape {tuple(input.shape[:-1])}, got {tuple(target.shape)}")
     V = linear_weight.shape[0]
+    if linear_bias is not None:
+        if linear_bias.shape != (V,):
+            raise ValueError(f"linear_bias must have shape ({V},), got {tuple(linear_bias.shape)}")
+        if linear_bias.dtype != input.dtype:
+            raise TypeError(f"linear_bias ({linear_bias.dtype}) must have input's dtype ({input.dtype})")
+    if weight is not None:
+        if weight.shape != (V,):
+            raise ValueError(f"weight must have shape ({V},) (one per class), got {tuple(weight.shape)}")
+        if not weight.is_floating_point():
+            raise TypeError(f"weight must be a floating-point tensor, got {weight.dtype}")
+        weight = weight.detach().float().contiguous()
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if float(z_loss) < 0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be > 0 (or None), got {softcap}")
     unit = 16 // input.element_size()
     if input.shape[-1] % unit:
         raise ValueError(
@@ -196,7 +336,12 @@ def linear_cross_entropy(
     x = input.reshape(-1, input.shape[-1]).contiguous()
     t = target.reshape(-1).contiguous()
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
-    need_grad = torch.is_grad_enabled() and (input.requires_grad or linear_weight.requires_grad)
-    loss, _, _ = _forward(x, linear_weight, t, int(ignore_index), reduction, need_grad, int(rows))
+    grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
+    need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
+    loss, lse, _, _, _ = _forward(
+        x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
+        float(z_loss), float(softcap or 0.0), need_grad, int(rows),
+    )  # fmt: skip
     loss = loss.to(loss_dtype or input.dtype)
-    return loss.reshape(target.shape) if reduction == "none" else loss
+    loss = loss.reshape(target.shape) if reduction == "none" else loss
+    return (loss, lse.reshape(target.shape)) if return_lse else loss

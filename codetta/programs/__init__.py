@@ -1,7 +1,7 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
 from .basic import ACCUMULATE, ACCUMULATE_F32, MUL_COLSUM, ROW_SCALE, STORE
-from .ce import CE_LOGITS
+from .ce import CE_LOGITS, CE_LOGITS_EXT
 from .lse import ROW_LSE
 from .norm import (
     GAMMA_WEIGHT_GRAD,
@@ -28,6 +28,7 @@ __all__ = [
     "RMS_GRAD_PARTIALS",
     "ROW_LSE",
     "CE_LOGITS",
+    "CE_LOGITS_EXT",
     "ROTATE_PAIRS",
     "RMS_ROPE_64",
     "RMS_ROPE_128",

@@ -12,8 +12,9 @@ import triton
 import triton.language as tl
 
 from ..kernels import device
+from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
-from ..kernels.program import DType, PerRow, Program, RowLogSumExp, RowPick, Tile
+from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowPick, Scalar, Tile
 from .norm_rows import torch_path
 
 
@@ -50,34 +51,124 @@ def _reference(logit, target):
 
 
 @triton.jit
-def _softmax_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, V, stride, BLOCK: tl.constexpr):
+def ce_logits_ext(acc, target, bias, softcap, elem):
+    """CE_LOGITS with a bias and logit soft-capping: l = (acc + bias[n]) rounded to the
+    GEMM's dtype (stored, before the cap); the statistics are those of the capped
+    logits c = softcap * tanh(l / softcap) (softcap 0: c = l)."""
+    logit = (acc + bias).to(elem.dtype).to(tl.float32)
+    capped = logit
+    if softcap > 0.0:
+        capped = softcap * P.tanh(logit / softcap)
+    return logit, capped, capped
+
+
+def cap(logit, softcap: float):
+    """The soft-capped logits (the PyTorch formulation: softcap * tanh(l / softcap))."""
+    return softcap * torch.tanh(logit / softcap) if softcap > 0 else logit
+
+
+def _ext_reference(acc, target, bias, softcap, elem):
+    logit = (acc + bias.to(acc.dtype)).to(elem).to(acc.dtype)
+    capped = cap(logit, float(softcap))
+    return {"logits": logit, "lse": capped.logsumexp(1), "picked": _pick(capped, target)}
+
+
+CE_LOGITS_EXT = Program(
+    "ce_logits_ext",
+    ce_logits_ext,
+    inputs=(PerRow("target", index=True), PerCol("bias"), Scalar("softcap"), DType("elem")),
+    outputs=(Tile("logits"), RowLogSumExp("lse"), RowPick("picked", index="target")),
+    reference=_ext_reference,
+    configs=CE_LOGITS.configs,
+)
+
+
+@triton.jit
+def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, smooth, softcap, V, stride,
+                    HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                    WRITE: tl.constexpr, SUM: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lse = tl.load(lse_ptr + row)
     scale = tl.load(s_ptr + row)
     target = tl.load(t_ptr + row).to(tl.int64)
+    a = 1.0
+    b = 1.0
+    if HAS_COEF:
+        a = tl.load(a_ptr + row)
+        b = tl.load(b_ptr + row)
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < V
         logit = tl.load(l_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.exp(logit - lse) - tl.where(cols == target, 1.0, 0.0)
-        tl.store(l_ptr + row * stride + cols, (g * scale).to(l_ptr.dtype.element_ty), mask=mask)
+        c = logit
+        if SOFTCAP:
+            c = softcap * P.tanh(logit / softcap)
+        wc = 1.0
+        if HAS_W:
+            wc = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if SUM:
+            total += tl.where(mask, wc * c, 0.0)
+        if WRITE:
+            g = a * tl.exp(c - lse) - b * tl.where(cols == target, 1.0, 0.0)
+            if SMOOTH:
+                g -= smooth * wc
+            if SOFTCAP:
+                t = c / softcap
+                g = g * (1.0 - t * t)
+            tl.store(l_ptr + row * stride + cols, (g * scale).to(l_ptr.dtype.element_ty), mask=mask)
+    if SUM:
+        tl.store(sum_ptr + row, tl.sum(total, axis=0))
 
 
 def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, scale: torch.Tensor):
     """In place: logits[m, n] <- (exp(logits[m, n] - lse[m]) - [n == target[m]]) * scale[m]
     (a target outside [0, V) subtracts nothing; scale 0 zeroes an ignored row). fp32
     math, one rounding to the logits' dtype."""
+    ce_grad_(logits, lse, target, scale)
+    return logits
+
+
+def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0, softcap=0.0,
+             write=True, want_sum=False):  # fmt: skip
+    """The cross-entropy gradient over stored logits l, in place, in fp32 with one
+    rounding: with c = softcap * tanh(l / softcap) (softcap 0: c = l) and p = exp(c - lse),
+
+        l[m, n] <- (a[m] p - b[m] [n == target[m]] - smooth w[n]) * dc/dl * scale[m]
+
+    (a = b = 1 and w = 1 when not given; a target outside [0, V) subtracts nothing).
+    Returns sum_n w[n] c[m, n] per row (fp32 [M]) with ``want_sum``, else None;
+    ``write=False`` leaves the logits as they are."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
+    sums = torch.empty(M, dtype=torch.float32, device=logits.device) if want_sum else None
     if M == 0:
-        return logits
+        return sums
     if torch_path(logits):
-        g = torch.exp(logits.float() - lse.float()[:, None])
-        valid = (target >= 0) & (target < V)
-        rows = torch.arange(M, device=logits.device)[valid]
-        g[rows, target[valid].long()] -= 1.0
-        return logits.copy_(g * scale.float()[:, None])
+        c = cap(logits.float(), softcap)
+        w = torch.ones(V, device=logits.device) if weight is None else weight.float()
+        if want_sum:
+            sums.copy_((c * w).sum(1))
+        if write:
+            g = torch.exp(c - lse.float()[:, None])
+            if a is not None:
+                g = g * a.float()[:, None]
+            valid = (target >= 0) & (target < V)
+            rows = torch.arange(M, device=logits.device)[valid]
+            g[rows, target[valid].long()] -= 1.0 if b is None else b.float()[valid]
+            if smooth:
+                g = g - smooth * w
+            if softcap > 0:
+                g = g * (1 - (c / softcap) ** 2)
+            logits.copy_(g * scale.float()[:, None])
+        return sums
+    coef = a is not None
     with device.on_device(logits.device):
-        _softmax_grad_kernel[(M,)](logits, lse, target, scale, V, logits.stride(0), BLOCK=1024, num_warps=4)
-    return logits
+        _ce_grad_kernel[(M,)](
+            logits, lse, target, scale, a if coef else scale, b if coef else scale,
+            scale if weight is None else weight, scale if sums is None else sums, float(smooth),
+            float(softcap), V, logits.stride(0), HAS_COEF=coef, HAS_W=weight is not None,
+            SOFTCAP=softcap > 0, SMOOTH=bool(smooth), WRITE=write, SUM=want_sum, BLOCK=1024, num_warps=4,
+        )  # fmt: skip
+    return sums

@@ -1,0 +1,33 @@
+"""``LinearCrossEntropyLoss``: the module form of ``codetta.ops.linear_cross_entropy``."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops.cross_entropy import linear_cross_entropy
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """``loss = LinearCrossEntropyLoss(...)(input, linear_weight, target, linear_bias=None)``:
+    the LM head and its cross-entropy without fp32 logits (options as
+    ``codetta.ops.linear_cross_entropy``; ``weight``: class weights, a buffer)."""
+
+    def __init__(self, weight=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
+                 softcap=None, return_lse=False):  # fmt: skip
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
+        self.z_loss, self.softcap, self.return_lse = z_loss, softcap, return_lse
+
+    def forward(self, input, linear_weight, target, linear_bias=None):
+        return linear_cross_entropy(
+            input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
+            reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss, softcap=self.softcap, return_lse=self.return_lse,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (
+            f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}"
+        )
