@@ -93,9 +93,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
+    bad = _bad_targets(target, V, ignore_index)  # (here, not in the wrapper: torch.compile traces that)
     valid = target != ignore_index
     wt = _row_weights(target, valid, opts)
     scale = _scales(valid, wt.sum(), reduction, grad) if want_grads else None
+    if bad is not None and scale is not None:
+        scale = torch.where(bad, float("nan"), scale)
     eps, smooth = opts.smoothing, opts.smoothing / V
     w_sum = float(V) if opts.weight is None else opts.weight.sum()
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
@@ -136,6 +139,8 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         if eps:
             loss = loss + smooth * (lse * w_sum - sums)
         losses[sl] = torch.where(valid[sl], loss, 0.0)
+    if bad is not None:
+        losses = torch.where(bad, float("nan"), losses)
     return losses, lse_all, dx, dw32, db32
 
 
@@ -143,10 +148,23 @@ def _zeros(V, x):
     return torch.zeros(V, dtype=x.dtype, device=x.device)
 
 
-def _check_targets(target, V: int, ignore_index: int) -> None:
+def _checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)
+    return device.type != "cuda"
+
+
+def _bad_targets(target, V: int, ignore_index: int):
+    """The rows whose target is outside [0, V) and not ``ignore_index``. On the CPU they
+    raise, as PyTorch does. On the GPU, looking would stop the host until the GPU got
+    there (one synchronization per step, in the middle of it: the host can no longer
+    queue work ahead, which FSDP2's overlap of communication relies on), so they are
+    returned instead and their losses and gradients become NaN (never a silent wrong
+    loss; PyTorch itself stops the process with a device-side assert)."""
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+    if not _checks_on_host(target.device):
+        return bad
     if bool(bad.any()):
         raise IndexError(f"target values must be in [0, {V}) or ignore_index={ignore_index}")
+    return None
 
 
 @torch.library.custom_op("codetta::linear_cross_entropy", mutates_args=())
@@ -165,7 +183,6 @@ def _forward(
     rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else empty)
-    _check_targets(target, w.shape[0], ignore_index)  # here, not in the wrapper: torch.compile traces that
     grads = need_grad and reduction != "none"
     opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
     losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts, want_grads=grads)
@@ -282,8 +299,9 @@ def linear_cross_entropy(
     target [...] int64 or int32 class indices (``ignore_index`` rows count nowhere).
     Returns a scalar (mean, sum) or the per-row losses (none), in input's dtype; with
     ``return_lse``, also each row's log-sum-exp (fp32, target's shape). A target
-    outside [0, V) other than ``ignore_index`` raises (checked on the host, one
-    synchronization). ``chunk_rows`` overrides the rows per chunk (default: as many
+    outside [0, V) other than ``ignore_index`` raises on the CPU; on the GPU its row's
+    loss and gradients are NaN (so a mean or sum loss is NaN: checking on the host
+    would cost a synchronization per step). ``chunk_rows`` overrides the rows per chunk (default: as many
     as ``CHUNK_BYTES`` of logits hold). ``loss_dtype``: the loss's dtype (default
     input's, as torch; it is computed in float32 either way).
     """
