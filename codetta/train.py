@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--out", default=None, help="JSON file for every step's loss and time (rank 0)")
     p.add_argument("--save", default=None, help="save the trained weights here (torch.save, rank 0)")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="profile this many steps after --time-from (rank 0): kernel table and GPU busy "
+                        "time next to --out (or in the working folder); those steps run slower")  # fmt: skip
 
 
 def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
@@ -253,12 +256,17 @@ def train(args) -> dict:
     losses, step_ms = [], []
     tokens_per_gpu = args.batch * args.seq_len / world
     model.train()
+    profiler = None
     for step in range(args.steps):
+        if args.profile and rank == 0 and step in (args.time_from, args.time_from + args.profile):
+            profiler = _profile(profiler, args, step_ms)
+        # the step's batches, made before its clock starts (a data loader's work)
+        batches = [stream.sequences(step * args.batch + (rank * args.accum + m) * per, per)
+                   for m in range(args.accum)]  # fmt: skip
         t0 = time.perf_counter()
         total = torch.zeros((), device=device, dtype=torch.float32)
-        for micro in range(args.accum):
-            first = step * args.batch + (rank * args.accum + micro) * per
-            ids = stream.sequences(first, per).to(device, non_blocking=True)
+        for micro, ids in enumerate(batches):
+            ids = ids.to(device, non_blocking=True)
             with _sync_context(model, args.parallel, micro == args.accum - 1):
                 loss = model(input_ids=ids, labels=ids).loss / args.accum
                 loss.backward()
@@ -276,6 +284,8 @@ def train(args) -> dict:
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"step {step:5d}  loss {value:.4f}  {step_ms[-1]:8.1f} ms  "
                   f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/GPU", flush=True)  # fmt: skip
+    if profiler is not None:
+        _profile(profiler, args, step_ms)
     timed = step_ms[args.time_from :] or step_ms or [math.nan]
     result = {
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
@@ -304,6 +314,40 @@ def train(args) -> dict:
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+def _profile(profiler, args, step_ms):
+    """Start a torch.profiler over the next steps (``profiler`` None), or stop it and write
+    its kernel table and the GPU's busy time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if profiler is None:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        profiler = profile(activities=activities)
+        profiler.__enter__()
+        profiler.first_step = len(step_ms)
+        return profiler
+    profiler.__exit__(None, None, None)
+    steps = len(step_ms) - profiler.first_step
+    wall = sum(step_ms[profiler.first_step :])
+    events = profiler.key_averages()
+
+    def device_us(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    nccl = sum(device_us(e) for e in events if "nccl" in e.key.lower()) / 1e3
+    compute = sum(device_us(e) for e in events if "nccl" not in e.key.lower()) / 1e3
+    head = (f"{steps} steps, {wall / max(steps, 1):.1f} ms each (wall); per step: GPU busy with compute "
+            f"{compute / max(steps, 1):.1f} ms, NCCL kernels {nccl / max(steps, 1):.1f} ms\n")  # fmt: skip
+    try:
+        table = events.table(sort_by="self_device_time_total", row_limit=40)
+    except (AttributeError, KeyError, ValueError):
+        table = events.table(sort_by="self_cuda_time_total", row_limit=40)
+    base = Path(args.out).with_suffix("") if args.out else Path("codetta-train")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{base}.profile.txt").write_text(head + table)
+    print("profile: " + head.strip() + f" -> {base}.profile.txt", flush=True)
+    return None
 
 
 def _save(model, args, rank: int) -> None:
