@@ -57,7 +57,11 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     per step (gradients synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train(tmp_path, config, "one", 1, "--parallel", "none")
-    _, w_init = _train(tmp_path, config, "init", 1, "--parallel", "none", "--steps", "0")
+    from codetta.train import hf_config
+
+    torch.manual_seed(0)  # the weights every run starts from (train's --seed 0)
+    init = transformers.AutoModelForCausalLM.from_config(hf_config(str(config), None, None, 16))
+    w_init = {k: v.float() for k, v in init.state_dict().items()}
     moved = _rel(w_one, w_init)
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
     for parallel in ["fsdp", "ddp"] if family == "llama" else ["fsdp"]:
