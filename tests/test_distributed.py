@@ -71,3 +71,26 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
         err = _rel(w, w_one)
         assert err < TOL, f"{parallel}: weights differ from one process's by {err:.2e}"
         assert res["losses"] == pytest.approx(one["losses"], rel=TOL)
+
+
+def test_token_streams(tmp_path):
+    """train's data: a token file gives sequence g = tokens[g*T:(g+1)*T] (wrapping around);
+    the synthetic stream follows its rule (each token is followed by the next or the one
+    after in a fixed order of 64 tokens) and depends only on the sequence's index."""
+    from codetta.train import Stream
+
+    tokens = torch.randint(0, 1000, (10 * 8 + 3,), dtype=torch.int32)
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(tokens.numpy().tobytes())
+    file = Stream(str(path), "int32", 8, 1000, 0)
+    got = file.sequences(3, 9)
+    assert got.dtype == torch.int64 and got.shape == (9, 8)
+    assert torch.equal(got[0], tokens[24:32].long()) and torch.equal(got[7], tokens[0:8].long())  # 10 % 10
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        Stream(str(path), "int32", 8, 500, 0)
+    synth = Stream("synthetic", "int32", 256, 32000, 0)
+    seqs = synth.sequences(5, 4)
+    assert torch.equal(seqs[1:], synth.sequences(6, 3))
+    where = {int(t): i for i, t in enumerate(synth.used)}
+    steps = torch.tensor([[where[int(b)] - where[int(a)] for a, b in zip(s[:-1], s[1:])] for s in seqs]) % 64
+    assert set(steps.unique().tolist()) == {1, 2}
