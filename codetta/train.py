@@ -74,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="patch the model with codetta.apply_codetta (--no-codetta: the model as it is)",
     )
     p.add_argument(
+        "--wrap-base",
+        action="store_true",
+        help="FSDP2: also fully_shard the base model (model.model), as some recipes do",
+    )
+    p.add_argument(
         "--compile", action="store_true", help="torch.compile each decoder layer (unpatched models only)"
     )
     p.add_argument("--data", default="synthetic", help="'synthetic' or a flat file of token ids")
@@ -218,6 +223,8 @@ def build(args, device, world: int):
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp)
+        if args.wrap_base:
+            fully_shard(model.model, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     elif args.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel

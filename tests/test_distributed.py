@@ -53,8 +53,10 @@ def _rel(a, b):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     """llama: tied embeddings, FSDP2 and DDP; qwen3: per-head q/k norms in the boundary
-    operator's epilogue (the next layer's parameters), FSDP2. Both with 2 micro-batches
-    per step (gradients synchronised after the second only)."""
+    operator's epilogue (the next layer's parameters), FSDP2, also with the base model
+    wrapped (its embeddings and final norm gathered for the whole forward; FSDP2 itself
+    refuses that with tied embeddings). All with 2 micro-batches per step (gradients
+    synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train(tmp_path, config, "one", 1, "--parallel", "none")
     from codetta.train import hf_config
@@ -64,12 +66,14 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     w_init = {k: v.float() for k, v in init.state_dict().items()}
     moved = _rel(w_one, w_init)
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
-    for parallel in ["fsdp", "ddp"] if family == "llama" else ["fsdp"]:
-        res, w = _train(tmp_path, config, parallel, 2, "--parallel", parallel, "--accum", "2")
+    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp",), ("fsdp", "--wrap-base")]
+    for parallel, *extra in runs:
+        tag = parallel + "".join(extra)
+        res, w = _train(tmp_path, config, tag, 2, "--parallel", parallel, "--accum", "2", *extra)
         assert res["world"] == 2 and res["codetta"]
         assert sorted(w) == sorted(w_one)
         err = _rel(w, w_one)
-        assert err < TOL, f"{parallel}: weights differ from one process's by {err:.2e}"
+        assert err < TOL, f"{tag}: weights differ from one process's by {err:.2e}"
         assert res["losses"] == pytest.approx(one["losses"], rel=TOL)
 
 

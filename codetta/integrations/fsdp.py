@@ -14,7 +14,9 @@ stream) and closes just after the boundary operator out of layer j (its outputs:
 next residual stream and projections, or the loss). Neighbouring spans overlap by one
 operator, so both layers' parameters are gathered while it runs, forward and
 backward, and a layer's gradients are reduce-scattered only once the operator that
-opened its span has formed them. No extra communication: each span gathers and
+opened its span has formed them. A wrapped base model (``model.model``, whose forward
+is not called either) is an outer span: its own parameters (embeddings, final norm)
+are gathered for the whole forward. No extra communication: each span gathers and
 reduce-scatters once per step, as the layer's own forward would.
 
 Uses FSDP2's per-module state (``_get_fsdp_state``, ``_pre_forward``,
@@ -60,16 +62,29 @@ class Spans:
     """The FSDP2 hooks of a list of spans, each given as the modules whose parameters the
     span uses (a decoder layer; the final norm and the LM head)."""
 
-    def __init__(self, spans):
+    def __init__(self, spans, outer=()):
         self._states = [_states(modules) for modules in spans]
-        for states in self._states:
+        # modules wrapped around all the spans (the base model, when it is wrapped too):
+        # their own parameters (embeddings, final norm) are gathered for the whole forward
+        self._outer = [(m, s) for m, s in _states(outer) if any(m is o for o in outer)]
+        for states in self._states + [self._outer]:
             for module, state in states:
                 if not supported(state):
                     raise RuntimeError(
                         f"codetta: this torch's FSDP2 lacks the hooks the fused forward drives "
                         f"({type(module).__name__}); use torch 2.11 or newer, or codetta.revert(model)"
                     )
-        self.active = any(self._states)
+        self.active = any(self._states) or bool(self._outer)
+
+    def open_outer(self) -> None:
+        """The outer modules' forward starts (before anything reads their parameters)."""
+        for module, state in self._outer:
+            state._pre_forward(module, (), {})
+
+    def close_outer(self, outputs):
+        for module, state in reversed(self._outer):
+            outputs = state._post_forward(module, (), outputs)
+        return outputs
 
     def open(self, j: int, *tensors: torch.Tensor):
         """Span j starts; ``tensors`` are its inputs (use the returned ones: FSDP2 hooks the

@@ -211,10 +211,14 @@ def _codetta_forward(
         )
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    layers = base.layers[: self.config.num_hidden_layers]
+    # FSDP2: each layer's parameters are gathered over the span that uses them (fsdp.py);
+    # a wrapped base model's own ones (embeddings, final norm) for the whole forward
+    spans = Spans([*([layer] for layer in layers), (base.norm, self.lm_head)], outer=(base,))
+    spans.open_outer()
     h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
     if position_ids is None:
         position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-    layers = base.layers[: self.config.num_hidden_layers]
     masks = _masks(base, h, attention_mask, position_ids, len(layers))
     position_embeddings = base.rotary_emb(h, position_ids)
 
@@ -223,8 +227,6 @@ def _codetta_forward(
     loss = logits = None
     silu = _is_silu(self.config)
     rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
-    # FSDP2: each layer's parameters are gathered over the span that uses them (fsdp.py)
-    spans = Spans([*([layer] for layer in layers), (base.norm, self.lm_head)])
     (h,) = spans.open(0, h)
     first = layers[0]
     n0 = first.input_layernorm(h)
@@ -275,6 +277,7 @@ def _codetta_forward(
             logits = spans.close(i + 1, spans.close(i, zs[0]))
     if labels is not None and not fused_loss:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+    loss, logits = spans.close_outer((loss, logits))
     out = CausalLMOutputWithPast(loss=loss, logits=logits)
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
