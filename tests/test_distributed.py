@@ -53,8 +53,8 @@ def _rel(a, b):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     """llama: tied embeddings, FSDP2 and DDP; qwen3: per-head q/k norms in the boundary
-    operator's epilogue (the next layer's parameters), FSDP2, also with the base model
-    wrapped (its embeddings and final norm gathered for the whole forward; FSDP2 itself
+    operator's epilogue (the next layer's parameters), FSDP2 with the base model wrapped
+    too (its embeddings and final norm gathered for the whole forward; FSDP2 itself
     refuses that with tied embeddings). All with 2 micro-batches per step (gradients
     synchronised after the second only)."""
     config = _config(tmp_path, family)
@@ -66,7 +66,8 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     w_init = {k: v.float() for k, v in init.state_dict().items()}
     moved = _rel(w_one, w_init)
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
-    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp",), ("fsdp", "--wrap-base")]
+    # (qwen3's one run covers both its own point and the outer span: a suite-time budget)
+    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp", "--wrap-base")]
     for parallel, *extra in runs:
         tag = parallel + "".join(extra)
         res, w = _train(tmp_path, config, tag, 2, "--parallel", parallel, "--accum", "2", *extra)
