@@ -4,6 +4,7 @@ tiny model trained under FSDP2 and under DDP, with gradient accumulation, ends w
 the same weights and losses as one process training the same patched model on the
 same global batches. The GPU run (NCCL, bf16, 2 H200s) is scripts/fsdp_run.sh."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch.distributed.fsdp")
 
 TOL = 1e-5  # fp32 after 4 AdamW steps: only the order of the gradient sums differs
+COMMON = ["--seq-len", "16", "--batch", "4", "--steps", "4", "--warmup", "1", "--lr", "1e-3",
+          "--dtype", "fp32"]  # fmt: skip
 
 
 def _config(tmp_path, family):
@@ -38,11 +41,26 @@ def _train(tmp_path, config, tag, nproc, *args):
     )
     out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "codetta", "train", "--model", str(config), "--seq-len", "16", "--batch", "4",
-           "--steps", "4", "--warmup", "1", "--lr", "1e-3", "--dtype", "fp32", "--out", str(out),
+           "-m", "codetta", "train", "--model", str(config), *COMMON, "--out", str(out),
            "--save", str(save), *args]  # fmt: skip
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    return json.loads(out.read_text()), torch.load(save)
+
+
+def _train_here(tmp_path, config, tag):
+    """One process, in this one (no launch): the operators' PyTorch reference path, as in
+    the launched processes (which run without the interpreter)."""
+    from codetta.kernels.settings import override
+    from codetta.train import add_arguments, train
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
+    args = parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--out", str(out),
+                              "--save", str(save)])  # fmt: skip
+    with override(force_reference=True):
+        train(args)
     return json.loads(out.read_text()), torch.load(save)
 
 
@@ -58,7 +76,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     refuses that with tied embeddings). All with 2 micro-batches per step (gradients
     synchronised after the second only)."""
     config = _config(tmp_path, family)
-    one, w_one = _train(tmp_path, config, "one", 1, "--parallel", "none")
+    one, w_one = _train_here(tmp_path, config, "one")
     from codetta.train import hf_config
 
     torch.manual_seed(0)  # the weights every run starts from (train's --seed 0)
