@@ -9,6 +9,7 @@ import torch
 from triton.runtime.jit import JITFunction
 
 from .mainloop import gemm_kernel
+from .settings import SETTINGS
 
 # decided once, when the kernels were decorated: TRITON_INTERPRET=1 at import makes
 # them interpreted functions (no JITFunction; its module needs numpy, so it is not
@@ -28,8 +29,6 @@ def num_sms(device_index: int) -> int:
 
 
 def sm_margin() -> int:
-    from .settings import SETTINGS
-
     return SETTINGS.sm_margin
 
 

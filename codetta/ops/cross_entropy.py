@@ -101,6 +101,9 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         scale = torch.where(bad, float("nan"), scale)
     eps, smooth = opts.smoothing, opts.smoothing / V
     w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    bias = opts.bias
+    if bias is None and not opts.plain:  # (soft-capping alone: CE_LOGITS_EXT with a zero bias)
+        bias = torch.zeros(V, dtype=x.dtype, device=x.device)
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
@@ -111,7 +114,6 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         if opts.plain:
             out = gemm(xc, w, epilogue=CE_LOGITS, target=tc, out=(logits, None, None))
         else:
-            bias = opts.bias if opts.bias is not None else _zeros(V, x)
             out = gemm(xc, w, epilogue=CE_LOGITS_EXT, target=tc, bias=bias, softcap=opts.softcap,
                        out=(logits, None, None))  # fmt: skip
         lse, wc = out.lse, wt[sl]
@@ -132,7 +134,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
             gemm(logits, w.t(), out=dx[sl])
             gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
             if db32 is not None:
-                db32 += logits.float().sum(0)
+                db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
         elif eps:
             sums = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
                             want_sum=True)  # fmt: skip
@@ -142,10 +144,6 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
     return losses, lse_all, dx, dw32, db32
-
-
-def _zeros(V, x):
-    return torch.zeros(V, dtype=x.dtype, device=x.device)
 
 
 def _checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)
