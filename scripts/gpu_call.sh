@@ -6,6 +6,7 @@
 #   tune                  python -m codetta tune --all-known ... into $OUT/tuned/ (limit TUNE_TIMEOUT)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
+#   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit 150 s)
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
 mkdir -p "$OUT"
@@ -38,6 +39,11 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" python3 -m codetta bench --out "$OUT/results" --parts ${parts//,/ } \
         ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^codetta:   " | tail -60 ;;
+    profstep:*)
+      spec=${step#profstep:}
+      # shellcheck disable=SC2086
+      timeout 150 python3 scripts/profile_step.py ${spec%%:*} $(echo "${spec#*:}" | tr ',' ' ') 2>&1 \
+        | tee -a "$OUT/profile_step.txt" | grep "^==" ;;
     coldstart)
       rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
       CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
