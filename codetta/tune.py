@@ -115,10 +115,8 @@ def _tensor(shape, dtype, transposed: bool, device):
     return torch.randn(*shape, device=device).to(dtype)
 
 
-def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: float = 1.0):
-    """Tune one recorded call on the GPU (fresh random data of its shapes and layout)."""
-    from .kernels.launch import tune
-
+def call_inputs(call: RecordedCall, device="cuda") -> tuple:
+    """``(a, weight, operands)``: fresh random data of a recorded call's shapes and layout."""
     a = _tensor((call.M, call.K), call.dtype, call.a_t, device) * 0.5
     weight = _tensor((call.N, call.K), call.dtype, call.b_t, device) * call.K**-0.5
     operands = {}
@@ -132,6 +130,14 @@ def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: fl
             operands[name] = torch.randint(0, call.N, shape, dtype=dt, device=device)
         else:
             operands[name] = torch.rand(*shape, device=device).to(dt) + 0.5
+    return a, weight, operands
+
+
+def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: float = 1.0):
+    """Tune one recorded call on the GPU (fresh random data of its shapes and layout)."""
+    from .kernels.launch import tune
+
+    a, weight, operands = call_inputs(call, device)
     return tune(a, weight, epilogue=call.program, force=force, seconds=seconds, **operands)
 
 

@@ -5,6 +5,7 @@
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
 #   tune                  python -m codetta tune --all-known ... into $OUT/tuned/ (limit TUNE_TIMEOUT)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
+#   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
 #   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit 150 s)
 set -o pipefail
@@ -44,6 +45,10 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout 150 python3 scripts/profile_step.py ${spec%%:*} $(echo "${spec#*:}" | tr ',' ' ') 2>&1 \
         | tee -a "$OUT/profile_step.txt" | grep "^==" ;;
+    ratios:*)
+      # shellcheck disable=SC2086
+      timeout "${RATIO_TIMEOUT:-300}" python3 scripts/call_ratios.py --out "$OUT" ${step#ratios:} 2>&1 \
+        | grep -v "^codetta:" | tee -a "$OUT/ratios.txt" ;;
     coldstart)
       rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
       CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
