@@ -78,15 +78,16 @@ def main() -> int:
         calls = [_scaled(c, args.tokens) for c in _probe(w, torch.bfloat16)]
         calls += [_scaled(c, chunk) for c in _probe_loss(w, torch.bfloat16)]
         print(f"== {w.name}, {args.tokens} tokens: {len(calls)} calls per layer (+ the head's chunk)")
-        print(f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<12}"
-              f" {'cuBLAS':>7} {'plain':>7} {'ours':>7}  ours/cuBLAS p / s   excess ms" + ("  tuned/cuBLAS" if args.tune else ""))  # fmt: skip
+        head = f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<12}"
+        head += f" {'cuBLAS':>7} {'plain':>7} {'ours':>7}  ours/cuBLAS p / s   excess ms"
+        print(head + ("  tuned/cuBLAS" if args.tune else ""))
         for rec in calls:
             r = measure(rec, args.tune)
             r["widths"] = w.name
             rows.append(r)
             p, s = r["paired"], r["sustained"]
-            line = (f"{r['program']:<16} {r['layout']:<3} {r['M']:>6} {r['N']:>6} {r['K']:>6}  {r['config']:<22} "
-                    f"{r['source']:<12} {p['cublas']:7.3f} {p['plain']:7.3f} {p['codetta']:7.3f}  "
+            line = (f"{r['program']:<16} {r['layout']:<3} {r['M']:>6} {r['N']:>6} {r['K']:>6}  "
+                    f"{r['config']:<22} {r['source']:<12} {p['cublas']:7.3f} {p['plain']:7.3f} {p['codetta']:7.3f}  "
                     f"{p['codetta'] / p['cublas']:6.3f} / {s['codetta'] / s['cublas']:6.3f}   "
                     f"{p['codetta'] - p['cublas']:+7.3f}")  # fmt: skip
             if args.tune:
