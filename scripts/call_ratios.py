@@ -87,7 +87,8 @@ def main() -> int:
             rows.append(r)
             p, s = r["paired"], r["sustained"]
             line = (f"{r['program']:<16} {r['layout']:<3} {r['M']:>6} {r['N']:>6} {r['K']:>6}  "
-                    f"{r['config']:<22} {r['source']:<12} {p['cublas']:7.3f} {p['plain']:7.3f} {p['codetta']:7.3f}  "
+                    f"{r['config']:<22} {r['source']:<12} "
+                    f"{p['cublas']:7.3f} {p['plain']:7.3f} {p['codetta']:7.3f}  "
                     f"{p['codetta'] / p['cublas']:6.3f} / {s['codetta'] / s['cublas']:6.3f}   "
                     f"{p['codetta'] - p['cublas']:+7.3f}")  # fmt: skip
             if args.tune:
