@@ -102,6 +102,10 @@ def main(argv=None) -> int:
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")
     t.add_argument("--merge", action="store_true", help="keep the entries --out already holds")
+    t.add_argument(
+        "--pending", action="store_true",
+        help="rewrite the pending list of the --out table file (keys asked for, not tuned) and stop (no GPU)",
+    )  # fmt: skip
     t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
     r = sub.add_parser("train", help="train a model for some steps: FSDP2/DDP under torchrun, codetta on/off")
     from codetta.train import add_arguments

@@ -125,8 +125,7 @@ def llama(device: str) -> bool | None:
 
 
 def _plan(calls, dtype) -> None:
-    print("  kernel plan of one training step (codetta GEMMs; attention, the first layer's norm and")
-    print("  q/k/v projections and the SwiGLU product still run in PyTorch):")
+    print("  kernel plan of one training step (codetta GEMMs; attention runs in PyTorch):")
     seen: dict = {}
     for c in calls:
         key = (c.program.name, ("t" if c.a_t else "n") + ("t" if c.b_t else "n"))

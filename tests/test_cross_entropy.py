@@ -120,7 +120,7 @@ def test_bad_input(device, monkeypatch):
 
 
 def test_chunk_budget():
-    assert rows_per_chunk(16384, 128256, 2) == 1024  # 256 MiB of bf16 logits
+    assert rows_per_chunk(16384, 128256, 2, budget=256 * 2**20) == 1024  # 256 MiB of bf16 logits
     assert rows_per_chunk(100, 128256, 2) == 100
     assert rows_per_chunk(5000, 10**9, 2) == 1
 

@@ -63,15 +63,33 @@ def test_readme_options_exist():
             assert opt in proc.stdout, f"'python -m codetta {cmd}' has no {opt}"
 
 
+def test_ce_chunk_setting():
+    """CODETTA_CE_CHUNK_MB: a whole number >= 1 (default 1024 MiB); it sets the rows per
+    chunk of linear_cross_entropy."""
+    from codetta.kernels import settings
+    from codetta.ops.cross_entropy import rows_per_chunk
+
+    assert settings.Settings.from_env({}).ce_chunk_mb == 1024
+    assert settings.Settings.from_env({"CODETTA_CE_CHUNK_MB": "256"}).ce_chunk_mb == 256
+    for bad in ("0", "-5", "big"):
+        with pytest.raises(ValueError, match="CODETTA_CE_CHUNK_MB"):
+            settings.Settings.from_env({"CODETTA_CE_CHUNK_MB": bad})
+    assert rows_per_chunk(16384, 128256, 2) == 4096  # 1 GiB of bf16 logits
+    with settings.override(ce_chunk_mb=256):
+        assert rows_per_chunk(16384, 128256, 2) == 1024
+
+
 def test_sm_margin_setting():
     """CODETTA_SM_MARGIN: a whole number (default 0); anything else is refused at import
     with the variable's name."""
     from codetta.kernels import device, settings
 
-    assert settings._margin("0") == 0 and settings._margin("16") == 16
+    env = {"CODETTA_SM_MARGIN": "16"}
+    assert settings.Settings.from_env({}).sm_margin == 0
+    assert settings.Settings.from_env(env).sm_margin == 16
     for bad in ("-1", "many", "1.5", "auto"):
         with pytest.raises(ValueError, match="CODETTA_SM_MARGIN"):
-            settings._margin(bad)
+            settings.Settings.from_env({"CODETTA_SM_MARGIN": bad})
     assert device.sm_margin() == 0
     with settings.override(sm_margin=24):
         assert device.sm_margin() == 24

@@ -84,8 +84,8 @@ def test_model_calls_cover_the_step():
     assert ("dswiglu", False, True, 16384, 14336, 4096) in shapes  # down's dX + dSwiGLU
     assert ("rms_rope_128", False, False, 16384, 1024, 4096) in shapes  # k (q: N 4096)
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # v
-    assert ("ce_logits", False, False, 1024, 128256, 4096) in shapes  # LM head + loss, 1024-row chunks
-    assert ("accumulate_f32", True, True, 128256, 4096, 1024) in shapes  # its dW, summed in place
+    assert ("ce_logits", False, False, 4096, 128256, 4096) in shapes  # LM head + loss, 4096-row chunks
+    assert ("accumulate_f32", True, True, 128256, 4096, 4096) in shapes  # its dW, summed in place
     assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
     assert ("store", True, True, 14336, 4096, 16384) in shapes  # dW of gate (and up)
     for c in calls.values():

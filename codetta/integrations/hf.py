@@ -12,9 +12,10 @@ step (``codetta.ops.residual_rmsnorm_linear``, with the next weights as they are
 no concatenation, no copies). Attention itself stays Hugging Face's: its
 configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
-first layer's input norm, q/k/v projections and RoPE run as in eager PyTorch; the
-other layers' q and k come out of their GEMMs rotated (RoPE in the epilogue, after
-Qwen3's per-head q/k norms, also in the epilogue); training with labels, the
+first layer's input norm has no GEMM before it: one row pass writes its statistics
+(``codetta.ops.rmsnorm_linear``); every layer's q and k come out of their GEMMs
+rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms, also in the
+epilogue) where the head dim has a RoPE program; training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
 loss (``codetta.ops.linear_cross_entropy``). Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
@@ -36,7 +37,13 @@ import weakref
 import torch
 
 from ..ops.cross_entropy import linear_cross_entropy
-from ..ops.residual_rmsnorm import RoPE, residual_rmsnorm, residual_rmsnorm_linear, residual_rmsnorm_swiglu
+from ..ops.residual_rmsnorm import (
+    RoPE,
+    residual_rmsnorm,
+    residual_rmsnorm_linear,
+    residual_rmsnorm_swiglu,
+    rmsnorm_linear,
+)
 from ..programs.rope import RMS_ROPE
 from .fsdp import Spans
 
@@ -228,10 +235,16 @@ def _codetta_forward(
     silu = _is_silu(self.config)
     rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
     (h,) = spans.open(0, h)
-    first = layers[0]
-    n0 = first.input_layernorm(h)
-    qkv = (first.self_attn.q_proj(n0), first.self_attn.k_proj(n0), first.self_attn.v_proj(n0))
-    rotated = False  # the first layer's q and k get Hugging Face's own RoPE
+    first, norm = layers[0], layers[0].input_layernorm
+    attn = first.self_attn
+    # the first norm has no projection before it: one row pass, then q, k, v as in later
+    # layers (the norm's scale and RoPE in their epilogues)
+    rope = _layer_rope(rope0, attn)
+    qkv = rmsnorm_linear(
+        h, norm.weight, (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), norm.variance_epsilon,
+        rope=rope,
+    )  # fmt: skip
+    rotated = rope is not None
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)

@@ -11,6 +11,8 @@
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
 | ``CODETTA_SM_MARGIN`` | 0 | SMs a persistent GEMM leaves free for kernels on other streams |
 |  |  | (NCCL's collectives; measured no gain under FSDP2, NOTES.md) |
+| ``CODETTA_CE_CHUNK_MB`` | 1024 | MiB of logits per row chunk of ``linear_cross_entropy`` (larger: |
+|  |  | fewer fp32 read-modify-writes of the head's weight gradient; NOTES.md) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -33,6 +35,7 @@ class Settings:
     tail_split: bool = True
     tune_verbose: bool = False
     sm_margin: int = 0
+    ce_chunk_mb: int = 1024
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -59,19 +62,20 @@ class Settings:
             pingpong=flag("CODETTA_PINGPONG", True),
             tail_split=flag("CODETTA_TAIL_SPLIT", True),
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
-            sm_margin=_margin(env.get("CODETTA_SM_MARGIN", "0")),
+            sm_margin=_whole("CODETTA_SM_MARGIN", env.get("CODETTA_SM_MARGIN", "0")),
+            ce_chunk_mb=_whole("CODETTA_CE_CHUNK_MB", env.get("CODETTA_CE_CHUNK_MB", "1024"), least=1),
             cache_dir=Path(cache),
         )
 
 
-def _margin(value: str) -> int:
+def _whole(name: str, value: str, least: int = 0) -> int:
     try:
-        margin = int(value)
+        number = int(value)
     except ValueError:
-        margin = -1
-    if margin < 0:
-        raise ValueError(f"CODETTA_SM_MARGIN must be a whole number >= 0, got {value!r}")
-    return margin
+        number = least - 1
+    if number < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return number
 
 
 SETTINGS = Settings.from_env()

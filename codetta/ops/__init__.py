@@ -7,6 +7,7 @@ from .residual_rmsnorm import (
     residual_rmsnorm,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
+    rmsnorm_linear,
 )
 from .swiglu import swiglu_mlp
 
@@ -14,6 +15,7 @@ __all__ = [
     "residual_rmsnorm",
     "residual_rmsnorm_linear",
     "residual_rmsnorm_swiglu",
+    "rmsnorm_linear",
     "SwiGLU",
     "RoPE",
     "swiglu_mlp",

@@ -2,7 +2,8 @@
 
     loss = cross_entropy(input @ linear_weight.T, target)       (reduction mean / sum / none)
 
-Rows are processed in chunks whose logits fit a fixed budget (``CHUNK_BYTES``). Per
+Rows are processed in chunks whose logits fit a budget (the ``CODETTA_CE_CHUNK_MB``
+setting, 1 GiB: at 16384 tokens and V = 128256, 4 chunks of 4096 rows). Per
 chunk, one GEMM stores the chunk's logits in the input dtype and, from its fp32
 accumulator, each row's log-sum-exp and target logit (``programs/ce.py``). For
 ``mean`` and ``sum`` the loss is the graph's last op, so the gradient is known up to
@@ -11,10 +12,12 @@ then dX = dlogits @ W (the chunk's rows) and dW += dlogits^T @ X (accumulated in
 are computed right away, and the backward only scales them. ``none`` keeps the
 per-row log-sum-exp and does the same work in the backward, with its per-row
 gradient. Extra memory beyond the inputs and their gradients: one logits buffer
-(<= ``CHUNK_BYTES``, reused by every chunk; rows padded to 16 bytes, so any V
-works) and the fp32 dW accumulator (4 V d bytes, summed in place by the
-ACCUMULATE_F32 epilogue), plus O(M) row statistics: at V = 128256, d = 4096 that is
-0.25 + 2 GiB, above issue 15's 512 MiB bar (the fp32 accumulator is the term).
+(<= the budget, reused by every chunk; rows padded to 16 bytes, so any V works) and
+the fp32 dW accumulator (4 V d bytes, summed in place by the ACCUMULATE_F32
+epilogue), plus O(M) row statistics: at V = 128256, d = 4096 that is 1 + 2 GiB, above
+issue 15's 512 MiB bar (the fp32 accumulator is the larger term). Each chunk reads and
+writes the whole fp32 accumulator (2 GiB of traffic at d = 4096): bigger chunks make
+fewer of those passes, which is why the budget is 1 GiB and not less (NOTES.md).
 
 Options (``linear_cross_entropy``'s docstring): a bias and soft-capping go into the
 logits GEMM's epilogue (``CE_LOGITS_EXT``); class weights, label smoothing and z-loss
@@ -31,16 +34,18 @@ import torch
 
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
+from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32
 from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, ce_grad_
 
 REDUCTIONS = ("mean", "sum", "none")
-CHUNK_BYTES = 256 * 2**20  # logits of one chunk of rows
 
 
-def rows_per_chunk(M: int, V: int, itemsize: int, budget: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: as many as fit ``budget`` bytes of logits (a multiple of 128 when
-    more than 128 fit), at least 1."""
+def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
+    """Rows per chunk: as many as fit ``budget`` bytes of logits (default: the
+    ``CODETTA_CE_CHUNK_MB`` setting, 1 GiB) (a multiple of 128 when more than 128 fit),
+    at least 1."""
+    budget = SETTINGS.ce_chunk_mb * 2**20 if budget is None else budget
     rows = max(1, budget // (V * itemsize))
     if rows > 128:
         rows -= rows % 128
@@ -299,9 +304,10 @@ def linear_cross_entropy(
     ``return_lse``, also each row's log-sum-exp (fp32, target's shape). A target
     outside [0, V) other than ``ignore_index`` raises on the CPU; on the GPU its row's
     loss and gradients are NaN (so a mean or sum loss is NaN: checking on the host
-    would cost a synchronization per step). ``chunk_rows`` overrides the rows per chunk (default: as many
-    as ``CHUNK_BYTES`` of logits hold). ``loss_dtype``: the loss's dtype (default
-    input's, as torch; it is computed in float32 either way).
+    would cost a synchronization per step). ``chunk_rows`` overrides the rows per chunk
+    (default: as many as the ``CODETTA_CE_CHUNK_MB`` setting's logits hold).
+    ``loss_dtype``: the loss's dtype (default input's, as torch; it is computed in
+    float32 either way).
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)

@@ -44,7 +44,7 @@ from ..programs import (
     RMS_GRAD_PARTIALS,
     RMS_SCALE,
 )
-from ..programs.norm_rows import rms_backward_finish, rms_backward_rows, rowdot, scale_columns
+from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 
@@ -77,14 +77,17 @@ def _forward(
     # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
     # returns their gradients from the dX GEMM's epilogue); swiglu: ws = [W_gate, W_up]
     # and zs = [g, u, y] from one paired GEMM
+    # no o-projection (w_o [d, 0], y [M, 0]; ``rmsnorm_linear``): x is the residual itself,
+    # returned as an empty tensor (an output may not alias an input), h and sumsq from one
+    # row pass
     d = residual.shape[1]
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
-        k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+        k1 = _k1(y, w_o, residual, gamma)
         r = torch.rsqrt(k1.sumsq * (1.0 / d) + eps)[:, None]
         return k1.x, [(k1.h.float() * r).to(y.dtype)], k1.sumsq, residual.new_empty(0)
     if swiglu:
-        k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+        k1 = _k1(y, w_o, residual, gamma)
         act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, list(act), k1.sumsq, ws[0].new_empty(0)
     if fold_gamma:
@@ -93,7 +96,7 @@ def _forward(
         w_gamma = scale_columns(ws[0].contiguous(), gamma)
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
-    k1 = gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma)
+    k1 = _k1(y, w_o, residual, gamma)
     zs, pres = [], []
     for i, w in enumerate(ws):
         norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}
@@ -111,6 +114,21 @@ def _forward(
         else:
             zs.append(gemm(k1.h, w, epilogue=RMS_SCALE, **norm))
     return k1.x, zs + pres, k1.sumsq, ws[0].new_empty(0)
+
+
+class _K1(NamedTuple):
+    x: torch.Tensor
+    h: torch.Tensor
+    sumsq: torch.Tensor
+
+
+def _k1(y, w_o, residual, gamma) -> _K1:
+    """K1 (x = residual + y @ w_o^T, h = x * gamma, sumsq); without an o-projection
+    (w_o [d, 0]) x is the residual (an empty tensor stands for it) and one row pass forms
+    h and sumsq."""
+    if w_o.shape[1] == 0:
+        return _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma))
+    return _K1(*gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma))
 
 
 def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
@@ -138,7 +156,7 @@ def _(
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
     return (
-        residual.new_empty(residual.shape),
+        residual.new_empty(0 if w_o.shape[1] == 0 else residual.shape),
         [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu + pre]
         if ws
         else [residual.new_empty(residual.shape)],
@@ -233,13 +251,16 @@ def _backward(
             else:
                 dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling)
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
-    if gate_up:
+    if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
+        dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)
+    elif gate_up:
         # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
         dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
         dy, dws = y.new_empty(0), dws + [dg, du]
     else:
         dy = gemm(dx_total, w_o.t())
-    dw_o = gemm(dx_total.t(), y.t())
+    if w_o.shape[1]:
+        dw_o = gemm(dx_total.t(), y.t())
     if n_rope and len(rope) > 2:
         dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'
     return dy, dw_o, dx_total, dgamma, dws
@@ -305,6 +326,8 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
     # with swiglu, g and u (zs[0], zs[1]) in case y is also used outside the next operator
     kept = (*gate_up, *zs[:2]) if swiglu else (*gate_up, *pres)
+    if w_o.shape[1] == 0:
+        x = residual  # no o-projection: the norm's input is the residual itself
     ctx.save_for_backward(
         y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept
     )
@@ -314,7 +337,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     y, w_o, gamma, x, z, sumsq, w_gamma, *rest = ctx.saved_tensors
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
     pres = rest[ctx.n_ws + ctx.n_gate_up : ctx.n_ws + ctx.n_gate_up + ctx.n_pres]
-    dx = torch.zeros_like(x) if dx is None else dx.contiguous()
+    dx = torch.zeros_like(x) if dx is None or dx.shape != x.shape else dx.contiguous()
     if dzs is None:
         dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
     dzs = list(dzs)[: max(1, ctx.n_ws + ctx.swiglu)]  # the q/k norms' z are internal: no gradient
@@ -501,6 +524,33 @@ def residual_rmsnorm_linear(
     transpose to their gradients in one pass, then the usual GEMMs).
     """
     return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps, rope=rope)
+
+
+def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | None = None,
+                   rope: RoPE | None = None):  # fmt: skip
+    """``z = rms_norm(x, gamma, eps) @ weight.T``: ``residual_rmsnorm_linear`` for a norm
+    with no projection before it (a first decoder layer's, over the embeddings). Returns z
+    (a tuple of outputs when ``weight`` is a list or tuple); ``weight``, ``eps`` and
+    ``rope`` as there. One row pass writes h = x * gamma and the row sums of x^2; the
+    next GEMMs apply the norm's row scale (and RoPE) in their epilogues; the backward
+    is ``residual_rmsnorm_linear``'s without the o-projection's GEMMs."""
+    check_tensor("x", x)
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (its features)")
+    if weight is None:
+        raise ValueError("weight: give one [N, d] tensor or several (the next GEMMs)")
+    d, lead = x.shape[-1], x.shape[:-1]
+    M = math.prod(lead)
+    rows = x.reshape(M, d).contiguous()
+    # the o-projection of the general operator, absent: [M, 0] @ [d, 0]^T
+    y, w_o = x.new_empty((M, 0)), x.new_empty((d, 0))
+    ws, eps = _check(y, w_o, rows, gamma, weight, eps)
+    rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, x.device)
+    _, zs, _, _ = _forward(
+        y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps
+    )
+    zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
+    return zs if isinstance(weight, (list, tuple)) else zs[0]
 
 
 def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:

@@ -105,6 +105,43 @@ def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _gamma_sumsq_kernel(x_ptr, g_ptr, h_ptr, s_ptr, M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    acc = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        offs = rows64[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        tl.store(h_ptr + offs, (x * g[None, :]).to(h_ptr.dtype.element_ty), mask=m)
+        acc += tl.sum(x * x, axis=1)
+    tl.store(s_ptr + rows, acc, mask=rmask)
+
+
+def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K1's outputs without its GEMM, for a norm with no projection before it (a first
+    layer's, over the embeddings): ``(h, sumsq)``, h = x * gamma (formed in fp32, rounded
+    once to x's dtype) and sumsq = the fp32 row sums of x^2. x: contiguous [M, d]."""
+    if x.dim() != 2 or not x.is_contiguous() or gamma.shape != (x.shape[1],):
+        raise ValueError(
+            f"need a contiguous [M, d] x and a [d] gamma, got {tuple(x.shape)} and {tuple(gamma.shape)}"
+        )
+    M, D = x.shape
+    if torch_path(x) or M == 0:
+        xf = x.float()
+        return (xf * gamma.float()).to(x.dtype), xf.pow(2).sum(1)
+    h = torch.empty_like(x)
+    sumsq = torch.empty(M, dtype=torch.float32, device=x.device)
+    block_d = min(1024, triton.next_power_of_2(D))
+    with device.on_device(x.device):
+        _gamma_sumsq_kernel[(triton.cdiv(M, 4),)](x, gamma, h, sumsq, M, D, BLOCK_M=4, BLOCK_D=block_d)
+    return h, sumsq
+
+
+@triton.jit
 def _rms_backward_finish_kernel(
     dn_ptr, x_ptr, dres_ptr, sumsq_ptr, zeta_ptr, gamma_ptr, dx_ptr, n_ptr, M, D, inv_d, eps,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
