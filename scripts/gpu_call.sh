@@ -6,6 +6,7 @@
 #   tune                  python -m codetta tune --all-known ... into $OUT/tuned/ (limit TUNE_TIMEOUT)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
+#   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)
 #   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
 #   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit 150 s)
 set -o pipefail
@@ -49,6 +50,11 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "${RATIO_TIMEOUT:-300}" python3 scripts/call_ratios.py --out "$OUT" ${step#ratios:} 2>&1 \
         | grep -v "^codetta:" | tee -a "$OUT/ratios.txt" ;;
+    script:*)
+      spec=${step#script:}
+      # shellcheck disable=SC2086
+      timeout "${SCRIPT_TIMEOUT:-200}" python3 scripts/$spec 2>&1 | grep -v "^codetta:" \
+        | tee -a "$OUT/$(echo "${spec%% *}" | tr -c 'a-z0-9_.\n' '_')".txt ;;
     coldstart)
       rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
       CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
