@@ -58,14 +58,20 @@ def check_against_reference(prog, y, w, operands, outs):
     acc64 = y.double() @ w.double().t()
     acc_t = (y @ w.t()).float()
     seed = next((op.name for op in prog.inputs if op.kind is codetta.Kind.SEED), None)
+    pair = next((op.name for op in prog.inputs if op.kind is codetta.Kind.PAIRED_WEIGHT), None)
     extra = {op.name: y.dtype for op in prog.inputs if op.kind is codetta.Kind.DTYPE}
     if seed is not None:
         acc64 = acc64 + operands[seed].double()
         acc_t = (acc_t + operands[seed].float()).to(y.dtype).float()
+    if pair is not None:  # the body's acc is the pair of products (e.g. SwiGLU's gate and up)
+        acc64 = (acc64, y.double() @ operands[pair].double().t())
+        acc_t = (acc_t, (y @ operands[pair].t()).float())
     ops64 = {
         k: v.double() if isinstance(v, torch.Tensor) and torch.is_floating_point(v) else v
         for k, v in operands.items()
+        if k != pair
     }
+    operands = {k: v for k, v in operands.items() if k != pair}
     want = prog.reference(acc64, **ops64, **extra)
     same = prog.reference(acc_t, **operands, **extra)
     outs = outs if isinstance(outs, tuple) else (outs,)

@@ -165,8 +165,8 @@ BACKWARD_CANDIDATES = _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (2, 4), (False
 )
 
 
-def _pingpong(stages, splits):
-    return tuple(Config(128, 128, 64, 8, split, s, 4, pingpong=True) for s in stages for split in splits)
+def _pingpong(stages, splits, block_n=128):
+    return tuple(Config(128, block_n, 64, 8, split, s, 4, pingpong=True) for s in stages for split in splits)
 
 
 # The sm_90 ping-pong mainloop: 128x128 tiles per consumer, a ring of 5 A/B stages
@@ -178,7 +178,10 @@ def _pingpong(stages, splits):
 PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
 PINGPONG_STREAMING_CANDIDATES = _pingpong((5,), (2, 4))
 PINGPONG_HEAVY_CANDIDATES = _pingpong((5,), (4,))
-ALL_PINGPONG = frozenset(_pingpong((5, 4), (1, 2, 4)))
+# A paired weight (SwiGLU's gate and up): each product 64 columns wide, both formed by
+# one 128-wide wgmma over the stacked B stage (the same accumulator as a 128x128 tile)
+PINGPONG_PAIRED_CANDIDATES = _pingpong((5,), (1, 2), block_n=64)
+ALL_PINGPONG = frozenset(_pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64))
 
 
 # A tail part gets at least this many K blocks on the GPU (fewer would not fill

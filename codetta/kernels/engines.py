@@ -288,6 +288,8 @@ class PingPongEngine:
     def candidates(self, program: Program) -> list[Config]:
         if not program.pingpong:
             return []
+        if program.pair_slot >= 0:
+            return fitting_sub_tiles(program, configs.PINGPONG_PAIRED_CANDIDATES)
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
         loads = sum(op.kind is Kind.TILE for op in program.caller_inputs)
         # a gathered element (RowPick) adds its column match over the tile
@@ -311,6 +313,8 @@ class PingPongEngine:
             return f"the ping-pong mainloop needs an sm_90 GPU, not {device.name(call.device.index or 0)}"
         if call.dtype not in _GL_DTYPES:
             return f"the ping-pong mainloop takes bfloat16 or float16, not {call.dtype}"
+        if program.pair_slot >= 0 and call.b_t:
+            return "a paired weight on the ping-pong mainloop must be [N, K] row-major (B not transposed)"
         values = list(call.inputs) + [None] * len(program.outputs)
         bad = [
             op.name
@@ -325,7 +329,7 @@ class PingPongEngine:
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t) -> dict:
         gl_dtype = _GL_DTYPES[dtype]
         return {
-            "NUM_OPS": len(program.slots), "SEED": program.seed_slot,
+            "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
             "BODY": program.sm90_body or program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": gl_dtype,
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), dtype), "EPI_SPLIT": cfg.epi_split,
@@ -347,7 +351,10 @@ class PingPongEngine:
             "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
         }  # fmt: skip
         for i, op in enumerate(program.slots):
-            sig[f"o{i}"] = desc(tile_block(op, cfg)) if op.is_tile else _slot_type(op, dtype, None)
+            if op.kind is Kind.PAIRED_WEIGHT:
+                sig[f"o{i}"] = desc([bk, bn] if b_t else [bn, bk])
+            else:
+                sig[f"o{i}"] = desc(tile_block(op, cfg)) if op.is_tile else _slot_type(op, dtype, None)
         for i in range(len(program.slots), MAX_OPERANDS):
             sig[f"o{i}"] = "constexpr"
         return sig
@@ -366,10 +373,16 @@ class PingPongEngine:
 
     @staticmethod
     def _slot_descs(call, cfg):
-        """Per slot, (TMA shape, block) of a tile operand, or None."""
+        """Per slot, (TMA shape, block) of a tile operand, (shape, block, transposed) of a
+        paired weight, or None."""
         return tuple(
-            (_tile_shape(op, call), tile_block(op, cfg)) if op.is_tile else None for op in call.program.slots
-        )
+            (_tile_shape(op, call), tile_block(op, cfg))
+            if op.is_tile
+            else _pair_desc(call, cfg)
+            if op.kind is Kind.PAIRED_WEIGHT
+            else None
+            for op in call.program.slots
+        )  # fmt: skip
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns

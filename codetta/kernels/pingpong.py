@@ -23,7 +23,10 @@ and is added to the accumulator before the body runs, so the body sees
 
 Layouts: A_T / B_T as in ``mainloop.py``; wgmma reads a transposed tile through
 a permuted view of its shared buffer. No tail split: the last partial wave
-runs as it is.
+runs as it is. A paired weight (``PairedWeight``: SwiGLU's gate and up) is
+loaded into the same B stage below the first weight's rows, so one wgmma of
+twice the tile's width forms both products; the epilogue splits the
+accumulator into the two halves and hands the body their sub-tiles as a pair.
 
 No interpreter path: Gluon kernels run on sm_90 GPUs only; the CPU suite
 compiles them for sm_90a (``aot.py``), and the body they run is the one the
@@ -43,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import epilogue as E
+from . import primitives as P
 
 
 @gluon.jit
@@ -58,12 +62,15 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-            A_T: gl.constexpr, B_T: gl.constexpr):  # fmt: skip
+def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+            A_T: gl.constexpr, B_T: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
+    """With PAIRED (B not transposed), each B stage holds the tile rows of both weights,
+    b_desc's on top of b2_desc's: one wgmma then forms both products side by side."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.shape[2] if B_T else b_bufs.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
+    B_BYTES: gl.constexpr = b_desc.block_type.nbytes * (2 if PAIRED else 1)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -77,12 +84,17 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
             # a fresh mbarrier counts its previous phase (parity 1) as complete
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + B_BYTES)
             if A_T:
                 tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
             else:
                 tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
-            if B_T:
+            if PAIRED:
+                b_stage = b_bufs.index(s)
+                tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_stage.slice(0, BLOCK_N))
+                tma.async_copy_global_to_shared(b2_desc, [off_n, kk * BLOCK_K], bar,
+                                                b_stage.slice(BLOCK_N, BLOCK_N))  # fmt: skip
+            elif B_T:
                 tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s))
             else:
                 tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
@@ -132,13 +144,19 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
 @gluon.jit
 def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.constexpr,
               IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
-              ELEM: gl.constexpr):  # fmt: skip
+              ELEM: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
     """The program over the tile's column sub-tiles (one per ring slot); returns the
-    load barrier's next phase."""
+    load barrier's next phase. With PAIRED, acc holds the two products side by side
+    and the body gets each sub-tile as their pair."""
     EPI_SPLIT: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[0]
-    SUB_N: gl.constexpr = acc.shape[1] // EPI_SPLIT
-    blocks = E.column_blocks(acc, EPI_SPLIT)
+    SUB_N: gl.constexpr = ring.shape[2]
+    if PAIRED:
+        first, second = P.halves(acc)
+        blocks = E.column_blocks(first, EPI_SPLIT)
+        blocks2 = E.column_blocks(second, EPI_SPLIT)
+    else:
+        blocks = E.column_blocks(acc, EPI_SPLIT)
     if SEED >= 0:
         # the seed landed in the ring during the K loop: add all of it first, freeing the ring
         seeded = ()
@@ -146,11 +164,12 @@ def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.con
             seeded = seeded + (blocks[j] + ring.index(j).load(blocks[j].type.layout).to(gl.float32),)
         blocks = seeded
     for j in gl.static_range(EPI_SPLIT):
-        a = blocks[j]
+        like = blocks[j]
+        a = (blocks[j], blocks2[j]) if PAIRED else blocks[j]
         sub_n = off_n + j * SUB_N
-        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, a.type.layout))
-        cols = sub_n + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, a.type.layout))
-        tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, a, off_m, sub_n)
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, like.type.layout))
+        cols = sub_n + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, like.type.layout))
+        tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, like, off_m, sub_n)
         vals = E.body_inputs(ops, tiles, IN_KINDS, rows, cols, M, N, ELEM)
         res = E.call_body(BODY, a, vals, len(OUT_KINDS))
         # reductions first: they shrink their values to vectors before the tile stores
@@ -164,15 +183,17 @@ def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.con
 def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
               o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, A_T: gl.constexpr,
-              B_T: gl.constexpr, C: gl.constexpr):  # fmt: skip
+              B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
     EPI_SPLIT: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.shape[2] if B_T else b_bufs.shape[1]
+    # the accumulator's width: the tile's, or (PAIRED) both products of it side by side
+    ACC_N: gl.constexpr = b_bufs.shape[2] if B_T else b_bufs.shape[1]
+    BLOCK_N: gl.constexpr = ACC_N // 2 if PAIRED else ACC_N
     ELEM: gl.constexpr = a_bufs.dtype
     layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ACC_N, 16]
     )
     ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     num_pid_m = gl.cdiv(M, BLOCK_M)
@@ -203,7 +224,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_
         if turn >= 0:
             mbarrier.wait(go_mine, turn & 1)
         it = j * k_tiles
-        acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
+        acc = gl.zeros((BLOCK_M, ACC_N), gl.float32, layout)
         prev = 0
         for kk in range(k_tiles):
             s = it % STAGES
@@ -222,7 +243,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_
         if SEED >= 0:
             mbarrier.wait(seed_bar, n_done & 1)
         ld_phase = _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS,
-                             SEED, ELEM)  # fmt: skip
+                             SEED, ELEM, PAIRED)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
@@ -230,15 +251,22 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_
 
 @gluon.jit
 def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                    NUM_OPS: gl.constexpr, SEED: gl.constexpr, BODY: gl.constexpr, IN_KINDS: gl.constexpr,
-                    OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr, RING_LAYOUT: gl.constexpr,
-                    EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr):  # fmt: skip
+                    NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, BODY: gl.constexpr,
+                    IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
+                    RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
+                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1] if A_T else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
+    PAIRED: gl.constexpr = PAIR >= 0
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if PAIRED:  # both weights' rows of a tile, one above the other (B not transposed)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES, 2 * BLOCK_N, b_desc.block_type.shape[1]],
+                                           b_desc.layout)  # fmt: skip
+        b2_desc = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)[PAIR]
+    else:
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        b2_desc = b_desc
     ring0 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
     ring1 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -258,12 +286,13 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
             (_consumer, (a_bufs, b_bufs, ready, empty, ring0, seed_bars.index(0), ld_bars.index(0),
                          go.index(0), go.index(1), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0)),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1)),
-            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T)),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED)),
+            (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T,
+                       PAIRED)),
         ],
         [4, 1],
         [CONSUMER_REGS, 24],

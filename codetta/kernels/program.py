@@ -27,8 +27,9 @@ Inputs (what the body receives for a [BM, BNs] sub-tile):
                  multiplies A by both (two accumulators, one A tile) and the body's
                  ``acc`` is the pair ``(a @ weight.T, a @ second.T)`` of [BM, BNs]
                  sub-tiles, e.g. gate and up for SwiGLU (the body does not receive
-                 the weight itself; such a program runs on the portable mainloop,
-                 without the tail split)
+                 the weight itself). The portable mainloop keeps two accumulators
+                 (no tail split); the ping-pong one stacks both weights' rows in one
+                 B stage and forms both products with one wgmma (B not transposed)
 Outputs (what the body returns -> what the caller gets):
   ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
@@ -226,9 +227,9 @@ class Program:
         if paired > 1 or (paired and any(op.kind is Kind.SEED for op in self.inputs)):
             raise ValueError(f"{where}: at most one PairedWeight, and not with a seeded accumulator")
         if paired:
-            # two accumulators: the portable mainloop, whole tiles (no K-split tail)
+            # two products of each tile: whole tiles on the portable mainloop (no K-split
+            # tail); on the ping-pong mainloop one accumulator holds both side by side
             object.__setattr__(self, "tail_split", False)
-            object.__setattr__(self, "pingpong", False)
         index_inputs = {op.name for op in self.inputs if op.kind is Kind.PER_ROW_INDEX}
         for op in self.inputs + self.outputs:
             if op.kind in (Kind.ROW_TABLE, Kind.ROW_PICK) and op.index not in index_inputs:
