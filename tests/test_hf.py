@@ -313,8 +313,9 @@ def test_loss_curve_tracks_unpatched_on_gpu():
 @pytest.mark.parametrize("family", ["llama", "qwen3"])  # (Mistral's plan is Llama's)
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its
-    backward in the down projection's dX GEMM, and RoPE in the q/k GEMMs after the first
-    layer (for Qwen3 after its per-head q/k norms, in the same epilogue)."""
+    backward in the down projection's dX GEMM, and RoPE in every layer's q/k GEMMs (for
+    Qwen3 after its per-head q/k norms, in the same epilogue; the first layer's too, after
+    its norm's row pass)."""
     from codetta.kernels.launch import recording
 
     model = codetta.apply_codetta(_model(family, False))
@@ -324,4 +325,4 @@ def test_kernel_plan_of_a_step(family):
     layers = model.config.num_hidden_layers
     assert names.count("swiglu_rms") == layers and names.count("dswiglu") == layers, names
     rope = names.count("rms_qknorm_rope_16" if family == "qwen3" else "rms_rope_16")
-    assert rope == 2 * (layers - 1), names
+    assert rope == 2 * layers, names
