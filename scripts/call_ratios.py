@@ -70,6 +70,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="+", default=None, help="program names to time (default: every call)")
     args = ap.parse_args()
     rows = []
     for spec in args.widths:
@@ -77,6 +78,9 @@ def main() -> int:
         chunk = rows_per_chunk(args.tokens, w.vocab, 2)
         calls = [_scaled(c, args.tokens) for c in _probe(w, torch.bfloat16)]
         calls += [_scaled(c, chunk) for c in _probe_loss(w, torch.bfloat16)]
+        if args.only:
+            calls = [c for c in calls if c.program.name in args.only]
+            calls = list({(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values())
         print(f"== {w.name}, {args.tokens} tokens: {len(calls)} calls per layer (+ the head's chunk)")
         head = f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<12}"
         head += f" {'cuBLAS':>7} {'plain':>7} {'ours':>7}  ours/cuBLAS p / s   excess ms"
@@ -95,6 +99,8 @@ def main() -> int:
                 line += f"  {p['tuned'] / p['cublas']:6.3f} ({r['tuned']})"
             print(line, flush=True)
         mine = [r for r in rows if r["widths"] == w.name]
+        if not mine:
+            continue
         for how in ("paired", "sustained"):
             tot = {k: sum(r[how][k] for r in mine) for k in mine[0][how]}
             print(f"   total {how}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in tot.items()))

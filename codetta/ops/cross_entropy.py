@@ -4,8 +4,9 @@
 
 Rows are processed in chunks whose logits fit a budget (the ``CODETTA_CE_CHUNK_MB``
 setting, 1 GiB: at 16384 tokens and V = 128256, 4 chunks of 4096 rows). Per
-chunk, one GEMM stores the chunk's logits in the input dtype and, from its fp32
-accumulator, each row's log-sum-exp and target logit (``programs/ce.py``). For
+chunk, one GEMM stores the chunk's logits in the input dtype and, from the same
+rounded values, each row's log-sum-exp (``programs/ce.py``); the target logit is
+read back from the stored chunk. For
 ``mean`` and ``sum`` the loss is the graph's last op, so the gradient is known up to
 the incoming scalar: the chunk's logits become (softmax - onehot) * scale in place,
 then dX = dlogits @ W (the chunk's rows) and dW += dlogits^T @ X (accumulated in fp32)
@@ -36,7 +37,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, ce_grad_
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, ce_grad_, pick_stored
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -117,13 +118,16 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         xc, tc = x[sl], target[sl]
         logits = buf[: xc.shape[0], :V]
         if opts.plain:
-            out = gemm(xc, w, epilogue=CE_LOGITS, target=tc, out=(logits, None, None))
+            # the target logit read back from the stored chunk (the epilogue's own value)
+            lse = gemm(xc, w, epilogue=CE_LOGITS, out=(logits, None)).lse
+            picked = pick_stored(logits, tc)
         else:
             out = gemm(xc, w, epilogue=CE_LOGITS_EXT, target=tc, bias=bias, softcap=opts.softcap,
                        out=(logits, None, None))  # fmt: skip
-        lse, wc = out.lse, wt[sl]
+            lse, picked = out.lse, out.picked
+        wc = wt[sl]
         lse_all[sl] = lse
-        loss = (1 - eps) * wc * (lse - out.picked)
+        loss = (1 - eps) * wc * (lse - picked)
         if opts.z_loss:
             loss = loss + opts.z_loss * lse * lse
         coef = {}
