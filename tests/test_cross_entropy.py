@@ -11,7 +11,7 @@ from codetta.ops.cross_entropy import rows_per_chunk
 
 # (M, d, V, rows per chunk)
 SHAPES = (
-    [(77, 64, 1000, 32), (40, 32, 257, None)]
+    [(77, 64, 520, 32), (40, 32, 257, None)]  # V 520: 17 column tiles of 32, the last one partial
     if not ON_GPU
     else [(4000, 2048, 32000, 1024), (999, 4096, 128256, None), (1000, 2048, 50257, None)]
 )
