@@ -24,7 +24,7 @@ def ce_logits(acc, elem):
     statistics are those of the stored logits, so the gradient pass's exp(l - lse) sums
     to one over the row (as PyTorch's own chain on logits in that dtype). The target
     logit is read back from the stored chunk (``pick_stored``): the same rounded value,
-    and a RowPick here cost as much again as the GEMM (run 47, NOTES.md)."""
+    without a RowPick here (with one, the GEMM took twice as long, run 47, NOTES.md)."""
     logit = acc.to(elem.dtype).to(tl.float32)
     return logit, logit
 
