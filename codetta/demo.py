@@ -20,7 +20,7 @@ ROLES = {
     ("store", "nt"): "input gradient dX = dY @ W",
     ("accumulate", "nt"): "input gradient of a second/third next GEMM, added in the epilogue",
     ("store", "tt"): "weight gradient dW = dY^T @ X",
-    ("ce_logits", "nn"): "LM head: a chunk of logits, its rows' log-sum-exp and target logit",
+    ("ce_logits", "nn"): "LM head: a chunk of logits and its rows' log-sum-exp",
 }
 for _hd in (16, 32, 64, 128, 256):
     ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
