@@ -46,6 +46,10 @@ def _bench(args) -> int:
             from codetta.bench import mlp
 
             mlp.run(args.out, widths=args.widths)
+        elif part == "qkv":
+            from codetta.bench import qkv
+
+            qkv.run(args.out)
         else:
             foundation.run(args.out, parts=[part])
     return 0
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
         "--parts",
         nargs="+",
         default=["overhead", "plain", "k1", "backward", "residual_norm"],
-        choices=["overhead", "plain", "k1", "backward", "residual_norm", "mlp", "model"],
+        choices=["overhead", "plain", "k1", "backward", "residual_norm", "mlp", "qkv", "model"],
     )
     b.add_argument(
         "--models",

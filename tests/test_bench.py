@@ -46,6 +46,20 @@ def test_model_step_variants_on_cpu():
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_part_on_cpu(qk_norm):
+    """The qkv part's pieces at a tiny shape (CPU, fp32): codetta's q, k, v and every
+    gradient agree with the eager Hugging Face path; the floor's GEMMs are the three
+    projections."""
+    from codetta.bench import qkv
+
+    p = qkv.problem("1B", device="cpu", dtype=torch.float32, batch=2, seq=8, dims=(64, 4, 2, 16, qk_norm))
+    errs = qkv.check(p, qkv.codetta, tol=1e-4)
+    assert len(errs) == 10 if qk_norm else 8
+    assert qkv.gemm_shapes(p) == [(16, 64, 64), (16, 32, 64), (16, 32, 64)]
+    assert len(qkv.cublas_gemms(p, backward=True)()) == 9
+
+
 def test_module_swap_confines_a_monkey_patch():
     """The model part swaps a peer's module-level patch in for its own steps only (Liger
     replaces names of the modeling module, which leaked into every later variant)."""

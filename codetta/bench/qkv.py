@@ -1,0 +1,201 @@
+"""Issue 'Operators III' benchmark: RMSNorm-scaled q/k/v projections with RoPE (and
+Qwen3's per-head q/k norm) at 16384 tokens (4 x 4096), forward and forward+backward,
+against the cuBLAS time of the same GEMMs, eager PyTorch (Hugging Face's RMSNorm and
+``apply_rotary_pos_emb`` math with cuBLAS GEMMs), torch.compile of it and Liger (its
+RMSNorm and RoPE kernels with cuBLAS GEMMs).
+
+Every variant starts from the layer's input x and the norm's weight, and ends with q, k
+and v as [B, H, S, head_dim] views for SDPA (codetta's are transposed views of its
+[B, S, H * head_dim] outputs, which SDPA's flash and cuDNN backends read as they are).
+cos and sin are made once outside the timed region for the peers (a model makes them
+once per forward); codetta forms its angles in the epilogue. The incoming gradients have
+the memory layout of each variant's own outputs (as SDPA's backward returns them).
+The floor: the three projections' GEMMs (forward), plus their dX and dW (backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import RoPE, rmsnorm_linear
+from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, triton_only
+
+BATCH, SEQ = 4, 4096
+EPS = 1e-5
+# name: (d, q heads, kv heads, head_dim, per-head q/k norm)
+CASES = {
+    "1B": (2048, 32, 8, 64, False),
+    "8B": (4096, 32, 8, 128, False),
+    "qwen3-8B": (4096, 32, 8, 128, True),
+}
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rms(x, w, eps):
+    """Hugging Face's LlamaRMSNorm / Qwen3RMSNorm math: fp32 statistics, the normalized
+    input rounded to x's dtype, then times the weight."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def eager(p: dict, x, gamma, wq, wk, wv, *qk):
+    """The Hugging Face path: RMSNorm, three cuBLAS projections, (per-head q/k norms),
+    [B, H, S, hd] views, apply_rotary_pos_emb."""
+    B, S, hd, eps = p["batch"], p["seq"], p["head_dim"], p["eps"]
+    n = _rms(x, gamma, eps)
+    q, k, v = (F.linear(n, w).view(B, S, -1, hd) for w in (wq, wk, wv))
+    if qk:
+        q, k = _rms(q, qk[0], eps), _rms(k, qk[1], eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = p["cos"].unsqueeze(1), p["sin"].unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def liger_fn():
+    """Liger's kernels in the same places (its RMSNorm for the layer norm and the q/k
+    norms, its RoPE), cuBLAS GEMMs; None without liger-kernel."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError:
+        return None
+
+    def liger(p, x, gamma, wq, wk, wv, *qk):
+        B, S, hd, eps = p["batch"], p["seq"], p["head_dim"], p["eps"]
+        n = LigerRMSNormFunction.apply(x, gamma, eps, 0.0, "llama", True)
+        q, k, v = (F.linear(n, w).view(B, S, -1, hd) for w in (wq, wk, wv))
+        if qk:
+            q = LigerRMSNormFunction.apply(q, qk[0], eps, 0.0, "llama", True)
+            k = LigerRMSNormFunction.apply(k, qk[1], eps, 0.0, "llama", True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = liger_rotary_pos_emb(q, k, p["cos"], p["sin"])
+        return q, k, v
+
+    return liger
+
+
+def codetta(p: dict, x, gamma, wq, wk, wv, *qk):
+    """One row pass (the norm's statistics), then q, k, v from their GEMMs with the norm's
+    scale, the q/k norms and RoPE in the epilogues."""
+    B, S, hd = p["batch"], p["seq"], p["head_dim"]
+    rope = RoPE(p["positions"], p["inv_freq"], qk_norm_weights=tuple(qk), qk_norm_eps=p["eps"])
+    q, k, v = rmsnorm_linear(x, gamma, (wq, wk, wv), p["eps"], rope=rope)
+    return tuple(t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
+
+
+def problem(case: str, device="cuda", dtype=torch.bfloat16, batch=BATCH, seq=SEQ, dims=None) -> dict:
+    """Inputs of one case (``dims`` overrides CASES' (d, heads, kv heads, head_dim,
+    qk norm), for small CPU checks)."""
+    d, h, kv, hd, qk = dims or CASES[case]
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, generator=g) * scale).to(dtype)
+
+    leaves = [rand(batch, seq, d), torch.rand(d, device=device, generator=g).to(dtype) + 0.5]
+    leaves += [rand(n * hd, d, scale=d**-0.5) for n in (h, kv, kv)]
+    if qk:
+        leaves += [torch.rand(hd, device=device, generator=g).to(dtype) + 0.5 for _ in range(2)]
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+    positions = torch.arange(seq, device=device).repeat(batch, 1)
+    angle = positions[..., None].float() * inv_freq
+    emb = torch.cat((angle, angle), dim=-1)
+    return {
+        "leaves": [t.requires_grad_() for t in leaves],
+        "batch": batch, "seq": seq, "head_dim": hd, "eps": EPS, "inv_freq": inv_freq,
+        "positions": positions, "cos": emb.cos().to(dtype), "sin": emb.sin().to(dtype),
+        "grads": [rand(batch, n, seq, hd) for n in (h, kv, kv)],
+    }  # fmt: skip
+
+
+def gemm_shapes(p: dict) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the three forward projections."""
+    x, _, *ws = p["leaves"][:5]
+    return [(x.shape[0] * x.shape[1], w.shape[0], w.shape[1]) for w in ws]
+
+
+def cublas_gemms(p: dict, backward: bool):
+    x, _, *ws = (t.detach() for t in p["leaves"][:5])
+    n = x.reshape(-1, x.shape[-1])
+    dzs = [torch.randn(n.shape[0], w.shape[0], device=n.device).to(n.dtype) for w in ws]
+
+    @torch.no_grad()
+    def run():
+        out = [n @ w.t() for w in ws]
+        if backward:
+            out += [dz @ w for dz, w in zip(dzs, ws)] + [dz.t() @ n for dz in dzs]
+        return out
+
+    return run
+
+
+def _grads_like(outs, grads):
+    """The incoming gradients in the memory layout of the variant's own outputs."""
+    return [torch.empty_like(o).copy_(g) for o, g in zip(outs, grads)]
+
+
+def check(p: dict, fn, tol: float = 3e-2) -> dict:
+    """Relative differences of ``fn``'s outputs and gradients to eager's; raises past ``tol``."""
+    leaves = p["leaves"]
+    ref = eager(p, *leaves)
+    ref_g = torch.autograd.grad(ref, leaves, _grads_like(ref, p["grads"]))
+    out = fn(p, *leaves)
+    got_g = torch.autograd.grad(out, leaves, _grads_like(out, p["grads"]))
+    names = ["q", "k", "v", "dx", "dgamma", "dwq", "dwk", "dwv", "dq_norm", "dk_norm"]
+    errs = {}
+    for name, a, b in zip(names, [*out, *got_g], [*ref, *ref_g]):
+        errs[name] = err = rel_error(a, b)
+        if not err < tol:
+            raise AssertionError(f"{name}: relative difference to eager {err:.2e}")
+    return errs
+
+
+def run_case(res_fwd: Results, res_bwd: Results, case: str):
+    p = problem(case)
+    leaves = p["leaves"]
+    variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta}
+    liger = liger_fn()
+    if liger is not None:
+        variants["liger"] = liger
+    for name in ("codetta", "liger"):
+        if name in variants:
+            worst = max(check(p, variants[name]).items(), key=lambda kv: kv[1])
+            print(f"  {case} {name}: largest relative difference to eager {worst[1]:.2e} ({worst[0]})")
+
+    def fwd(fn):
+        def run():
+            with torch.no_grad():
+                return fn(p, *leaves)
+
+        return run
+
+    def fwd_bwd(fn):
+        outs = fn(p, *leaves)
+        grads = _grads_like(outs, p["grads"])
+        return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
+
+    flops = sum(2 * M * N * K for M, N, K in gemm_shapes(p))
+    fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
+    fns["codetta-triton"] = triton_only(fns["codetta"])
+    add_rows(res_fwd, f"{case} fwd", flops, compare(fns))
+    fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    fns["codetta-triton"] = triton_only(fns["codetta"])
+    mem = {k: peak_memory_gb(fn) for k, fn in fns.items() if k != "cublas"}
+    add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, compare(fns), mem)
+
+
+def run(out_dir: str, cases=tuple(CASES)) -> list[Results]:
+    res_fwd, res_bwd = Results("qkv_fwd"), Results("qkv_fwdbwd")
+    for case in cases:
+        print(f"== RMSNorm + q/k/v + RoPE, {case}", flush=True)
+        run_case(res_fwd, res_bwd, case)
+        torch.cuda.empty_cache()
+    for res in (res_fwd, res_bwd):
+        res.write(out_dir)
+        print(res.table())
+    return [res_fwd, res_bwd]
