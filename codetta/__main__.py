@@ -50,6 +50,10 @@ def _bench(args) -> int:
             from codetta.bench import qkv
 
             qkv.run(args.out)
+        elif part == "ce":
+            from codetta.bench import ce
+
+            ce.run(args.out)
         else:
             foundation.run(args.out, parts=[part])
     return 0
@@ -67,7 +71,7 @@ def main(argv=None) -> int:
         "--parts",
         nargs="+",
         default=["overhead", "plain", "k1", "backward", "residual_norm"],
-        choices=["overhead", "plain", "k1", "backward", "residual_norm", "mlp", "qkv", "model"],
+        choices=["overhead", "plain", "k1", "backward", "residual_norm", "mlp", "qkv", "ce", "model"],
     )
     b.add_argument(
         "--models",

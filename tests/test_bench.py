@@ -60,6 +60,18 @@ def test_qkv_part_on_cpu(qk_norm):
     assert len(qkv.cublas_gemms(p, backward=True)()) == 9
 
 
+def test_ce_part_on_cpu():
+    """The ce part's pieces at a tiny shape (CPU, fp32, ignored rows included): codetta's
+    loss and gradients agree with eager's, and have the same bits on two runs."""
+    from codetta.bench import ce
+
+    p = ce.problem(40, 32, 200, device="cpu", dtype=torch.float32)
+    errs = ce.check(p, ce.codetta, tol=1e-4)
+    assert set(errs) == {"loss", "dx", "dw"}
+    assert ce.same_bits(p)
+    assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
+
+
 def test_module_swap_confines_a_monkey_patch():
     """The model part swaps a peer's module-level patch in for its own steps only (Liger
     replaces names of the modeling module, which leaked into every later variant)."""

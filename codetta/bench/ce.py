@@ -1,0 +1,132 @@
+"""Issue 'LM head + cross-entropy' benchmark: the LM head and its mean loss, forward
+and forward+backward, at 8192 and 16384 tokens, d 2048 and 4096, V 128256 (and V
+262144 at 16384 x 4096 for memory), against the cuBLAS time of the same GEMMs (the
+logits; plus dX and dW), eager PyTorch (``F.cross_entropy(F.linear(x, w).float(), t)``),
+torch.compile of it and Liger's fused linear cross-entropy. Also each variant's peak
+memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import linear_cross_entropy
+from .harness import Results, add_rows, compare, peak_memory_gb, rel_error
+
+# (tokens, d, V)
+CASES = (
+    (8192, 2048, 128256),
+    (16384, 2048, 128256),
+    (8192, 4096, 128256),
+    (16384, 4096, 128256),
+    (16384, 4096, 262144),
+)
+
+
+def eager(x, w, t):
+    return F.cross_entropy(F.linear(x, w).float(), t)
+
+
+def codetta(x, w, t):
+    return linear_cross_entropy(x, w, t)
+
+
+def liger_fn():
+    """Liger's fused linear cross-entropy (chunked, bf16 weight gradient); None without it."""
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        return None
+    loss = LigerFusedLinearCrossEntropyLoss()
+    return lambda x, w, t: loss(w, x, t)
+
+
+def problem(tokens: int, d: int, V: int, device="cuda", dtype=torch.bfloat16) -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(tokens, d, device=device, generator=g) * 0.5).to(dtype)
+    w = (torch.randn(V, d, device=device, generator=g) * d**-0.5).to(dtype)
+    t = torch.randint(0, V, (tokens,), device=device, generator=g)
+    t[::17] = -100  # some ignored rows
+    return {"leaves": [x.requires_grad_(), w.requires_grad_()], "target": t}
+
+
+def cublas_gemms(p: dict, backward: bool):
+    x, w = (t.detach() for t in p["leaves"])
+    logits = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+    @torch.no_grad()
+    def run():
+        torch.mm(x, w.t(), out=logits)
+        if backward:
+            return logits @ w, logits.t() @ x
+        return logits
+
+    return run
+
+
+def check(p: dict, fn, tol: float = 2e-2) -> dict:
+    """Relative differences of ``fn``'s loss and gradients to eager's; raises past ``tol``."""
+    (x, w), t = p["leaves"], p["target"]
+    ref = eager(x, w, t)
+    ref_g = torch.autograd.grad(ref, (x, w))
+    got = fn(x, w, t)
+    got_g = torch.autograd.grad(got, (x, w))
+    errs = {}
+    for name, a, b in zip(("loss", "dx", "dw"), (got, *got_g), (ref, *ref_g)):
+        errs[name] = err = rel_error(a, b)
+        if not err < tol:
+            raise AssertionError(f"{name}: relative difference to eager {err:.2e}")
+    return errs
+
+
+def same_bits(p: dict, fn=codetta) -> bool:
+    """Two runs of ``fn`` give the same loss and gradients, bit for bit."""
+    (x, w), t = p["leaves"], p["target"]
+    runs = []
+    for _ in range(2):
+        loss = fn(x, w, t)
+        runs.append((loss.detach(), *torch.autograd.grad(loss, (x, w))))
+    return all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def run_case(res_fwd: Results, res_bwd: Results, tokens: int, d: int, V: int):
+    case = f"T {tokens} d {d} V {V}"
+    p = problem(tokens, d, V)
+    (x, w), t = p["leaves"], p["target"]
+    variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta}
+    liger = liger_fn()
+    if liger is not None:
+        variants["liger"] = liger
+    errs = check(p, codetta)
+    print(f"  {case}: codetta vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "
+          f"same bits on two runs: {same_bits(p)}")  # fmt: skip
+
+    def fwd(fn):
+        def run():
+            with torch.no_grad():
+                return fn(x, w, t)
+
+        return run
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(x, w, t), (x, w))
+
+    flops = 2 * tokens * d * V
+    fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
+    add_rows(res_fwd, f"{case} fwd", flops, compare(fns))
+    fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    mem = {k: peak_memory_gb(fn) for k, fn in fns.items() if k != "cublas"}
+    add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, compare(fns), mem)
+
+
+def run(out_dir: str, cases=CASES) -> list[Results]:
+    res_fwd, res_bwd = Results("ce_fwd"), Results("ce_fwdbwd")
+    for tokens, d, V in cases:
+        print(f"== LM head + cross-entropy, {tokens} tokens, d {d}, V {V}", flush=True)
+        run_case(res_fwd, res_bwd, tokens, d, V)
+        torch.cuda.empty_cache()
+    for res in (res_fwd, res_bwd):
+        res.write(out_dir)
+        print(res.table())
+    return [res_fwd, res_bwd]
