@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import linear_cross_entropy
-from .harness import Results, add_rows, compare, peak_memory_gb, rel_error
+from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases
 
 # (tokens, d, V)
 CASES = (
@@ -90,7 +90,8 @@ def same_bits(p: dict, fn=codetta) -> bool:
     return all(torch.equal(a, b) for a, b in zip(*runs))
 
 
-def run_case(res_fwd: Results, res_bwd: Results, tokens: int, d: int, V: int):
+def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
+    tokens, d, V = shape
     case = f"T {tokens} d {d} V {V}"
     p = problem(tokens, d, V)
     (x, w), t = p["leaves"], p["target"]
@@ -121,12 +122,6 @@ def run_case(res_fwd: Results, res_bwd: Results, tokens: int, d: int, V: int):
 
 
 def run(out_dir: str, cases=CASES) -> list[Results]:
-    res_fwd, res_bwd = Results("ce_fwd"), Results("ce_fwdbwd")
-    for tokens, d, V in cases:
-        print(f"== LM head + cross-entropy, {tokens} tokens, d {d}, V {V}", flush=True)
-        run_case(res_fwd, res_bwd, tokens, d, V)
-        torch.cuda.empty_cache()
-    for res in (res_fwd, res_bwd):
-        res.write(out_dir)
-        print(res.table())
-    return [res_fwd, res_bwd]
+    return run_fwd_bwd_cases(
+        out_dir, "ce", cases, run_case, lambda c: "LM head + cross-entropy, {} tokens, d {}, V {}".format(*c)
+    )

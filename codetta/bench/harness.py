@@ -123,6 +123,21 @@ def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | Non
                     baseline_sustained_ms=b.sustained))  # fmt: skip
 
 
+def run_fwd_bwd_cases(out_dir: str, name: str, cases, run_case, title) -> list[Results]:
+    """The forward and forward+backward tables ``<name>_fwd``, ``<name>_fwdbwd`` over
+    ``cases``: ``run_case(res_fwd, res_bwd, case)`` adds each case's rows (``title(case)``
+    heads its log); both tables are written to ``out_dir`` and printed."""
+    res_fwd, res_bwd = Results(f"{name}_fwd"), Results(f"{name}_fwdbwd")
+    for case in cases:
+        print(f"== {title(case)}", flush=True)
+        run_case(res_fwd, res_bwd, case)
+        torch.cuda.empty_cache()
+    for res in (res_fwd, res_bwd):
+        res.write(out_dir)
+        print(res.table())
+    return [res_fwd, res_bwd]
+
+
 def rand_bf16(*shape, scale=1.0):
     """Benchmark data: standard normal (times ``scale``) in bf16 on the GPU."""
     return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16)

@@ -16,7 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import swiglu_mlp
-from .harness import Results, add_rows, compare, peak_memory_gb, rand_bf16, rel_error, triton_only
+from .harness import (
+    Results,
+    add_rows,
+    compare,
+    peak_memory_gb,
+    rand_bf16,
+    rel_error,
+    run_fwd_bwd_cases,
+    triton_only,
+)
 
 M = 16384
 # name: (d = hidden, f = intermediate)
@@ -113,14 +122,9 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
 
 
 def run(out_dir: str, widths=("1B", "8B")) -> list[Results]:
-    res_fwd, res_bwd = Results("mlp_fwd"), Results("mlp_fwdbwd")
-    for name in widths:
-        print(f"== SwiGLU MLP block, {name} width", flush=True)
-        run_width(res_fwd, res_bwd, name)
-        torch.cuda.empty_cache()
-    for res in (res_fwd, res_bwd):
-        res.write(out_dir)
-        print(res.table())
+    res_fwd, res_bwd = run_fwd_bwd_cases(
+        out_dir, "mlp", widths, run_width, lambda w: f"SwiGLU MLP block, {w} width"
+    )
     mems = ", ".join(
         f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}" for r in res_bwd.rows if r.peak_mem_gb == r.peak_mem_gb
     )

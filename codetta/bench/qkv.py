@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import RoPE, rmsnorm_linear
-from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, triton_only
+from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases, triton_only
 
 BATCH, SEQ = 4, 4096
 EPS = 1e-5
@@ -190,12 +190,4 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
 
 
 def run(out_dir: str, cases=tuple(CASES)) -> list[Results]:
-    res_fwd, res_bwd = Results("qkv_fwd"), Results("qkv_fwdbwd")
-    for case in cases:
-        print(f"== RMSNorm + q/k/v + RoPE, {case}", flush=True)
-        run_case(res_fwd, res_bwd, case)
-        torch.cuda.empty_cache()
-    for res in (res_fwd, res_bwd):
-        res.write(out_dir)
-        print(res.table())
-    return [res_fwd, res_bwd]
+    return run_fwd_bwd_cases(out_dir, "qkv", cases, run_case, lambda c: f"RMSNorm + q/k/v + RoPE, {c}")
