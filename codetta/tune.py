@@ -44,6 +44,9 @@ from .programs.rope import RMS_ROPE
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
 _PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple of 8
+# the LM head's probe vocabulary (the real one allocates a [V, d] fp32 accumulator on the CPU:
+# 4 GB at 70B widths); scaled to the model's, as the token count is
+_PROBE_VOCAB = 152
 
 
 def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
@@ -76,19 +79,27 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
 
 
 def _probe_loss(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
-    """The fused LM head + loss of a training step (its row chunk recorded as the probe)."""
+    """The fused LM head + loss of a training step (its row chunk recorded as the probe,
+    the vocabulary as ``_PROBE_VOCAB``: ``_scaled`` makes both the real ones)."""
     T, d = _PROBE_TOKENS, w.hidden
+    if d in (_PROBE_TOKENS, _PROBE_VOCAB):
+        raise ValueError(f"model {w.name}: its width {d} equals a probe dimension")
     with override(force_reference=True), recording() as rec:
         n = torch.empty(T, d, dtype=dtype, requires_grad=True)
-        head = torch.empty(w.vocab, d, dtype=dtype, requires_grad=True)
+        head = torch.empty(_PROBE_VOCAB, d, dtype=dtype, requires_grad=True)
         target = torch.zeros(T, dtype=torch.long)
         linear_cross_entropy(n, head, target, chunk_rows=T).backward()
         return list(rec)
 
 
-def _scaled(call: RecordedCall, tokens: int) -> RecordedCall:
+def _scaled(call: RecordedCall, tokens: int, vocab: int | None = None) -> RecordedCall:
+    """A probe's call with the probe's token count (and vocabulary, for the LM head's
+    calls) replaced by the real ones."""
+
     def s(x):
-        return tokens if x == _PROBE_TOKENS else x
+        if x == _PROBE_TOKENS:
+            return tokens
+        return vocab if vocab is not None and x == _PROBE_VOCAB else x
 
     ops = tuple(
         (n, None if shape is None else tuple(s(x) for x in shape), dt) for n, shape, dt in call.operands
@@ -103,7 +114,7 @@ def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong:
     out = {}
     for t in tokens:
         chunk = rows_per_chunk(t, w.vocab, torch.finfo(dtype).bits // 8)
-        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk) for c in loss]:
+        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk, w.vocab) for c in loss]:
             # a program that cannot run on the ping-pong mainloop is keyed as the launcher keys it
             out.setdefault(Chooser.key(call, pingpong and call.program.pingpong), call)
     return out

@@ -77,7 +77,7 @@ def main() -> int:
         w = widths_of(spec)
         chunk = rows_per_chunk(args.tokens, w.vocab, 2)
         calls = [_scaled(c, args.tokens) for c in _probe(w, torch.bfloat16)]
-        calls += [_scaled(c, chunk) for c in _probe_loss(w, torch.bfloat16)]
+        calls += [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
         if args.only:
             calls = [c for c in calls if c.program.name in args.only]
             calls = list({(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values())
