@@ -5,7 +5,8 @@ sizes against Liger's fused linear cross-entropy and the floor (the three cuBLAS
 of the head: logits, dX, dW, on a whole [T, V] logits tensor), paired and sustained,
 with each variant's peak memory beyond its inputs. Then the logits GEMM's epilogue
 taken apart at one chunk (row LSE only, target pick only, both, none) to show what
-each reduction costs.
+each reduction costs. (Each variant runs the configuration the launcher picks for it,
+so compare like with like: ``call_ratios.py --tune`` shows the picks.)
 
 Usage (repo root): PYTHONPATH=. python scripts/ce_bench.py [--widths 2048 4096] [--chunks 1024 2048 4096]
 """
@@ -19,12 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
+from codetta.bench import ce
+from codetta.bench.harness import peak_memory_gb
 from codetta.kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
 from codetta.kernels.launch import gemm
 from codetta.kernels.program import DType, PerRow, Program, RowLogSumExp, RowPick, Tile
 from codetta.kernels.timing import paired_ms, sustained_ms
 from codetta.ops import linear_cross_entropy
-from codetta.programs.ce import CE_LOGITS
+from codetta.programs.ce import CE_LOGITS, CE_LOGITS_EXT
 
 V, T = 128256, 16384
 _CONFIGS = tuple(BACKWARD_CANDIDATES) + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2)
@@ -49,60 +52,32 @@ PICK_ONLY = Program("bisect_pick", _pick_only, inputs=(PerRow("target", index=Tr
                     configs=_CONFIGS)  # fmt: skip
 
 
-def _peak_gb(fn) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**30
-
-
 def head(d: int, chunks) -> None:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(T, d, device="cuda", generator=g) * 0.5).bfloat16().requires_grad_()
-    w = (torch.randn(V, d, device="cuda", generator=g) * d**-0.5).bfloat16().requires_grad_()
-    tgt = torch.randint(0, V, (T,), device="cuda", generator=g)
-    fns = {}
-    for rows in chunks:
-
-        def ours(rows=rows):
-            linear_cross_entropy(x, w, tgt, chunk_rows=rows).backward()
-            x.grad = w.grad = None
-
-        fns[f"codetta chunk {rows}"] = ours
-    try:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-        liger_loss = LigerFusedLinearCrossEntropyLoss()
-
-        def liger():
-            liger_loss(w, x, tgt).backward()
-            x.grad = w.grad = None
-
-        fns["liger"] = liger
-    except ImportError as exc:
-        print(f"  liger unavailable: {exc}")
-    xd, wd = x.detach(), w.detach()
-    logits = torch.empty(T, V, device="cuda", dtype=torch.bfloat16)
-
-    def floor():
-        torch.mm(xd, wd.t(), out=logits)
-        logits @ wd
-        logits.t() @ xd
-
-    fns["floor"] = floor
+    """The head at several chunk sizes against Liger and the floor (the bench's ce part
+    times the default chunk against every peer)."""
+    p = ce.problem(T, d, V)
+    (x, w), tgt = p["leaves"], p["target"]
+    fns = {
+        f"codetta chunk {rows}": lambda rows=rows: torch.autograd.grad(
+            linear_cross_entropy(x, w, tgt, chunk_rows=rows), (x, w)
+        )
+        for rows in chunks
+    }  # fmt: skip
+    liger = ce.liger_fn()
+    if liger is not None:
+        fns["liger"] = lambda: torch.autograd.grad(liger(x, w, tgt), (x, w))
+    fns["floor"] = ce.cublas_gemms(p, backward=True)
     mem = {}
     for k, fn in fns.items():
         fn()
-        mem[k] = _peak_gb(fn) if k != "floor" else 0.0
-    p = paired_ms(fns, min_s=1.5)
-    s = sustained_ms(fns, block_ms=150.0, blocks=3)
+        mem[k] = peak_memory_gb(fn) if k != "floor" else 0.0
+    pt = paired_ms(fns, min_s=1.5)
+    st = sustained_ms(fns, block_ms=150.0, blocks=3)
     print(f"== LM head + CE fwd+bwd, T {T}, d {d}, V {V}")
     print("   (ms paired, time / floor paired / sustained, peak GB beyond the inputs)")
     for k in fns:
-        ratio = f"{p[k] / p['floor']:6.3f} / {s[k] / s['floor']:6.3f}"
-        print(f"  {k:<22} {p[k]:8.3f} ms  {ratio}   {mem[k]:6.2f} GB")
+        ratio = f"{pt[k] / pt['floor']:6.3f} / {st[k] / st['floor']:6.3f}"
+        print(f"  {k:<22} {pt[k]:8.3f} ms  {ratio}   {mem[k]:6.2f} GB")
 
 
 def bisect(d: int, rows: int) -> None:
@@ -110,11 +85,13 @@ def bisect(d: int, rows: int) -> None:
     x = (torch.randn(rows, d, device="cuda", generator=g) * 0.5).bfloat16()
     w = (torch.randn(V, d, device="cuda", generator=g) * d**-0.5).bfloat16()
     tgt = torch.randint(0, V, (rows,), device="cuda", generator=g)
+    zero = torch.zeros(V, device="cuda", dtype=torch.bfloat16)
     fns = {
         "plain": lambda: gemm(x, w),
         "lse only": lambda: gemm(x, w, epilogue=LSE_ONLY),
         "pick only": lambda: gemm(x, w, epilogue=PICK_ONLY, target=tgt),
-        "ce_logits": lambda: gemm(x, w, epilogue=CE_LOGITS),
+        "ce_logits": lambda: gemm(x, w, epilogue=CE_LOGITS),  # LSE only since run 48
+        "lse + pick": lambda: gemm(x, w, epilogue=CE_LOGITS_EXT, target=tgt, bias=zero, softcap=0.0),
         "cuBLAS": lambda: x @ w.t(),
     }
     for fn in fns.values():

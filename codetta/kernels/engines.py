@@ -99,6 +99,20 @@ def _tile_shape(op, call: GemmCall) -> list[int]:
     return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
 
 
+def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
+    """Per slot, (TMA shape, block) of a tile operand (a seed's block the whole tile with
+    ``whole_seed``: the portable mainloop loads it at once), (shape, block, transposed) of
+    a paired weight, or None."""
+    return tuple(
+        (_tile_shape(op, call), tile_block(op, cfg, whole=whole_seed and op.kind is Kind.SEED))
+        if op.is_tile
+        else _pair_desc(call, cfg)
+        if op.kind is Kind.PAIRED_WEIGHT
+        else None
+        for op in call.program.slots
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class _Plan:
     cfg: Config  # the config the launch runs (a spilling tail split turned off)
@@ -180,14 +194,7 @@ class TritonEngine:
         grid = min(num_sms, max(tiles, tail * splits)) if splits > 1 else min(num_sms, tiles)
         return _Plan(
             cfg=cfg,
-            descs=tuple(
-                (_tile_shape(op, call), tile_block(op, cfg, whole=op.kind is Kind.SEED))
-                if op.is_tile
-                else _pair_desc(call, cfg)
-                if op.kind is Kind.PAIRED_WEIGHT
-                else None
-                for op in program.slots
-            ),  # fmt: skip
+            descs=slot_descs(call, cfg, whole_seed=True),
             grid=grid,
             splits=splits,
             ws_numel=tail * splits * cfg.block_m * cfg.block_n if splits > 1 else 0,  # fp32 partial tiles
@@ -371,19 +378,6 @@ class PingPongEngine:
         sms = device.grid_sms(call.device.index or 0)
         return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
 
-    @staticmethod
-    def _slot_descs(call, cfg):
-        """Per slot, (TMA shape, block) of a tile operand, (shape, block, transposed) of a
-        paired weight, or None."""
-        return tuple(
-            (_tile_shape(op, call), tile_block(op, cfg))
-            if op.is_tile
-            else _pair_desc(call, cfg)
-            if op.kind is Kind.PAIRED_WEIGHT
-            else None
-            for op in call.program.slots
-        )  # fmt: skip
-
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
         the compiled kernel."""
@@ -391,7 +385,7 @@ class PingPongEngine:
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
         a_desc, b_desc = _matrix_descs(_gl_desc, call, cfg)
-        specs = _slot_specs(call, self._slot_descs(call, cfg), outs)
+        specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         slots = [v if d is None else _gl_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
         with device.on_device(call.device):
@@ -410,7 +404,7 @@ class PingPongEngine:
         a_spec, b_spec = _matrix_specs(call, cfg)
         specs = tuple(
             None if s is None else (*s, _gl_layout(tuple(s[2]), call.dtype))
-            for s in _slot_specs(call, self._slot_descs(call, cfg), outs)
+            for s in _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         )
         a_spec = (*a_spec, _gl_layout(tuple(a_spec[2]), call.dtype))
         b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))

@@ -52,11 +52,8 @@ def _lse_reference(logit):
 
 def pick_stored(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """fp32 [M]: logits[m, target[m]] of a stored chunk, 0 where the target is not in
-    [0, V) (an ignored or bad row)."""
-    V = logits.shape[1]
-    valid = (target >= 0) & (target < V)
-    got = logits.gather(1, target.clamp(0, V - 1).long()[:, None])[:, 0].float()
-    return torch.where(valid, got, 0.0)
+    [0, V) (an ignored or bad row): the references' own pick."""
+    return _pick(logits, target).float()
 
 
 @triton.jit
