@@ -216,7 +216,7 @@ def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gam
 
 @torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
 def _backward(
-    dx: torch.Tensor,
+    dx: torch.Tensor | None,
     dzs: list[torch.Tensor],
     y: torch.Tensor,
     w_o: torch.Tensor,
@@ -337,7 +337,15 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     y, w_o, gamma, x, z, sumsq, w_gamma, *rest = ctx.saved_tensors
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
     pres = rest[ctx.n_ws + ctx.n_gate_up : ctx.n_ws + ctx.n_gate_up + ctx.n_pres]
-    dx = torch.zeros_like(x) if dx is None or dx.shape != x.shape else dx.contiguous()
+    if dx is not None and dx.shape == x.shape:
+        dx = dx.contiguous()
+    elif ctx.mode != "rowwise":
+        dx = torch.zeros_like(x)  # (the research backwards read a tensor)
+    else:
+        # no gradient reaches x from downstream (the first layer's norm input, whose
+        # stream gradient arrives through the next operator; an unused final x): the
+        # row pass reads none, instead of a [M, d] tensor of zeros
+        dx = None
     if dzs is None:
         dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
     dzs = list(dzs)[: max(1, ctx.n_ws + ctx.swiglu)]  # the q/k norms' z are internal: no gradient

@@ -196,10 +196,10 @@ def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
 def _rms_backward_rows_kernel(
     dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
     M, D, inv_d, eps, rows_per_prog,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_DRES: tl.constexpr,
 ):  # fmt: skip
     # each program walks its own run of whole rows (zeta needs the full row), one
-    # read of dh, x, dres and one write of dx, n per element; its dgamma partial
+    # read of dh, x (and dres) and one write of dx, n per element; its dgamma partial
     # stays in registers until the end
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
@@ -220,11 +220,12 @@ def _rms_backward_rows_kernel(
         r = r1[:, None]
         dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
         xr = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * r
-        dres = tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
         zeta = tl.sum(dh * g * xr, 1)
         if HAS_GAMMA:
             dg += tl.sum(dh * xr, 0)
-        dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None] + dres
+        dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None]
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
         tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
     if HAS_GAMMA:
@@ -241,13 +242,14 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     its dW), and dgamma partials [programs, d] (sum them over dim 0) of dh x r over
     each program's rows.
 
-    dh, x, dres: contiguous [M, d], d <= 16384; sumsq fp32 [M]; gamma [d], or None
-    for a norm without a scale (then n = x r and no dgamma: None is returned).
+    dh, x, dres: contiguous [M, d], d <= 16384 (dres None: no gradient from downstream,
+    none read); sumsq fp32 [M]; gamma [d], or None for a norm without a scale (then
+    n = x r and no dgamma: None is returned).
     Returns (dx, n, dgamma partials); ``dx_out`` (may be ``dh``: each element is
     read before it is written over) receives dx.
     """
     M, D = x.shape
-    dx = _check_rows(x, dx_out, dh=dh, dres=dres)
+    dx = _check_rows(x, dx_out, dh=dh, **({} if dres is None else {"dres": dres}))
     if sumsq.shape != (M,) or (gamma is not None and gamma.shape != (D,)):
         raise ValueError("sumsq must be [M] and gamma [d]")
     if D > MAX_ROW:
@@ -270,13 +272,14 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
         if dgamma is not None:
             pad = programs * rows_per_prog - M
             dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
-        dx.copy_(r * (g * dhf - xf * r * zeta / D) + dres.float())
+        dx.copy_(r * (g * dhf - xf * r * zeta / D) + (0.0 if dres is None else dres.float()))
         n.copy_(xf * r * g)
         return dx, n, dgamma
     with device.on_device(x.device):
         _rms_backward_rows_kernel[(programs,)](
-            dh, x, dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps, rows_per_prog,
-            BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
+            dh, x, dh if dres is None else dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps,
+            rows_per_prog, BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
+            HAS_DRES=dres is not None,
             num_warps=8 if block_d <= 4096 else 16,
         )  # fmt: skip
     return dx, n, dgamma
