@@ -8,7 +8,7 @@
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)
 #   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
-#   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit 150 s)
+#   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit PROF_TIMEOUT)
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
 mkdir -p "$OUT"
@@ -44,7 +44,7 @@ for step in "$@"; do
     profstep:*)
       spec=${step#profstep:}
       # shellcheck disable=SC2086
-      timeout 150 python3 scripts/profile_step.py ${spec%%:*} $(echo "${spec#*:}" | tr ',' ' ') 2>&1 \
+      timeout "${PROF_TIMEOUT:-240}" python3 scripts/profile_step.py ${spec%%:*} $(echo "${spec#*:}" | tr ',' ' ') 2>&1 \
         | tee -a "$OUT/profile_step.txt" | grep "^==" ;;
     ratios:*)
       # shellcheck disable=SC2086

@@ -1,30 +1,166 @@
-"""Where a training step's GPU time goes: torch.profiler over a few steps of the model
-benchmark's variants (GPU machine). Usage: python scripts/profile_step.py [case] [variants...]"""
+"""Where a training step's GPU time goes (GPU machine).
 
+Per variant: torch.profiler's kernel table over a few steps of the model benchmark's
+step, and the SM clock and power sampled by nvidia-smi while the steps run. For the
+codetta variants also every GEMM call of the step timed in place (CUDA events around
+each ``gemm`` call the operators make, finishing kernels included), grouped by
+program, layout and shape, next to cuBLAS's time for a GEMM of the same shape and
+layout timed alone right after (paired): which calls lose time inside the step,
+where isolated timing (scripts/call_ratios.py) may not show it.
+
+Usage: python scripts/profile_step.py [case] [variants...]
+"""
+
+import collections
+import subprocess
 import sys
 
 import torch
 
 from codetta.bench import model as mb
+from codetta.kernels.program import Kind
+from codetta.kernels.timing import paired_ms
+from codetta.ops import cross_entropy, residual_rmsnorm, swiglu
 
-case = sys.argv[1] if len(sys.argv) > 1 else "1B-layers"
-variants = sys.argv[2:] or ["eager", "codetta"]
-config = mb.llama_config(case)
-base = mb.make_model(config)
-g = torch.Generator(device="cuda").manual_seed(1)
-ids = torch.randint(0, config.vocab_size, (mb.BATCH, mb.SEQ), device="cuda", generator=g)
-for name in variants:
-    step = mb.variant_step(name, base, ids, ids.clone())
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
+STEPS = 3
+_OPS = (cross_entropy, residual_rmsnorm, swiglu)
+
+
+class CallTimer:
+    """Wraps the ``gemm`` the operators call: per call a pair of CUDA events and a key."""
+
+    def __init__(self):
+        self.marks = []
+        self.orig = {m: m.gemm for m in _OPS}
+
+    def __enter__(self):
+        for m, g in self.orig.items():
+            m.gemm = self._wrap(g)
+        return self
+
+    def __exit__(self, *exc):
+        for m, g in self.orig.items():
+            m.gemm = g
+
+    def _wrap(self, gemm):
+        def timed(a, weight, *, epilogue=None, **kw):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = gemm(a, weight, epilogue=epilogue, **kw)
+            end.record()
+            self.marks.append((_key(a, weight, epilogue, kw), start, end))
+            return out
+
+        return timed
+
+    def table(self, steps: int) -> dict:
+        torch.cuda.synchronize()
+        per = collections.defaultdict(list)
+        for key, s, e in self.marks:
+            per[key].append(s.elapsed_time(e))
+        return {k: (sum(v) / steps, len(v) // steps) for k, v in per.items()}
+
+
+def _key(a, w, prog, kw) -> tuple:
+    n = w.shape[0]
+    if prog is not None and any(op.kind is Kind.PAIRED_WEIGHT for op in prog.inputs):
+        n *= 2
+    lay = "".join("t" if t.stride(0) == 1 and t.shape[1] > 1 else "n" for t in (a, w))
+    return (prog.name if prog is not None else "store", lay, a.shape[0], n, a.shape[1], a.dtype)
+
+
+def _operand(rows, cols, transposed, dtype):
+    t = torch.randn((cols, rows) if transposed else (rows, cols), device="cuda", dtype=dtype)
+    return t.t() if transposed else t
+
+
+def cublas_ms(key) -> float:
+    _, lay, m, n, k, dtype = key
+    if m == 0 or n == 0 or k == 0:
+        return 0.0
+    a, w = _operand(m, k, lay[0] == "t", dtype), _operand(n, k, lay[1] == "t", dtype)
+    fn = lambda: a @ w.t()  # noqa: E731
+    fn()
+    return paired_ms({0: fn}, min_s=0.15, warm_s=0.05, min_cycles=10)[0]
+
+
+class Clocks:
+    """nvidia-smi sampling the SM clock (MHz) and the power (W) every 20 ms."""
+
+    def __enter__(self):
+        self.p = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"],
+            stdout=subprocess.PIPE, text=True)  # fmt: skip
+        return self
+
+    def __exit__(self, *exc):
+        self.p.terminate()
+        out, _ = self.p.communicate()
+        vals = []
+        for line in out.splitlines():
+            try:
+                clk, pw = (float(x) for x in line.split(","))
+                vals.append((clk, pw))
+            except ValueError:
+                pass
+        self.samples = vals
+
+    def summary(self) -> str:
+        v = self.samples[len(self.samples) // 4 :]  # past nvidia-smi's start-up
+        if not v:
+            return "no clock samples"
+        clk = sorted(c for c, _ in v)
+        pw = sorted(p for _, p in v)
+        return (f"SM clock median {clk[len(clk) // 2]:.0f} MHz (min {clk[0]:.0f}), "
+                f"power median {pw[len(pw) // 2]:.0f} W ({len(v)} samples)")  # fmt: skip
+
+
+def main() -> None:
+    case = sys.argv[1] if len(sys.argv) > 1 else "1B-layers"
+    variants = sys.argv[2:] or ["eager", "codetta"]
+    config = mb.llama_config(case)
+    base = mb.make_model(config)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (mb.BATCH, mb.SEQ), device="cuda", generator=g)
+    for name in variants:
+        step = mb.variant_step(name, base, ids, ids.clone())
+        for _ in range(STEPS):
             step()
         torch.cuda.synchronize()
-    events = prof.key_averages()
-    total = sum(e.device_time_total for e in events) / 3 / 1e3
-    print(f"== {case} {name}: {total:.2f} ms of kernels per step")
-    rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
-    for e in rows:
-        print(f"  {e.device_time_total / 3 / 1e3:8.3f} ms  x{e.count // 3:<4d} {e.key[:110]}")
+        with Clocks() as clocks:
+            for _ in range(4 * STEPS):
+                step()
+            torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(STEPS):
+                step()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        total = sum(e.device_time_total for e in events) / STEPS / 1e3
+        print(f"== {case} {name}: {total:.2f} ms of kernels per step; {clocks.summary()}")
+        rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
+        for e in rows:
+            print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
+        if not name.startswith("codetta"):
+            continue
+        with CallTimer() as timer:
+            for _ in range(STEPS):
+                step()
+        calls = timer.table(STEPS)
+        print(f"== {case} {name}: GEMM calls in the step (CUDA events per call, {STEPS} steps)")
+        print(f"  {'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6} {'x':>3} {'ms/call':>8} "
+              f"{'cuBLAS':>8} {'ratio':>6} {'excess ms/step':>14}")  # fmt: skip
+        tot_in = tot_cb = 0.0
+        for key, (ms, count) in sorted(calls.items(), key=lambda kv: -kv[1][0]):
+            cb = cublas_ms(key)
+            per = ms / max(count, 1)
+            tot_in += ms
+            tot_cb += cb * count
+            print(f"  {key[0]:<16} {key[1]:<3} {key[2]:>6} {key[3]:>6} {key[4]:>6} {count:>3} {per:8.3f} "
+                  f"{cb:8.3f} {per / cb if cb else float('nan'):6.3f} {ms - cb * count:+14.3f}")  # fmt: skip
+        print(f"== {case} {name}: GEMM calls {tot_in:.2f} ms per step, cuBLAS alone {tot_cb:.2f} ms "
+              f"({tot_in / tot_cb:.3f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
