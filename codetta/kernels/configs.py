@@ -181,7 +181,13 @@ PINGPONG_HEAVY_CANDIDATES = _pingpong((5,), (4,))
 # A paired weight (SwiGLU's gate and up): each product 64 columns wide, both formed by
 # one 128-wide wgmma over the stacked B stage (the same accumulator as a 128x128 tile)
 PINGPONG_PAIRED_CANDIDATES = _pingpong((5,), (1, 2), block_n=64)
-ALL_PINGPONG = frozenset(_pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64))
+# A float32 ring (a seed and output in float32: a weight gradient summed over chunks
+# in place): the two rings take 128 KB of 128x128 tiles, leaving room for 3 A/B
+# stages; or 128x64 tiles with 5 stages. (The rule takes the last one.)
+PINGPONG_F32_RING_CANDIDATES = _pingpong((5,), (1, 2), block_n=64) + _pingpong((3,), (4, 2))
+ALL_PINGPONG = frozenset(
+    _pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64) + PINGPONG_F32_RING_CANDIDATES
+)
 
 
 # A tail part gets at least this many K blocks on the GPU (fewer would not fill

@@ -30,6 +30,7 @@ from .settings import SETTINGS
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
        torch.int64: "i64"}  # fmt: skip
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_RING_DTYPES = {**_GL_DTYPES, torch.float32: gl.float32}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -277,7 +278,7 @@ def _slot_type(op, dtype, block) -> str:
 
 @functools.cache
 def _gl_layout(block: tuple, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_RING_DTYPES[dtype])
 
 
 def _gl_desc(t: torch.Tensor, shape, strides, block):
@@ -292,9 +293,18 @@ class PingPongEngine:
     def __init__(self):
         self._consts: dict = {}  # constexpr dicts, built once per kernel variant
 
+    @staticmethod
+    def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the epilogue ring: that of every tile operand when they all
+        declare one (float32: a weight gradient summed in place), else the GEMM's."""
+        declared = {op.dtype for op in program.slots if op.is_tile}
+        return declared.pop() if len(declared) == 1 and None not in declared else dtype
+
     def candidates(self, program: Program) -> list[Config]:
         if not program.pingpong:
             return []
+        if self.ring_dtype(program, None) == torch.float32:
+            return fitting_sub_tiles(program, configs.PINGPONG_F32_RING_CANDIDATES)
         if program.pair_slot >= 0:
             return fitting_sub_tiles(program, configs.PINGPONG_PAIRED_CANDIDATES)
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
@@ -323,32 +333,32 @@ class PingPongEngine:
         if program.pair_slot >= 0 and call.b_t:
             return "a paired weight on the ping-pong mainloop must be [N, K] row-major (B not transposed)"
         values = list(call.inputs) + [None] * len(program.outputs)
+        ring = self.ring_dtype(program, call.dtype)
         bad = [
             op.name
             for op, v in zip(program.slots, values)
-            if op.is_tile
-            and (op.dtype not in (None, call.dtype) or (v is not None and v.dtype != call.dtype))
+            if op.is_tile and ((op.dtype or call.dtype) != ring or (v is not None and v.dtype != ring))
         ]
         if bad:
-            return f"tile operands {bad} are not in the GEMM's dtype (its epilogue ring is {call.dtype})"
+            return (f"tile operands {bad} are not in the epilogue ring's dtype ({ring}: the GEMM's, "
+                    "or float32 when every tile operand declares it)")  # fmt: skip
         return None
 
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t) -> dict:
-        gl_dtype = _GL_DTYPES[dtype]
+        ring = self.ring_dtype(program, dtype)
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
             "BODY": program.sm90_body or program.body,
-            "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": gl_dtype,
-            "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), dtype), "EPI_SPLIT": cfg.epi_split,
+            "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
+            "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:
         from triton.runtime.jit import mangle_type
 
-        dummy = torch.empty(256, 256, dtype=dtype)
-
-        def desc(block, t=dummy):
+        def desc(block, t_dtype=dtype):
+            t = torch.empty(256, 256, dtype=t_dtype)
             return mangle_type(GluonTensorDescriptor.from_tensor(t, block, _gl_layout(tuple(block), t.dtype)))
 
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -360,8 +370,10 @@ class PingPongEngine:
         for i, op in enumerate(program.slots):
             if op.kind is Kind.PAIRED_WEIGHT:
                 sig[f"o{i}"] = desc([bk, bn] if b_t else [bn, bk])
+            elif op.is_tile:
+                sig[f"o{i}"] = desc(tile_block(op, cfg), slot_dtype(op, dtype))
             else:
-                sig[f"o{i}"] = desc(tile_block(op, cfg)) if op.is_tile else _slot_type(op, dtype, None)
+                sig[f"o{i}"] = _slot_type(op, dtype, None)
         for i in range(len(program.slots), MAX_OPERANDS):
             sig[f"o{i}"] = "constexpr"
         return sig
@@ -402,9 +414,10 @@ class PingPongEngine:
         kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 18, self._consts_of(call, cfg),
                               self._grid(call, cfg))  # fmt: skip
         a_spec, b_spec = _matrix_specs(call, cfg)
+        slot_specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         specs = tuple(
-            None if s is None else (*s, _gl_layout(tuple(s[2]), call.dtype))
-            for s in _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
+            None if s is None else (*s, _gl_layout(tuple(s[2]), slot_dtype(op, call.dtype)))
+            for op, s in zip(call.program.slots, slot_specs)
         )
         a_spec = (*a_spec, _gl_layout(tuple(a_spec[2]), call.dtype))
         b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))

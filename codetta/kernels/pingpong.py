@@ -21,6 +21,10 @@ into the ring when the consumer starts the tile; it lands during the K loop
 and is added to the accumulator before the body runs, so the body sees
 ``acc = seed + A @ B^T`` exactly as in the portable mainloop.
 
+The ring holds the GEMM's dtype, or float32 when every tile operand of the program
+declares float32 (``ACCUMULATE_F32``: a weight gradient summed over chunks of rows in
+an fp32 buffer); the two float32 rings of 128x128 tiles leave room for 3 A/B stages.
+
 Layouts: A_T / B_T as in ``mainloop.py``; wgmma reads a transposed tile through
 a permuted view of its shared buffer. No tail split: the last partial wave
 runs as it is. A paired weight (``PairedWeight``: SwiGLU's gate and up) is

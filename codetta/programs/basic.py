@@ -29,8 +29,8 @@ ACCUMULATE = Program(
 )
 
 # the same into a float32 accumulator, e.g. gemm(..., epilogue=ACCUMULATE_F32, c=acc, out=acc)
-# summing a weight gradient over chunks of rows in place; the portable mainloop only (the
-# ping-pong epilogue ring holds the GEMM's dtype)
+# summing a weight gradient over chunks of rows in place (on the ping-pong mainloop its
+# epilogue ring is float32: the seed lands there during the K loop, as a bf16 seed does)
 ACCUMULATE_F32 = Program(
     "accumulate_f32",
     accumulate,
@@ -39,7 +39,6 @@ ACCUMULATE_F32 = Program(
     reference=lambda acc, c: {"out": acc},
     configs=tuple(BACKWARD_CANDIDATES),  # 128x128 tiles: a float32 seed tile fits shared memory
     layouts=((True, True),),
-    pingpong=False,
 )
 
 
