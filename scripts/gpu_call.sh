@@ -3,7 +3,7 @@
 # Usage (repo root, on the GPU machine): CODETTA_COMMIT=<sha> bash scripts/gpu_call.sh STEP...
 #   tests:<pytest args>   e.g. "tests:tests/test_gemm.py"   (limit TEST_TIMEOUT, default 240 s)
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
-#   tune                  python -m codetta tune --all-known ... into $OUT/tuned/ (limit TUNE_TIMEOUT)
+#   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)
@@ -33,8 +33,13 @@ for step in "$@"; do
     profile)
       timeout 120 python3 scripts/profile_launch.py 2>&1 | tee "$OUT/profile.txt" | head -60 ;;
     tune)
-      timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune --all-known --force --seconds "${TUNE_SECONDS:-0.3}" \
-        --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
+      # TUNE_SCOPE (default --all-known): e.g. "--model llama3-1b --tokens 16384"; TUNE_MERGE=1 starts
+      # from the shipped table (the result is it with these keys re-tuned)
+      mkdir -p "$OUT/tuned"
+      [ -n "${TUNE_MERGE:-}" ] && cp codetta/kernels/tuned/*.json "$OUT/tuned/" && TUNE_ARGS="${TUNE_ARGS:-} --merge"
+      # shellcheck disable=SC2086
+      timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune ${TUNE_SCOPE:---all-known} --force \
+        --seconds "${TUNE_SECONDS:-0.3}" --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
       grep -v "^codetta:" "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
     bench:*)
       parts=${step#bench:}

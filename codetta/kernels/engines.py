@@ -268,6 +268,11 @@ def fitting_sub_tiles(program: Program, cfgs) -> list[Config]:
     return [c for c in cfgs if not w or c.sub_n == w]
 
 
+def _in_tiles(program: Program) -> tuple:
+    """Slots of the non-seeding tile inputs."""
+    return tuple(i for i, op in enumerate(program.caller_inputs) if op.kind is Kind.TILE)
+
+
 def _slot_type(op, dtype, block) -> str:
     if op.is_tile or op.kind is Kind.PAIRED_WEIGHT:
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
@@ -317,7 +322,26 @@ class PingPongEngine:
             cfgs = configs.PINGPONG_STREAMING_CANDIDATES
         else:
             cfgs = configs.PINGPONG_CANDIDATES
+        if loads:  # the tile inputs' prefetch buffer fits beside 4 A/B stages, not 5
+            cfgs = cfgs + tuple(dataclasses.replace(c, num_stages=4) for c in cfgs)
         return fitting_sub_tiles(program, cfgs)
+
+    @staticmethod
+    def prefetches(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
+        """Whether the tile inputs are prefetched (``pingpong.py``: a buffer of one
+        sub-tile per input and consumer, where the shared memory has room for it)."""
+        n_in = len(_in_tiles(program))
+        if not n_in:
+            return False
+        ring = PingPongEngine.ring_dtype(program, dtype).itemsize
+        b_rows = cfg.block_n * (2 if program.pair_slot >= 0 else 1)
+        shared = (
+            cfg.num_stages * (cfg.block_m + b_rows) * cfg.block_k * dtype.itemsize  # A/B stages
+            + 2 * cfg.block_m * cfg.block_n * ring  # the two consumers' rings
+            + 2 * n_in * cfg.block_m * cfg.sub_n * ring  # their prefetch buffers
+            + 1024  # barriers, alignment
+        )
+        return shared <= configs.SMEM_LIMIT
 
     def unsupported(self, call: GemmCall) -> str | None:
         """Why this mainloop cannot run the call (None: it can)."""
@@ -352,6 +376,7 @@ class PingPongEngine:
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
+            "IN_TILES": _in_tiles(program), "PREFETCH": self.prefetches(program, cfg, dtype),
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:

@@ -108,7 +108,8 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
 @gluon.jit
 def _load_tiles(ops, IN_KINDS: gl.constexpr, ring, ld_bar, ld_phase, like, off_m, off_n):
     """The sub-tile of every non-seeding tile input, as fp32 in the layout of ``like``
-    (0 for other inputs), each TMA-loaded through ring slot 0 once every store has left it."""
+    (0 for other inputs), each TMA-loaded through ring slot 0 once every store has left it
+    (where the shared memory holds no prefetch buffer: ``_take_inputs``)."""
     tiles = ()
     for i in gl.static_range(len(IN_KINDS)):
         if IN_KINDS[i][0] == E.K_TILE:
@@ -123,6 +124,36 @@ def _load_tiles(ops, IN_KINDS: gl.constexpr, ring, ld_bar, ld_phase, like, off_m
         else:
             tiles = tiles + (0,)
     return tiles, ld_phase
+
+
+@gluon.jit
+def _issue_inputs(ops, IN_TILES: gl.constexpr, inb, ld_bar, off_m, off_n):
+    """TMA-load the sub-tile at (off_m, off_n) of every non-seeding tile input into its
+    slot of the prefetch buffer, all on one barrier."""
+    first = ops[IN_TILES[0]]
+    mbarrier.expect(ld_bar, len(IN_TILES) * first.block_type.nbytes)
+    for t in gl.static_range(len(IN_TILES)):
+        tma.async_copy_global_to_shared(ops[IN_TILES[t]], [off_m, off_n], ld_bar, inb.index(t))
+
+
+@gluon.jit
+def _take_inputs(ops, IN_KINDS: gl.constexpr, IN_TILES: gl.constexpr, inb, ld_bar, ld_phase, like, off_m,
+                 next_n, MORE: gl.constexpr):  # fmt: skip
+    """As ``_load_tiles``, from the prefetch buffer: the sub-tile's inputs were issued one
+    sub-tile earlier (the first at the tile's start, so they land during its K loop);
+    once they are in registers, the next sub-tile's (at column next_n) are issued."""
+    mbarrier.wait(ld_bar, ld_phase)
+    tiles = ()
+    t = 0
+    for i in gl.static_range(len(IN_KINDS)):
+        if IN_KINDS[i][0] == E.K_TILE:
+            tiles = tiles + (inb.index(t).load(like.type.layout).to(gl.float32),)
+            t += 1
+        else:
+            tiles = tiles + (0,)
+    if MORE:
+        _issue_inputs(ops, IN_TILES, inb, ld_bar, off_m, next_n)
+    return tiles, ld_phase ^ 1
 
 
 @gluon.jit
@@ -146,9 +177,10 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
 
 
 @gluon.jit
-def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.constexpr,
+def _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.constexpr,
               IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
-              ELEM: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
+              ELEM: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr,
+              PREFETCH: gl.constexpr):  # fmt: skip
     """The program over the tile's column sub-tiles (one per ring slot); returns the
     load barrier's next phase. With PAIRED, acc holds the two products side by side
     and the body gets each sub-tile as their pair."""
@@ -173,7 +205,11 @@ def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.con
         sub_n = off_n + j * SUB_N
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, like.type.layout))
         cols = sub_n + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, like.type.layout))
-        tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, like, off_m, sub_n)
+        if PREFETCH:
+            tiles, ld_phase = _take_inputs(ops, IN_KINDS, IN_TILES, inb, ld_bar, ld_phase, like, off_m,
+                                           sub_n + SUB_N, j + 1 < EPI_SPLIT)  # fmt: skip
+        else:
+            tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, like, off_m, sub_n)
         vals = E.body_inputs(ops, tiles, IN_KINDS, rows, cols, M, N, ELEM)
         res = E.call_body(BODY, a, vals, len(OUT_KINDS))
         # reductions first: they shrink their values to vectors before the tile stores
@@ -184,10 +220,11 @@ def _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.con
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
+def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
               o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, A_T: gl.constexpr,
-              B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
+              B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr,
+              PREFETCH: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
     EPI_SPLIT: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
@@ -220,6 +257,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_
             for q in gl.static_range(EPI_SPLIT):
                 tma.async_copy_global_to_shared(seed, [off_m, off_n + q * (BLOCK_N // EPI_SPLIT)], seed_bar,
                                                 ring.index(q))  # fmt: skip
+        if PREFETCH:  # the first sub-tile's tile inputs land during the K loop
+            _issue_inputs(ops, IN_TILES, inb, ld_bar, off_m, off_n)
         # The K loops of the two consumers take turns (consumer 0 first): one waits
         # until the other has passed every ready-barrier wait of its tile. Without
         # it, consumer 1 could wait on a stage's barrier two phases ahead of the
@@ -246,8 +285,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, seed_bar, ld_bar, go_mine, go_
         mbarrier.arrive(empty.index(prev), count=1)
         if SEED >= 0:
             mbarrier.wait(seed_bar, n_done & 1)
-        ld_phase = _epilogue(acc, ring, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS,
-                             SEED, ELEM, PAIRED)  # fmt: skip
+        ld_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY, IN_KINDS,
+                             OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES, PREFETCH)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
@@ -258,7 +297,8 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
                     NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, BODY: gl.constexpr,
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
                     RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
-                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):  # fmt: skip
+                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, IN_TILES: gl.constexpr,
+                    PREFETCH: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1] if A_T else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
     PAIRED: gl.constexpr = PAIR >= 0
@@ -273,6 +313,13 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
         b2_desc = b_desc
     ring0 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
     ring1 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
+    if PREFETCH:  # per consumer, one sub-tile of each tile input
+        in_shape: gl.constexpr = [len(IN_TILES), BLOCK_M, BLOCK_N // EPI_SPLIT]
+        inb0 = gl.allocate_shared_memory(RING_DTYPE, in_shape, RING_LAYOUT)
+        inb1 = gl.allocate_shared_memory(RING_DTYPE, in_shape, RING_LAYOUT)
+    else:
+        inb0 = ring0
+        inb1 = ring1
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     seed_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -287,14 +334,14 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
         mbarrier.init(go.index(i), count=1)
     gl.warp_specialize(
         [
-            (_consumer, (a_bufs, b_bufs, ready, empty, ring0, seed_bars.index(0), ld_bars.index(0),
+            (_consumer, (a_bufs, b_bufs, ready, empty, ring0, inb0, seed_bars.index(0), ld_bars.index(0),
                          go.index(0), go.index(1), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED)),
-            (_consumer, (a_bufs, b_bufs, ready, empty, ring1, seed_bars.index(1), ld_bars.index(1),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED, IN_TILES, PREFETCH)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED)),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED, IN_TILES, PREFETCH)),
             (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T,
                        PAIRED)),
         ],
