@@ -236,6 +236,6 @@ def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4laye
         print(f"== training step, {case}")
         run_case(res, case, variants)
         torch.cuda.empty_cache()
-    res.write(out_dir)
+        res.write(out_dir)  # after each case: a run cut short keeps what it measured
     print(res.table())
     return res
