@@ -21,7 +21,8 @@ writes the whole fp32 accumulator (2 GiB of traffic at d = 4096): bigger chunks 
 fewer of those passes, which is why the budget is 1 GiB and not less (NOTES.md).
 
 Options (``linear_cross_entropy``'s docstring): a bias and soft-capping go into the
-logits GEMM's epilogue (``CE_LOGITS_EXT``); class weights, label smoothing and z-loss
+logits GEMM's epilogue (``CE_LOGITS_EXT``; the target's capped logit is formed from the
+stored one); class weights, label smoothing and z-loss
 only change each row's coefficients in the gradient pass (``programs/ce.py:
 ce_grad_``), which also forms the smoothing term's row sums. Still one logits GEMM
 per chunk plus the dX and dW GEMMs.
@@ -37,7 +38,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, ce_grad_, pick_stored
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -117,14 +118,13 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         sl = slice(start, min(M, start + rows))
         xc, tc = x[sl], target[sl]
         logits = buf[: xc.shape[0], :V]
+        # the target logit read back from the stored chunk (the epilogue's own value; a
+        # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be
         if opts.plain:
-            # the target logit read back from the stored chunk (the epilogue's own value)
             lse = gemm(xc, w, epilogue=CE_LOGITS, out=(logits, None)).lse
-            picked = pick_stored(logits, tc)
         else:
-            out = gemm(xc, w, epilogue=CE_LOGITS_EXT, target=tc, bias=bias, softcap=opts.softcap,
-                       out=(logits, None, None))  # fmt: skip
-            lse, picked = out.lse, out.picked
+            lse = gemm(xc, w, epilogue=CE_LOGITS_EXT, bias=bias, softcap=opts.softcap, out=(logits, None)).lse
+        picked = cap(pick_stored(logits, tc), opts.softcap)
         wc = wt[sl]
         lse_all[sl] = lse
         loss = (1 - eps) * wc * (lse - picked)

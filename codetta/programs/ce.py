@@ -15,7 +15,7 @@ import triton.language as tl
 from ..kernels import device
 from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
-from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowPick, Scalar, Tile
+from ..kernels.program import DType, PerCol, Program, RowLogSumExp, Scalar, Tile
 from .norm_rows import torch_path
 
 
@@ -57,15 +57,16 @@ def pick_stored(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def ce_logits_ext(acc, target, bias, softcap, elem):
+def ce_logits_ext(acc, bias, softcap, elem):
     """CE_LOGITS with a bias and logit soft-capping: l = (acc + bias[n]) rounded to the
-    GEMM's dtype (stored, before the cap); the statistics are those of the capped
-    logits c = softcap * tanh(l / softcap) (softcap 0: c = l)."""
+    GEMM's dtype (stored, before the cap); the log-sum-exp is that of the capped logits
+    c = softcap * tanh(l / softcap) (softcap 0: c = l). The target's c is formed from
+    the stored l (``pick_stored`` then ``cap``), as for CE_LOGITS."""
     logit = (acc + bias).to(elem.dtype).to(tl.float32)
     capped = logit
     if softcap > 0.0:
         capped = softcap * P.tanh(logit / softcap)
-    return logit, capped, capped
+    return logit, capped
 
 
 def cap(logit, softcap: float):
@@ -73,17 +74,16 @@ def cap(logit, softcap: float):
     return softcap * torch.tanh(logit / softcap) if softcap > 0 else logit
 
 
-def _ext_reference(acc, target, bias, softcap, elem):
+def _ext_reference(acc, bias, softcap, elem):
     logit = (acc + bias.to(acc.dtype)).to(elem).to(acc.dtype)
-    capped = cap(logit, float(softcap))
-    return {"logits": logit, "lse": capped.logsumexp(1), "picked": _pick(capped, target)}
+    return {"logits": logit, "lse": cap(logit, float(softcap)).logsumexp(1)}
 
 
 CE_LOGITS_EXT = Program(
     "ce_logits_ext",
     ce_logits_ext,
-    inputs=(PerRow("target", index=True), PerCol("bias"), Scalar("softcap"), DType("elem")),
-    outputs=(Tile("logits"), RowLogSumExp("lse"), RowPick("picked", index="target")),
+    inputs=(PerCol("bias"), Scalar("softcap"), DType("elem")),
+    outputs=(Tile("logits"), RowLogSumExp("lse")),
     reference=_ext_reference,
     configs=CE_LOGITS.configs,
 )
