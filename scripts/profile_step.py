@@ -9,6 +9,7 @@ layout timed alone right after (paired): which calls lose time inside the step,
 where isolated timing (scripts/call_ratios.py) may not show it.
 
 Usage: python scripts/profile_step.py [case] [variants...]
+(a variant ``codetta:no-pingpong`` runs codetta with the portable mainloop only)
 """
 
 import collections
@@ -19,6 +20,7 @@ import sys
 import torch
 
 from codetta.bench import model as mb
+from codetta.kernels import settings
 from codetta.kernels.program import Kind
 from codetta.kernels.timing import paired_ms
 
@@ -126,43 +128,48 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (mb.BATCH, mb.SEQ), device="cuda", generator=g)
     for name in variants:
-        step = mb.variant_step(name, base, ids, ids.clone())
+        with settings.override(pingpong=not name.endswith(":no-pingpong")):
+            profile_variant(case, name.split(":")[0] if ":" in name else name, name, base, ids)
+
+
+def profile_variant(case: str, variant: str, name: str, base, ids) -> None:
+    step = mb.variant_step(variant, base, ids, ids.clone())
+    for _ in range(STEPS):
+        step()
+    torch.cuda.synchronize()
+    with Clocks() as clocks:
+        for _ in range(4 * STEPS):
+            step()
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
             step()
         torch.cuda.synchronize()
-        with Clocks() as clocks:
-            for _ in range(4 * STEPS):
-                step()
-            torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(STEPS):
-                step()
-            torch.cuda.synchronize()
-        events = prof.key_averages()
-        total = sum(e.device_time_total for e in events) / STEPS / 1e3
-        print(f"== {case} {name}: {total:.2f} ms of kernels per step; {clocks.summary()}")
-        rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
-        for e in rows:
-            print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
-        if not name.startswith("codetta"):
-            continue
-        with CallTimer() as timer:
-            for _ in range(STEPS):
-                step()
-        calls = timer.table(STEPS)
-        print(f"== {case} {name}: GEMM calls in the step (CUDA events per call, {STEPS} steps)")
-        print(f"  {'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6} {'x':>3} {'ms/call':>8} "
-              f"{'cuBLAS':>8} {'ratio':>6} {'excess ms/step':>14}")  # fmt: skip
-        tot_in = tot_cb = 0.0
-        for key, (ms, count) in sorted(calls.items(), key=lambda kv: -kv[1][0]):
-            cb = cublas_ms(key)
-            per = ms / max(count, 1)
-            tot_in += ms
-            tot_cb += cb * count
-            print(f"  {key[0]:<16} {key[1]:<3} {key[2]:>6} {key[3]:>6} {key[4]:>6} {count:>3} {per:8.3f} "
-                  f"{cb:8.3f} {per / cb if cb else float('nan'):6.3f} {ms - cb * count:+14.3f}")  # fmt: skip
-        print(f"== {case} {name}: GEMM calls {tot_in:.2f} ms per step, cuBLAS alone {tot_cb:.2f} ms "
-              f"({tot_in / tot_cb:.3f}x)")  # fmt: skip
+    events = prof.key_averages()
+    total = sum(e.device_time_total for e in events) / STEPS / 1e3
+    print(f"== {case} {name}: {total:.2f} ms of kernels per step; {clocks.summary()}")
+    rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
+    for e in rows:
+        print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
+    if not name.startswith("codetta"):
+        return
+    with CallTimer() as timer:
+        for _ in range(STEPS):
+            step()
+    calls = timer.table(STEPS)
+    print(f"== {case} {name}: GEMM calls in the step (CUDA events per call, {STEPS} steps)")
+    print(f"  {'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6} {'x':>3} {'ms/call':>8} "
+          f"{'cuBLAS':>8} {'ratio':>6} {'excess ms/step':>14}")  # fmt: skip
+    tot_in = tot_cb = 0.0
+    for key, (ms, count) in sorted(calls.items(), key=lambda kv: -kv[1][0]):
+        cb = cublas_ms(key)
+        per = ms / max(count, 1)
+        tot_in += ms
+        tot_cb += cb * count
+        print(f"  {key[0]:<16} {key[1]:<3} {key[2]:>6} {key[3]:>6} {key[4]:>6} {count:>3} {per:8.3f} "
+              f"{cb:8.3f} {per / cb if cb else float('nan'):6.3f} {ms - cb * count:+14.3f}")  # fmt: skip
+    print(f"== {case} {name}: GEMM calls {tot_in:.2f} ms per step, cuBLAS alone {tot_cb:.2f} ms "
+          f"({tot_in / tot_cb:.3f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
