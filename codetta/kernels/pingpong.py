@@ -14,9 +14,14 @@ The epilogue runs the same program body as the portable mainloop, through the
 same shared loaders and sinks (``epilogue.py``); only tile operands move
 differently. Each consumer owns ``EPI_SPLIT`` shared sub-tiles [BLOCK_M,
 BLOCK_N / EPI_SPLIT], used as a ring by the epilogue's TMA traffic: a tile
-input is TMA-loaded into one and read into registers; a tile output is written
-to one and TMA-stored from it (a slot is reused only once the store issued
-from it EPI_SPLIT stores earlier has read it). A seeding tile is TMA-loaded
+output is written to one and TMA-stored from it (a slot is reused only once the
+store issued from it EPI_SPLIT stores earlier has read it). A (non-seeding) tile
+input goes through a prefetch buffer of one sub-tile per input and consumer where
+the shared memory has room for it (beside 4 A/B stages, not 5:
+``PingPongEngine.prefetches``): sub-tile 0's inputs are issued when the consumer
+starts the tile (they land during the K loop), sub-tile j+1's as soon as j's are in
+registers. Without the buffer (5 stages) each input is loaded through ring slot 0
+once every store has left the ring, one at a time. A seeding tile is TMA-loaded
 into the ring when the consumer starts the tile; it lands during the K loop
 and is added to the accumulator before the body runs, so the body sees
 ``acc = seed + A @ B^T`` exactly as in the portable mainloop.
