@@ -280,21 +280,27 @@ class Results:
             return
         variants = list(dict.fromkeys(r.variant for r in self.rows))
         cases = list(dict.fromkeys(r.case for r in self.rows))
-        fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.4 * len(cases)), 4), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.4 * len(cases)), 4.4), sharey=True)
         width = 0.8 / len(variants)
+        values = [x for r in self.rows for x in (r.ratio, r.ratio_sustained) if math.isfinite(x)]
+        # ratios differ by a few percent: the axis starts just below the lowest bar, each bar labelled
+        low = max(0.0, min(values + [1.0]) - 0.1)
         for ax, (method, attr) in zip(axes, (("paired", "ratio"), ("sustained", "ratio_sustained"))):
             by = {(r.case, r.variant): getattr(r, attr) for r in self.rows}
             for i, v in enumerate(variants):
                 xs = [j + i * width for j, c in enumerate(cases) if (c, v) in by]
                 ys = [by[(c, v)] for c in cases if (c, v) in by]
-                ax.bar(xs, ys, width, label=v)
+                bars = ax.bar(xs, [y - low for y in ys], width, bottom=low, label=v)
+                ax.bar_label(bars, labels=[f"{y:.3f}" for y in ys], fontsize=5, rotation=90, padding=2)
             ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_ylim(low, max(values + [1.0]) * 1.06)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
             ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
             ax.set_title(f"{method} timing", fontsize=9)
         axes[0].set_ylabel(f"time / {self.baseline}", fontsize=8)
-        axes[1].legend(fontsize=7)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(variants), fontsize=7,
+                   frameon=False)  # fmt: skip
         fig.suptitle(f"{self.name} on {self.env['gpu']} ({self.env['commit']})", fontsize=9)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         fig.savefig(path, dpi=120)
         plt.close(fig)
