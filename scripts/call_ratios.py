@@ -21,19 +21,17 @@ import sys
 import torch
 
 from codetta.kernels import launch
-from codetta.kernels.engines import PINGPONG
 from codetta.kernels.launch import gemm
 from codetta.kernels.operands import make_call
 from codetta.kernels.program import Kind
-from codetta.kernels.settings import SETTINGS
 from codetta.kernels.timing import paired_ms, sustained_ms
-from codetta.kernels.tuning import CHOOSER, candidates
+from codetta.kernels.tuning import CHOOSER, candidates, pingpong_allowed
 from codetta.models import widths_of
 from codetta.tune import _probe, _probe_loss, _scaled, call_inputs, rows_per_chunk
 
 
 def _source(call) -> str:
-    pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
+    pp = pingpong_allowed(call)
     cfg, where = CHOOSER.known(call, pp, candidates(call, pingpong=pp))
     return where or "rule/nearest"
 

@@ -9,7 +9,8 @@ layout timed alone right after (paired): which calls lose time inside the step,
 where isolated timing (scripts/call_ratios.py) may not show it.
 
 Usage: python scripts/profile_step.py [case] [variants...]
-(a variant ``codetta:no-pingpong`` runs codetta with the portable mainloop only)
+(a variant ``codetta:no-pingpong`` runs codetta with the portable mainloop only,
+``codetta:epilogue-bound`` with ``CODETTA_PINGPONG_POLICY=epilogue-bound``)
 """
 
 import collections
@@ -128,8 +129,10 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (mb.BATCH, mb.SEQ), device="cuda", generator=g)
     for name in variants:
-        with settings.override(pingpong=not name.endswith(":no-pingpong")):
-            profile_variant(case, name.split(":")[0] if ":" in name else name, name, base, ids)
+        variant, _, how = name.partition(":")
+        changes = {"": {}, "no-pingpong": {"pingpong": False}, "epilogue-bound": {"pingpong_policy": how}}
+        with settings.override(**changes[how]):
+            profile_variant(case, variant, name, base, ids)
 
 
 def profile_variant(case: str, variant: str, name: str, base, ids) -> None:

@@ -156,3 +156,39 @@ def test_rule_config_follows_the_shape():
     few = tuning.rule_config(call(2048, 2048), cands(pg.STORE))
     assert few.occupancy == 2
     assert tuning.rule_config(call(64, 256), TRITON.candidates(pg.STORE)).occupancy == 2
+
+
+def test_pingpong_policy():
+    """CODETTA_PINGPONG_POLICY=epilogue-bound keeps a light epilogue at long K on the
+    portable mainloop; heavy epilogues (tile inputs, a paired weight, a float32 ring, a
+    row table, a log-sum-exp) and short K keep the ping-pong candidates."""
+    from codetta import programs as pg
+    from codetta.kernels import settings
+    from codetta.kernels.operands import make_call
+
+    assert settings.Settings.from_env({}).pingpong_policy == "all"
+    assert settings.Settings.from_env({"CODETTA_PINGPONG_POLICY": "epilogue-bound"}).pingpong_policy == (
+        "epilogue-bound"
+    )
+    with pytest.raises(ValueError, match="CODETTA_PINGPONG_POLICY"):
+        settings.Settings.from_env({"CODETTA_PINGPONG_POLICY": "some"})
+
+    def call(prog, K, **ops):
+        M, N, h = 256, 128, torch.float16
+        a, w = torch.zeros(M, K, dtype=h), torch.zeros(N, K, dtype=h)
+        return make_call(prog, a, w, ops)
+
+    M, N = 256, 128
+    tile = torch.zeros(M, N, dtype=torch.float16)
+    assert not tuning.pingpong_pays(call(pg.STORE, 8192))
+    assert not tuning.pingpong_pays(call(pg.ACCUMULATE, 8192, c=tile))
+    assert not tuning.pingpong_pays(call(pg.RESIDUAL_RMS, 8192, residual=tile, gamma=torch.ones(N)))
+    assert tuning.pingpong_pays(call(pg.STORE, 2048))  # short K
+    assert tuning.pingpong_pays(call(pg.DSWIGLU, 8192, g=tile, u=tile))  # tile inputs
+    assert tuning.pingpong_pays(call(pg.ACCUMULATE_F32, 8192, c=tile.float()))  # float32 ring
+    assert tuning.pingpong_pays(call(pg.CE_LOGITS, 8192))  # a row log-sum-exp
+    assert tuning.pingpong_pays(call(pg.SWIGLU_RMS, 8192, up=torch.zeros(N, 8192, dtype=torch.float16),
+                                     sumsq=torch.ones(M), inv_d=1.0, eps=1e-6))  # fmt: skip
+    # on a CPU the ping-pong mainloop cannot run, whatever the policy
+    with settings.override(pingpong_policy="all"):
+        assert not tuning.pingpong_allowed(call(pg.DSWIGLU, 8192, g=tile, u=tile))

@@ -23,11 +23,11 @@ import torch
 
 from . import device, direct, reductions
 from .configs import Config
-from .engines import PINGPONG, engine_of
+from .engines import engine_of
 from .operands import GemmCall, check_outputs, make_call, output_shape
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
-from .tuning import CHOOSER, candidates
+from .tuning import CHOOSER, candidates, pingpong_allowed
 
 
 def _alloc(shape, dtype, dev):
@@ -351,7 +351,7 @@ def tune(
     call = make_call(epilogue if epilogue is not None else STORE, a, weight, operands)
     if call.device.type != "cuda" or device.interpreting():
         raise ValueError("tuning needs a CUDA GPU (the interpreter has one configuration)")
-    pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
+    pp = pingpong_allowed(call)
     cands = candidates(call, pingpong=pp)
     if not force:
         cfg, source = CHOOSER.known(call, pp, cands)

@@ -32,6 +32,10 @@ class Settings:
     autotune: bool = False
     shipped: bool = True
     pingpong: bool = True
+    # "all": the ping-pong mainloop is a candidate wherever it can run; "epilogue-bound":
+    # only where its epilogue overlap pays (tuning.pingpong_pays), the portable mainloop
+    # elsewhere (it draws less power, so the whole step runs at a higher clock, NOTES.md)
+    pingpong_policy: str = "all"
     tail_split: bool = True
     tune_verbose: bool = False
     sm_margin: int = 0
@@ -60,12 +64,24 @@ class Settings:
             autotune=flag("CODETTA_AUTOTUNE", False),
             shipped=flag("CODETTA_SHIPPED", True),
             pingpong=flag("CODETTA_PINGPONG", True),
+            pingpong_policy=_choice(
+                "CODETTA_PINGPONG_POLICY", env.get("CODETTA_PINGPONG_POLICY", "all"), PINGPONG_POLICIES
+            ),  # fmt: skip
             tail_split=flag("CODETTA_TAIL_SPLIT", True),
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
             sm_margin=_whole("CODETTA_SM_MARGIN", env.get("CODETTA_SM_MARGIN", "0")),
             ce_chunk_mb=_whole("CODETTA_CE_CHUNK_MB", env.get("CODETTA_CE_CHUNK_MB", "1024"), least=1),
             cache_dir=Path(cache),
         )
+
+
+PINGPONG_POLICIES = ("all", "epilogue-bound")
+
+
+def _choice(name: str, value: str, choices: tuple) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def _whole(name: str, value: str, least: int = 0) -> int:

@@ -25,6 +25,7 @@ from . import configs, device, timing
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
 from .operands import GemmCall
+from .program import Kind
 from .settings import SETTINGS
 
 CACHE_FORMAT = 3
@@ -154,12 +155,41 @@ def compile_concurrently(candidates: list[Config], prepare) -> None:
                 pass
 
 
+# A K this long gives a light epilogue's tile enough K loop that the portable mainloop's
+# serial epilogue costs little (run 54: store, accumulate, residual_rms at K >= 8192
+# ran at 0.87-0.95x cuBLAS there, at K 512-2048 1.2-1.6x)
+LONG_K = 4096
+
+
+def pingpong_pays(call: GemmCall) -> bool:
+    """Whether overlapping the epilogue with the next tile's K loop is worth the
+    ping-pong mainloop's extra shared-memory traffic (and power): a tile input, a paired
+    weight, a float32 ring, a per-row table or gathered index, a row log-sum-exp, pick
+    or column sums, or a short K. Measured in a Llama-3.2-1B step (run 54, NOTES.md)."""
+    prog = call.program
+    heavy_in = (Kind.TILE, Kind.PAIRED_WEIGHT, Kind.ROW_TABLE, Kind.PER_ROW_INDEX)
+    return (
+        any(op.kind in heavy_in for op in prog.caller_inputs)
+        or any(op.kind in (Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM) for op in prog.outputs)
+        or PINGPONG.ring_dtype(prog, call.dtype) == torch.float32
+        or call.K < LONG_K
+    )
+
+
+def pingpong_allowed(call: GemmCall) -> bool:
+    """Whether the ping-pong mainloop's configurations are candidates for the call: it
+    can run it, the ``pingpong`` setting is on, and the policy setting agrees."""
+    if not SETTINGS.pingpong or PINGPONG.unsupported(call) is not None:
+        return False
+    return SETTINGS.pingpong_policy == "all" or pingpong_pays(call)
+
+
 def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
     """The configurations the tuner tries for a call: the portable mainloop's, then the
-    ping-pong mainloop's where it can run (and ``pingpong``, default the setting, allows)."""
-    allow = SETTINGS.pingpong if pingpong is None else pingpong
+    ping-pong mainloop's where ``pingpong`` (default: ``pingpong_allowed``) says so."""
+    allow = pingpong_allowed(call) if pingpong is None else pingpong and PINGPONG.unsupported(call) is None
     cands = TRITON.candidates(call.program)
-    if allow and PINGPONG.unsupported(call) is None:
+    if allow:
         cands += PINGPONG.candidates(call.program)
     return cands
 
@@ -259,7 +289,7 @@ class Chooser:
         """``prepare(cfg) -> fn`` makes a runnable launch of the call for tuning."""
         if device.interpreting():
             return configs.interpreter_config(call.program.sub_tile_width)
-        pp = SETTINGS.pingpong and PINGPONG.unsupported(call) is None
+        pp = pingpong_allowed(call)
         memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, call.device, pp)
         cfg = self._chosen.get(memo)
         if cfg is None:
