@@ -308,6 +308,8 @@ class PingPongEngine:
     def candidates(self, program: Program) -> list[Config]:
         if not program.pingpong:
             return []
+        if program.pingpong_configs is not None:
+            return fitting_sub_tiles(program, program.pingpong_configs)
         if self.ring_dtype(program, None) == torch.float32:
             return fitting_sub_tiles(program, configs.PINGPONG_F32_RING_CANDIDATES)
         if program.pair_slot >= 0:

@@ -183,7 +183,8 @@ class Program:
     sm_90a compile check. ``tail_split=False`` opts out of splitting a partial
     last wave along K. ``sm90_body``: an escape hatch, a Gluon-specific body
     with the same contract for the ping-pong mainloop (default: ``body``);
-    ``pingpong=False`` keeps the program on the Triton mainloop.
+    ``pingpong=False`` keeps the program on the Triton mainloop; ``pingpong_configs``
+    overrides its ping-pong candidates (default: by what its epilogue holds at once).
     ``sub_tile_width``: every epilogue sub-tile is exactly this many columns wide
     (and N a multiple of it): a body that works on one group of columns at a time,
     e.g. one attention head for RoPE's rotate-half; other configurations are left out.
@@ -201,6 +202,7 @@ class Program:
     sm90_body: Any = None
     pingpong: bool = True
     sub_tile_width: int = 0
+    pingpong_configs: tuple | None = None
     result: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

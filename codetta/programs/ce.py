@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..kernels import device
 from ..kernels import primitives as P
-from ..kernels.configs import BACKWARD_CANDIDATES, PLAIN_CANDIDATES
+from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_STREAMING_CANDIDATES, PLAIN_CANDIDATES
 from ..kernels.program import DType, PerCol, Program, RowLogSumExp, Scalar, Tile
 from .norm_rows import torch_path
 
@@ -86,6 +86,9 @@ CE_LOGITS_EXT = Program(
     outputs=(Tile("logits"), RowLogSumExp("lse")),
     reference=_ext_reference,
     configs=CE_LOGITS.configs,
+    # the logits and their capped values (tanh's temporaries) held at once: a whole
+    # 128x128 sub-tile spills on the ping-pong mainloop (sm_90a check), halves do not
+    pingpong_configs=PINGPONG_STREAMING_CANDIDATES,
 )
 
 
