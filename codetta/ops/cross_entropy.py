@@ -269,8 +269,9 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         dx, dw, db = ctx.saved_tensors
         if dx.numel() == 0:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
-        g = dloss.to(torch.float32)
-        dx, dw, db = (dx * g).to(dx.dtype), (dw * g).to(dw.dtype), (db * g).to(db.dtype)
+        # one multi-tensor kernel, fp32 math, each result in its own dtype (the per-tensor
+        # products with a float32 0-dim factor took 1.3 ms per Llama-3.2-1B step, run 54)
+        dx, dw, db = torch._foreach_mul([dx, dw, db], dloss.to(torch.float32))
     return (dx, dw, None, db if ctx.has_bias else None) + none[:8]
 
 
