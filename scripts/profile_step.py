@@ -1,7 +1,9 @@
 """Where a training step's GPU time goes (GPU machine).
 
 Per variant: torch.profiler's kernel table over a few steps of the model benchmark's
-step, and the SM clock and power sampled by nvidia-smi while the steps run. For the
+step, the time per step run back to back (the variant alone in the process, unlike the
+benchmark, which keeps every variant's model alive), and the SM clock and power
+sampled by nvidia-smi while the steps run. For the
 codetta variants also every GEMM call of the step timed in place (CUDA events around
 each ``gemm`` call the operators make, finishing kernels included), grouped by
 program, layout and shape, next to cuBLAS's time for a GEMM of the same shape and
@@ -140,17 +142,22 @@ def profile_variant(case: str, variant: str, name: str, base, ids) -> None:
     for _ in range(STEPS):
         step()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with Clocks() as clocks:
+        start.record()
         for _ in range(4 * STEPS):
             step()
+        end.record()
         torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / (4 * STEPS)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
             step()
         torch.cuda.synchronize()
     events = prof.key_averages()
     total = sum(e.device_time_total for e in events) / STEPS / 1e3
-    print(f"== {case} {name}: {total:.2f} ms of kernels per step; {clocks.summary()}")
+    print(f"== {case} {name}: {total:.2f} ms of kernels per step, {wall:.2f} ms per step back to back (this "
+          f"variant alone in the process); {clocks.summary()}")  # fmt: skip
     rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
     for e in rows:
         print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
