@@ -192,3 +192,12 @@ def test_pingpong_policy():
     # on a CPU the ping-pong mainloop cannot run, whatever the policy
     with settings.override(pingpong_policy="all"):
         assert not tuning.pingpong_allowed(call(pg.DSWIGLU, 8192, g=tile, u=tile))
+    # the tune command keys a model's calls as the launcher would under the policy
+    from codetta import models, tune
+
+    with settings.override(pingpong_policy="epilogue-bound"):
+        keys = tune.model_calls(models.widths_of("llama3-1b"), (16384,))
+    light = {k.split("@")[0] for k in keys if k.endswith("|no-pingpong")}
+    assert light == {"store", "accumulate", "residual_rms"}
+    default = tune.model_calls(models.widths_of("llama3-1b"), (16384,))
+    assert not any(k.endswith("|no-pingpong") for k in default)

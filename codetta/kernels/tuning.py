@@ -161,11 +161,12 @@ def compile_concurrently(candidates: list[Config], prepare) -> None:
 LONG_K = 4096
 
 
-def pingpong_pays(call: GemmCall) -> bool:
+def pingpong_pays(call) -> bool:
     """Whether overlapping the epilogue with the next tile's K loop is worth the
     ping-pong mainloop's extra shared-memory traffic (and power): a tile input, a paired
     weight, a float32 ring, a per-row table or gathered index, a row log-sum-exp, pick
-    or column sums, or a short K. Measured in a Llama-3.2-1B step (run 54, NOTES.md)."""
+    or column sums, or a short K. Measured in a Llama-3.2-1B step (run 54, NOTES.md).
+    ``call``: a GemmCall or a RecordedCall (its program, dtype and K)."""
     prog = call.program
     heavy_in = (Kind.TILE, Kind.PAIRED_WEIGHT, Kind.ROW_TABLE, Kind.PER_ROW_INDEX)
     return (
