@@ -188,17 +188,38 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta_to_llama(_model("qwen3", False))
 
 
-@pytest.mark.parametrize("how", ["hf", "checkpoint_wrapper", "composable"])
-def test_activation_checkpointing_raises(how):
-    """Hugging Face's gradient checkpointing and torch.distributed's per-block wrappers
-    (which the fused forward would silently bypass) raise a clear error."""
+def _enable_hf_checkpointing(model):
+    # (transformers 5.x: one flag on the base model and one per layer)
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_hf_gradient_checkpointing(family):
+    """Hugging Face's gradient checkpointing on the patched model: each layer's unit (its
+    q, k, v to the next layer's) runs again in the backward, and the loss and every
+    gradient are the same bits as without checkpointing."""
+    base = _model(family, True, num_hidden_layers=3)
+    plain, ckpt = (codetta.apply_codetta(copy.deepcopy(base)) for _ in range(2))
+    _enable_hf_checkpointing(ckpt)
+    kw = _inputs("padding")
+    with CountOps() as once:
+        want = _step(plain, kw)
+    with CountOps() as twice:
+        got = _step(ckpt, kw)
+    n = base.config.num_hidden_layers
+    assert once.calls == 2 * n + 1
+    assert twice.calls == once.calls + 2 * (n - 1), "the checkpointed units did not run again"
+    assert torch.equal(got[1], want[1]), "loss"
+    for name, g in want[2].items():
+        assert torch.equal(got[2][name], g), name
+
+
+@pytest.mark.parametrize("how", ["checkpoint_wrapper", "composable"])
+def test_activation_checkpointing_wrappers_raise(how):
+    """torch.distributed's per-block checkpoint wrappers (which the fused forward would
+    silently bypass) raise a clear error."""
     model = codetta.apply_codetta(_model("llama", False))
-    if how == "hf":  # (transformers 5.x: one flag on the base model and one per layer)
-        enable = (
-            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        )
-        enable()
-    elif how == "checkpoint_wrapper":
+    if how == "checkpoint_wrapper":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         layers = model.model.layers
@@ -209,7 +230,7 @@ def test_activation_checkpointing_raises(how):
 
         checkpoint(model.model.layers[1])
     model.train()
-    with pytest.raises(RuntimeError, match="activation \\(gradient\\) checkpointing is not supported"):
+    with pytest.raises(RuntimeError, match="per-block wrappers is not supported"):
         model(**_inputs("none"))
     model.eval()  # (inference: nothing is checkpointed, the fused forward runs)
     with torch.no_grad():

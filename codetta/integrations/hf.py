@@ -23,7 +23,11 @@ SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``,
 requested hidden states or attentions, ``logits_to_keep``, projections with
-biases, widths that are not multiples of 8. Gradient checkpointing raises.
+biases, widths that are not multiples of 8. Hugging Face's gradient checkpointing
+(``model.gradient_checkpointing_enable()``) recomputes one unit per layer in the
+backward, on the shifted boundary: from a layer's q, k, v (and the residual stream) to
+the next layer's (not under FSDP2 yet); torch.distributed's per-block checkpoint
+wrappers raise (the fused forward never calls the layers' forwards they wrap).
 Parameters, ``state_dict`` and optimizer state are untouched; ``revert`` restores
 the original forward.
 """
@@ -35,6 +39,7 @@ import warnings
 import weakref
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
@@ -209,12 +214,13 @@ def _codetta_forward(
     for name in ("cache", "past_key_values", "use_cache", "logits_to_keep"):
         kwargs.pop(name, None)
     base = self.model
-    if self.training and (base.gradient_checkpointing or _checkpointed(base.layers)):
+    if self.training and _wrapped_for_checkpointing(base.layers):
         raise RuntimeError(
-            "codetta: activation (gradient) checkpointing is not supported by the fused forward "
-            "yet (it never calls the decoder layers' forwards, so a checkpoint wrapper around "
-            "them would silently not apply); call model.gradient_checkpointing_disable(), leave "
-            "the layers unwrapped, or codetta.revert(model)"
+            "codetta: activation (gradient) checkpointing by torch.distributed's per-block "
+            "wrappers is not supported by the fused forward (it never calls the decoder layers' "
+            "forwards, so the wrapper would silently not apply); use Hugging Face's "
+            "model.gradient_checkpointing_enable() instead, leave the layers unwrapped, or "
+            "codetta.revert(model)"
         )
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -222,6 +228,13 @@ def _codetta_forward(
     # FSDP2: each layer's parameters are gathered over the span that uses them (fsdp.py);
     # a wrapped base model's own ones (embeddings, final norm) for the whole forward
     spans = Spans([*([layer] for layer in layers), (base.norm, self.lm_head)], outer=(base,))
+    checkpointing = self.training and torch.is_grad_enabled() and _hf_checkpointing(base, layers)
+    if checkpointing and spans.active:
+        raise RuntimeError(
+            "codetta: Hugging Face's gradient checkpointing together with FSDP2 is not supported "
+            "by the fused forward yet; call model.gradient_checkpointing_disable() or "
+            "codetta.revert(model)"
+        )
     spans.open_outer()
     h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
     if position_ids is None:
@@ -245,7 +258,10 @@ def _codetta_forward(
         rope=rope,
     )  # fmt: skip
     rotated = rope is not None
-    for i, layer in enumerate(layers):
+
+    def mlp_half(i, h, qkv, rotated):
+        """Layer i from its q, k, v to the residual stream after its MLP's SwiGLU: (h, y)."""
+        layer = layers[i]
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
         post = layer.post_attention_layernorm
@@ -264,30 +280,46 @@ def _codetta_forward(
         # (the next span opens before its parameters are read: under FSDP2 they are
         # gathered then)
         (h,) = spans.open(i + 1, h)
-        if i + 1 < len(layers):
-            nxt = layers[i + 1]
-            ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
-            norm = nxt.input_layernorm
-            # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
-            rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
-            h, qkv = residual_rmsnorm_linear(
-                y, mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
-            )
-            (h,) = spans.close(i, (h,))  # (FSDP2 gathers layer i again when dh arrives)
-            rotated = rope is not None
-        elif fused_loss:
-            # training with labels: the last residual add and the final norm (K1 and one pass
-            # forming n), then the LM head and the loss in one chunked operator (no logits)
-            norm = base.norm
-            _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
-            loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
-            loss = spans.close(i + 1, spans.close(i, loss))
+        return h, y
+
+    def segment(i, rotated, h, q, k, v):
+        """Layer i from its q, k, v to layer i + 1's (and the residual stream): the unit
+        Hugging Face's gradient checkpointing recomputes in the backward, on the shifted
+        boundary (its inputs are all it keeps)."""
+        h, y = mlp_half(i, h, (q, k, v), rotated)
+        nxt = layers[i + 1]
+        ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
+        norm = nxt.input_layernorm
+        # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
+        rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
+        h, qkv = residual_rmsnorm_linear(
+            y, layers[i].mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
+        )
+        (h,) = spans.close(i, (h,))  # (FSDP2 gathers layer i again when dh arrives)
+        return (h, *qkv)
+
+    for i in range(len(layers) - 1):
+        if checkpointing:
+            h, *qkv = checkpoint(segment, i, rotated, h, *qkv, use_reentrant=False)
         else:
-            norm = base.norm
-            h, zs = residual_rmsnorm_linear(
-                y, mlp.down_proj.weight, h, norm.weight, (self.lm_head.weight,), norm.variance_epsilon
-            )
-            logits = spans.close(i + 1, spans.close(i, zs[0]))
+            h, *qkv = segment(i, rotated, h, *qkv)
+        rotated = _layer_rope(rope0, layers[i + 1].self_attn) is not None
+    i = len(layers) - 1
+    mlp = layers[i].mlp
+    h, y = mlp_half(i, h, qkv, rotated)
+    if fused_loss:
+        # training with labels: the last residual add and the final norm (K1 and one pass
+        # forming n), then the LM head and the loss in one chunked operator (no logits)
+        norm = base.norm
+        _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
+        loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
+        loss = spans.close(i + 1, spans.close(i, loss))
+    else:
+        norm = base.norm
+        h, zs = residual_rmsnorm_linear(
+            y, mlp.down_proj.weight, h, norm.weight, (self.lm_head.weight,), norm.variance_epsilon
+        )
+        logits = spans.close(i + 1, spans.close(i, zs[0]))
     if labels is not None and not fused_loss:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
     loss, logits = spans.close_outer((loss, logits))
@@ -297,12 +329,17 @@ def _codetta_forward(
     return out if return_dict else out.to_tuple()
 
 
-def _checkpointed(layers) -> bool:
-    """A layer checkpointed by Hugging Face (its per-layer flag), or wrapped for it by
-    torch.distributed (the ``checkpoint_wrapper`` module, the composable ``checkpoint``)."""
+def _hf_checkpointing(base, layers) -> bool:
+    """Hugging Face's gradient checkpointing is on (transformers 5.x: a flag on the base
+    model and one per layer)."""
+    return bool(base.gradient_checkpointing) or any(getattr(layer, "gradient_checkpointing", False)
+                                                    for layer in layers)  # fmt: skip
+
+
+def _wrapped_for_checkpointing(layers) -> bool:
+    """A layer wrapped for activation checkpointing by torch.distributed (the
+    ``checkpoint_wrapper`` module, the composable ``checkpoint``)."""
     for layer in layers:
-        if getattr(layer, "gradient_checkpointing", False):
-            return True
         if type(layer).__name__ == "CheckpointWrapper" or hasattr(layer, "_checkpoint_wrapped_module"):
             return True
         if "checkpoint" in (_composable_registry(layer) or {}):
