@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile", action="store_true", help="torch.compile each decoder layer (unpatched models only)"
     )
+    p.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="Hugging Face's gradient checkpointing (model.gradient_checkpointing_enable())",
+    )
     p.add_argument("--data", default="synthetic", help="'synthetic' or a flat file of token ids")
     p.add_argument("--data-dtype", choices=["uint16", "int32", "int64"], default="uint16")
     p.add_argument("--seed", type=int, default=0)
@@ -208,6 +213,8 @@ def build(args, device, world: int):
         model.to(dtype)
     if args.perturb:
         _perturb(model, args.seed)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable()
     if args.codetta:
         if args.compile:
             raise SystemExit("codetta train: --compile is for the unpatched model here (--no-codetta)")

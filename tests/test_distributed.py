@@ -73,8 +73,8 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     """llama: tied embeddings, FSDP2 and DDP; qwen3: per-head q/k norms in the boundary
     operator's epilogue (the next layer's parameters), FSDP2 with the base model wrapped
     too (its embeddings and final norm gathered for the whole forward; FSDP2 itself
-    refuses that with tied embeddings). All with 2 micro-batches per step (gradients
-    synchronised after the second only)."""
+    refuses that with tied embeddings) and Hugging Face's gradient checkpointing. All
+    with 2 micro-batches per step (gradients synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train_here(tmp_path, config, "one")
     from codetta.train import hf_config
@@ -85,7 +85,8 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     moved = _rel(w_one, w_init)
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
     # (qwen3's one run covers both its own point and the outer span: a suite-time budget)
-    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp", "--wrap-base")]
+    # (qwen3's run also checkpoints: Hugging Face's gradient checkpointing under FSDP2)
+    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp", "--wrap-base", "--grad-checkpointing")]
     for parallel, *extra in runs:
         tag = parallel + "".join(extra)
         res, w = _train(tmp_path, config, tag, 2, "--parallel", parallel, "--accum", "2", *extra)
