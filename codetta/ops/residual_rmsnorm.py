@@ -253,13 +253,13 @@ def _backward(
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
         dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)
-    elif gate_up:
-        # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
-        dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
-        dy, dws = y.new_empty(0), dws + [dg, du]
     else:
-        dy = gemm(dx_total, w_o.t())
-    if w_o.shape[1]:
+        if gate_up:
+            # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
+            dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
+            dy, dws = y.new_empty(0), dws + [dg, du]
+        else:
+            dy = gemm(dx_total, w_o.t())
         dw_o = gemm(dx_total.t(), y.t())
     if n_rope and len(rope) > 2:
         dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'

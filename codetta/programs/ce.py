@@ -2,9 +2,9 @@
 program and the row pass that turns a stored logits chunk into its gradient in place.
 
 The logits GEMM stores a bounded chunk of rows of logits in the GEMM's dtype and,
-from the fp32 accumulator, each row's log-sum-exp, no fp32 [M, V] logits anywhere (the target
-logit is gathered from the stored chunk; the bias / soft-cap program picks it in the
-epilogue). The row pass then writes (softmax - onehot) * scale over
+from the fp32 accumulator, each row's log-sum-exp, no fp32 [M, V] logits anywhere (the
+target logit is gathered from the stored chunk, ``pick_stored``, for both programs).
+The row pass then writes (softmax - onehot) * scale over
 the chunk, which the dX and dW GEMMs consume.
 """
 
