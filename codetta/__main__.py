@@ -84,8 +84,17 @@ def main(argv=None) -> int:
         "--variants",
         nargs="+",
         default=["eager", "liger", "torch.compile", "codetta", "codetta+compile"],
-        choices=["eager", "liger", "torch.compile", "codetta", "codetta+compile"],
-        help="model part: which variants (the floor is always timed)",
+        choices=[
+            "eager",
+            "liger",
+            "torch.compile",
+            "codetta",
+            "codetta+compile",
+            "codetta:no-pingpong",
+            "codetta:epilogue-bound",
+        ],
+        help="model part: which variants (the floor is always timed); codetta:<how> runs codetta "
+        "with the portable mainloop only (no-pingpong) or ping-pong only where it pays (epilogue-bound)",
     )
     b.add_argument(
         "--widths",
@@ -128,7 +137,10 @@ def main(argv=None) -> int:
     if args.cmd == "tune":
         from codetta.tune import main as tune_main
 
-        return tune_main(args)
+        try:
+            return tune_main(args)
+        except ValueError as exc:  # a model name or config it cannot read: say so, no traceback
+            p.error(f"tune: {exc}")
     if args.cmd is None:  # the main job: the benchmark on a GPU, the interpreter demo on a CPU
         import torch
 

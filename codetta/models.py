@@ -75,7 +75,14 @@ def widths_of(spec) -> Widths:
                 f"{spec!r} is not a known model ({', '.join(KNOWN)}) nor a config.json path; "
                 "reading a hub name needs `pip install transformers`"
             ) from None
-        return widths_of(AutoConfig.from_pretrained(spec))
+        try:
+            config = AutoConfig.from_pretrained(spec)
+        except OSError as exc:  # not on the hub, or the hub out of reach and not cached
+            raise ValueError(
+                f"{spec!r} is not a known model ({', '.join(KNOWN)}) nor a config.json path, and "
+                f"Hugging Face could not give its config: {str(exc).splitlines()[0]}"
+            ) from None
+        return widths_of(config)
     raise TypeError(f"cannot read model widths from {type(spec).__name__}")
 
 

@@ -3,7 +3,8 @@
 # Usage (repo root, on the GPU machine): CODETTA_COMMIT=<sha> bash scripts/gpu_call.sh STEP...
 #   tests:<pytest args>   e.g. "tests:tests/test_gemm.py"   (limit TEST_TIMEOUT, default 240 s)
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
-#   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE)
+#   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE;
+#                         TUNE_FORCE=0 tunes only keys the shipped table and cache lack)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)
@@ -38,7 +39,7 @@ for step in "$@"; do
       mkdir -p "$OUT/tuned"
       [ -n "${TUNE_MERGE:-}" ] && cp codetta/kernels/tuned/*.json "$OUT/tuned/" && TUNE_ARGS="${TUNE_ARGS:-} --merge"
       # shellcheck disable=SC2086
-      timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune ${TUNE_SCOPE:---all-known} --force \
+      timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune ${TUNE_SCOPE:---all-known} $([ "${TUNE_FORCE:-1}" = 0 ] || echo --force) \
         --seconds "${TUNE_SECONDS:-0.3}" --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
       grep -v "^codetta:" "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
     bench:*)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from codetta.bench.harness import Results, Row, env_info, source_hash
+from codetta.kernels.settings import SETTINGS, override
 
 
 def test_source_hash_names_the_code():
@@ -35,12 +36,16 @@ def test_model_step_variants_on_cpu():
     base = mb.make_model(config, device="cpu", dtype=torch.float32)
     ids = torch.randint(0, config.vocab_size, (2, 16))
     losses = {}
-    for name in ("eager", "codetta"):
+    for name in ("eager", "codetta", "codetta:no-pingpong"):
         step = mb.variant_step(name, base, ids, ids)
         step()
         step()
         losses[name] = step.losses[0]
+        assert SETTINGS.pingpong  # a variant's settings hold during its steps only
     assert abs(losses["codetta"] - losses["eager"]) < 1e-4 * abs(losses["eager"])
+    assert losses["codetta:no-pingpong"] == losses["codetta"]  # the interpreter has one mainloop
+    with pytest.raises(ValueError, match="unknown variant"):
+        mb.variant_step("eager:no-pingpong", base, ids, ids)
     gemms = mb.step_gemms(config, 32)
     assert len(gemms) == 7 * config.num_hidden_layers + 1 and (32, 128, 64) in gemms
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
@@ -87,3 +92,29 @@ def test_module_swap_confines_a_monkey_patch():
     with swap.patched():
         assert (mod.rope, mod.Norm, mod.extra) == ("peer-rope", "hf-norm", "peer-extra")
     assert (mod.rope, hasattr(mod, "extra")) == ("hf-rope", False)
+
+
+def test_settings_taking_turns_find_their_launches_again():
+    """A/B variants enter and leave a settings override every step: the settings' id
+    (what launch caches key on) is the same each time the same values are in force."""
+    before = SETTINGS.generation
+    with override(pingpong_policy="epilogue-bound"):
+        first = SETTINGS.generation
+    with override(pingpong_policy="epilogue-bound"):
+        assert SETTINGS.generation == first != before
+        with override(pingpong_policy="all"):
+            assert SETTINGS.generation == before
+    assert SETTINGS.generation == before
+
+
+def test_cli_offers_every_model_variant():
+    from codetta.__main__ import main
+    from codetta.bench import model as mb
+
+    for name in mb.ALL_VARIANTS:  # parses (the part itself needs a GPU: --help stops first)
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--parts", "model", "--variants", name, "--help"])
+        assert exc.value.code == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--parts", "model", "--variants", "codetta:bogus"])
+    assert exc.value.code == 2

@@ -37,6 +37,13 @@ CASES = {
     "8B-4layers+head": dict(_8B, num_hidden_layers=4, vocab_size=128256, tie_word_embeddings=False),
 }
 VARIANTS = ("eager", "liger", "torch.compile", "codetta", "codetta+compile")
+# codetta under other settings, for A/B runs next to the peers: "codetta:<how>" runs the
+# drop-in with these settings in force during its steps only
+SETTING_VARIANTS = {
+    "no-pingpong": {"pingpong": False},
+    "epilogue-bound": {"pingpong_policy": "epilogue-bound"},
+}
+ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 
 
 def llama_config(case: str, **over):
@@ -98,7 +105,12 @@ def variant_step(name: str, base_model, ids, labels):
     """``(step, model)``: one training step of variant ``name`` on its own copy of
     ``base_model``; None where the variant is unavailable (Liger not installed)."""
     import codetta
+    from codetta.kernels import settings
 
+    name, _, how = name.partition(":")
+    if how and (name != "codetta" or how not in SETTING_VARIANTS):
+        raise ValueError(f"unknown variant {name}:{how}; known: {', '.join(ALL_VARIANTS)}")
+    changes = SETTING_VARIANTS.get(how, {})
     model = copy.deepcopy(base_model).train()
     run = model
     swap = None
@@ -123,10 +135,8 @@ def variant_step(name: str, base_model, ids, labels):
     losses = []
 
     def step():
-        if swap is not None:
-            with swap.patched():
-                return _step()
-        return _step()
+        with settings.override(**changes), swap.patched() if swap is not None else contextlib.nullcontext():
+            return _step()
 
     def _step():
         out = run(input_ids=ids, labels=labels, use_cache=False)
@@ -210,7 +220,14 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
         if ref is not None and abs(loss - ref) > 2e-2 * abs(ref):
             raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
     mem = {k: peak_memory_gb(fn) for k, fn in fns.items()}
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     times = compare(fns)
+    # every variant's model and optimizer state stay alive through the timing: where the
+    # caching allocator runs out of room it frees its cache and retries (a device-wide
+    # synchronize), a cost that a process training one model would not pay
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+    reserved = torch.cuda.memory_reserved() / 2**30
+    print(f"  {case}: caching allocator retries during timing: {retries} ({reserved:.1f} GiB reserved)")
     flops = step_flops(config, tokens)
     b = times["floor"]
     for name, t in times.items():

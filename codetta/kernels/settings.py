@@ -49,7 +49,9 @@ class Settings:
     # untuned choices (autotune off) take the ping-pong mainloop's first candidate
     # where it can run, instead of the portable mainloop's
     prefer_pingpong: bool = False
-    # bumped by every override (entry and exit): caches of per-call decisions key on it
+    # an id of the other fields' values, restamped by every override (entry and exit):
+    # caches of per-call decisions key on it, so switching back to earlier settings (A/B
+    # benchmark variants taking turns) finds their entries again
     generation: int = dataclasses.field(default=0, repr=False, compare=False)
 
     @classmethod
@@ -94,7 +96,16 @@ def _whole(name: str, value: str, least: int = 0) -> int:
     return number
 
 
+_STATES: dict = {}
+
+
+def _restamp() -> None:
+    state = tuple(getattr(SETTINGS, f.name) for f in dataclasses.fields(Settings) if f.name != "generation")
+    SETTINGS.generation = _STATES.setdefault(state, len(_STATES))
+
+
 SETTINGS = Settings.from_env()
+_restamp()
 
 
 @contextlib.contextmanager
@@ -106,10 +117,10 @@ def override(**changes):
     old = {k: getattr(SETTINGS, k) for k in changes}
     for k, v in changes.items():
         setattr(SETTINGS, k, v)
-    SETTINGS.generation += 1
+    _restamp()
     try:
         yield SETTINGS
     finally:
         for k, v in old.items():
             setattr(SETTINGS, k, v)
-        SETTINGS.generation += 1
+        _restamp()
