@@ -358,6 +358,7 @@ def _program_operands(name, M, N, device, K=64):
         "rms_rope_128": rope,
         "rms_qknorm_rope_128": {**rope, "qk_w": torch.rand(N, **f32) + 0.5, "qk_eps": 1e-6},
         "store": {},
+        "store_f32": {},
         "accumulate": {"c": rand(M, N, dtype=dtype, device=device)},
         "accumulate_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
         "row_scale": {"scale": torch.rand(M, **f32) + 0.5},

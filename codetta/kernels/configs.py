@@ -182,9 +182,13 @@ PINGPONG_HEAVY_CANDIDATES = _pingpong((5,), (4,))
 # one 128-wide wgmma over the stacked B stage (the same accumulator as a 128x128 tile)
 PINGPONG_PAIRED_CANDIDATES = _pingpong((5,), (1, 2), block_n=64)
 # A float32 ring (a seed and output in float32: a weight gradient summed over chunks
-# in place): the two rings take 128 KB of 128x128 tiles, leaving room for 3 A/B
-# stages; or 128x64 tiles with 5 stages. (The rule takes the last one.)
-PINGPONG_F32_RING_CANDIDATES = _pingpong((5,), (1, 2), block_n=64) + _pingpong((3,), (4, 2))
+# in place): rings of whole 128x128 tiles take 128 KB, leaving room for 3 A/B stages
+# (split 2); 128x64 tiles leave room for 5; rings of two sub-tiles (the seed streams
+# through them: PingPongEngine.ring_slots) for 4 or 5 beside 128x128 tiles split 4.
+# (The rule takes the last one.)
+PINGPONG_F32_RING_CANDIDATES = (
+    _pingpong((5,), (1, 2), block_n=64) + _pingpong((3,), (4, 2)) + _pingpong((4, 5), (4,))
+)
 ALL_PINGPONG = frozenset(
     _pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64) + PINGPONG_F32_RING_CANDIDATES
 )

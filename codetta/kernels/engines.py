@@ -330,6 +330,18 @@ class PingPongEngine:
         return fitting_sub_tiles(program, cfgs)
 
     @staticmethod
+    def ring_slots(program: Program, cfg: Config, dtype: torch.dtype) -> int:
+        """Sub-tiles per consumer in the epilogue ring: the whole tile's, or 2 for a
+        float32 ring whose program has one tile output and no tile input but its seed
+        (``ACCUMULATE_F32``: the seed streams through them, ``pingpong._streamed_seed``;
+        the shared memory saved makes room for 5 A/B stages beside 128x128 tiles)."""
+        outs = sum(op.is_tile for op in program.outputs)
+        if (PingPongEngine.ring_dtype(program, dtype) != torch.float32 or outs != 1 or _in_tiles(program)
+                or program.pair_slot >= 0):  # fmt: skip
+            return cfg.epi_split
+        return min(2, cfg.epi_split)
+
+    @staticmethod
     def prefetches(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
         """Whether the tile inputs are prefetched (``pingpong.py``: a buffer of one
         sub-tile per input and consumer, where the shared memory has room for it; an
@@ -381,6 +393,7 @@ class PingPongEngine:
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
             "IN_TILES": _in_tiles(program), "PREFETCH": self.prefetches(program, cfg, dtype),
+            "RING_SLOTS": self.ring_slots(program, cfg, dtype),
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:

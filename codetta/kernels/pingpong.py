@@ -182,14 +182,15 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
 
 
 @gluon.jit
-def _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: gl.constexpr,
-              IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
-              ELEM: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr,
-              PREFETCH: gl.constexpr):  # fmt: skip
-    """The program over the tile's column sub-tiles (one per ring slot); returns the
-    load barrier's next phase. With PAIRED, acc holds the two products side by side
-    and the body gets each sub-tile as their pair."""
-    EPI_SPLIT: gl.constexpr = ring.shape[0]
+def _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M, N, ops,
+              BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
+              ELEM: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
+              EPI_SPLIT: gl.constexpr):  # fmt: skip
+    """The program over the tile's EPI_SPLIT column sub-tiles; returns the load and seed
+    barriers' next phases. With PAIRED, acc holds the two products side by side and the
+    body gets each sub-tile as their pair. A ring of fewer slots than sub-tiles streams
+    the seed (``_streamed_seed``)."""
+    SLOTS: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[0]
     SUB_N: gl.constexpr = ring.shape[2]
     if PAIRED:
@@ -198,7 +199,7 @@ def _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: g
         blocks2 = E.column_blocks(second, EPI_SPLIT)
     else:
         blocks = E.column_blocks(acc, EPI_SPLIT)
-    if SEED >= 0:
+    if SEED >= 0 and SLOTS == EPI_SPLIT:
         # the seed landed in the ring during the K loop: add all of it first, freeing the ring
         seeded = ()
         for j in gl.static_range(EPI_SPLIT):
@@ -206,8 +207,11 @@ def _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: g
         blocks = seeded
     for j in gl.static_range(EPI_SPLIT):
         like = blocks[j]
-        a = (blocks[j], blocks2[j]) if PAIRED else blocks[j]
         sub_n = off_n + j * SUB_N
+        if SEED >= 0 and SLOTS < EPI_SPLIT:
+            like, sd_phase = _streamed_seed(like, ops[SEED], ring, seed_bar, sd_phase, off_m, sub_n + SUB_N,
+                                            j, j + 1 < EPI_SPLIT)  # fmt: skip
+        a = (like, blocks2[j]) if PAIRED else like
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, like.type.layout))
         cols = sub_n + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, like.type.layout))
         if PREFETCH:
@@ -221,7 +225,24 @@ def _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY: g
         E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, gl.cdiv(N, SUB_N),
                            off_m // BLOCK_M)  # fmt: skip
         _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n)
-    return ld_phase
+    return ld_phase, sd_phase
+
+
+@gluon.jit
+def _streamed_seed(block, seed, ring, seed_bar, sd_phase, off_m, next_n, j: gl.constexpr, MORE: gl.constexpr):
+    """Sub-tile j plus its seed, which was TMA-loaded into ring slot j % SLOTS (sub-tile
+    0's at the tile's start, during the K loop; j+1's here, once j's is in registers, into
+    the next slot after the store issued from it has left). A program with one tile
+    output (the seed's: ACCUMULATE_F32) then writes sub-tile j back to slot j % SLOTS.
+    So a float32 seed needs a ring of 2 sub-tiles per consumer, not a whole tile's."""
+    SLOTS: gl.constexpr = ring.shape[0]
+    mbarrier.wait(seed_bar, sd_phase)
+    block = block + ring.index(j % SLOTS).load(block.type.layout).to(gl.float32)
+    if MORE:
+        tma.store_wait(0)
+        mbarrier.expect(seed_bar, seed.block_type.nbytes)
+        tma.async_copy_global_to_shared(seed, [off_m, next_n], seed_bar, ring.index((j + 1) % SLOTS))
+    return block, sd_phase ^ 1
 
 
 @gluon.jit
@@ -229,9 +250,9 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
               o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, A_T: gl.constexpr,
               B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr,
-              PREFETCH: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
-    EPI_SPLIT: gl.constexpr = ring.shape[0]
+    SLOTS: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
     # the accumulator's width: the tile's, or (PAIRED) both products of it side by side
@@ -250,6 +271,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
     j = C
     n_done = 0
     ld_phase = 0
+    sd_phase = 0
     for tile in range(gl.program_id(0) + C * nprog, num_pid_m * num_pid_n, 2 * nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -258,8 +280,10 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
         tma.store_wait(0)
         if SEED >= 0:
             seed = ops[SEED]
-            mbarrier.expect(seed_bar, EPI_SPLIT * seed.block_type.nbytes)
-            for q in gl.static_range(EPI_SPLIT):
+            # the whole seed, or (a ring of fewer slots) its first sub-tile: the rest streams
+            FIRST: gl.constexpr = EPI_SPLIT if SLOTS == EPI_SPLIT else 1
+            mbarrier.expect(seed_bar, FIRST * seed.block_type.nbytes)
+            for q in gl.static_range(FIRST):
                 tma.async_copy_global_to_shared(seed, [off_m, off_n + q * (BLOCK_N // EPI_SPLIT)], seed_bar,
                                                 ring.index(q))  # fmt: skip
         if PREFETCH:  # the first sub-tile's tile inputs land during the K loop
@@ -288,10 +312,12 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
         mbarrier.arrive(go_other, count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index(prev), count=1)
-        if SEED >= 0:
-            mbarrier.wait(seed_bar, n_done & 1)
-        ld_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, off_m, off_n, M, N, ops, BODY, IN_KINDS,
-                             OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES, PREFETCH)  # fmt: skip
+        if SEED >= 0 and SLOTS == EPI_SPLIT:
+            mbarrier.wait(seed_bar, sd_phase)
+            sd_phase = sd_phase ^ 1
+        ld_phase, sd_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M,
+                                       N, ops, BODY, IN_KINDS, OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES,
+                                       PREFETCH, EPI_SPLIT)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
@@ -303,7 +329,7 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
                     RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, IN_TILES: gl.constexpr,
-                    PREFETCH: gl.constexpr):  # fmt: skip
+                    PREFETCH: gl.constexpr, RING_SLOTS: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1] if A_T else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
     PAIRED: gl.constexpr = PAIR >= 0
@@ -316,8 +342,8 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
     else:
         b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         b2_desc = b_desc
-    ring0 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
-    ring1 = gl.allocate_shared_memory(RING_DTYPE, [EPI_SPLIT, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
+    ring0 = gl.allocate_shared_memory(RING_DTYPE, [RING_SLOTS, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
+    ring1 = gl.allocate_shared_memory(RING_DTYPE, [RING_SLOTS, BLOCK_M, BLOCK_N // EPI_SPLIT], RING_LAYOUT)
     if PREFETCH:  # per consumer, one sub-tile of each tile input
         in_shape: gl.constexpr = [len(IN_TILES), BLOCK_M, BLOCK_N // EPI_SPLIT]
         inb0 = gl.allocate_shared_memory(RING_DTYPE, in_shape, RING_LAYOUT)
@@ -342,11 +368,13 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
             (_consumer, (a_bufs, b_bufs, ready, empty, ring0, inb0, seed_bars.index(0), ld_bars.index(0),
                          go.index(0), go.index(1), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED, IN_TILES, PREFETCH)),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED, IN_TILES, PREFETCH,
+                         EPI_SPLIT)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED, IN_TILES, PREFETCH)),
+                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED, IN_TILES, PREFETCH,
+                         EPI_SPLIT)),
             (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T,
                        PAIRED)),
         ],

@@ -14,8 +14,10 @@ are computed right away, and the backward only scales them. ``none`` keeps the
 per-row log-sum-exp and does the same work in the backward, with its per-row
 gradient. Extra memory beyond the inputs and their gradients: one logits buffer
 (<= the budget, reused by every chunk; rows padded to 16 bytes, so any V works) and
-the fp32 dW accumulator (4 V d bytes, summed in place by the ACCUMULATE_F32
-epilogue), plus O(M) row statistics: at V = 128256, d = 4096 that is 1 + 2 GiB, above
+the fp32 dW accumulator (4 V d bytes: the first chunk's product stored by the
+STORE_F32 epilogue, the others' summed in place by ACCUMULATE_F32; for mean and sum it
+stays float32 until the backward scales it and casts it to the weight's dtype in one
+pass), plus O(M) row statistics: at V = 128256, d = 4096 that is 1 + 2 GiB, above
 issue 15's 512 MiB bar (the fp32 accumulator is the larger term). Each chunk reads and
 writes the whole fp32 accumulator (2 GiB of traffic at d = 4096): bigger chunks make
 fewer of those passes, which is why the budget is 1 GiB and not less (NOTES.md).
@@ -37,7 +39,7 @@ import torch
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
-from ..programs.basic import ACCUMULATE_F32
+from ..programs.basic import ACCUMULATE_F32, STORE_F32
 from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -96,7 +98,8 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
     lse_all = torch.empty(M, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if want_grads else x.new_empty(0)
-    dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device) if want_grads else None
+    # (the first chunk stores its product, the others add theirs: no zero fill)
+    dw32 = torch.empty(w.shape, dtype=torch.float32, device=x.device) if want_grads else None
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
@@ -141,7 +144,10 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
             sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
                             softcap=opts.softcap, want_sum=bool(eps), **coef)  # fmt: skip
             gemm(logits, w.t(), out=dx[sl])
-            gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
+            if start == 0:
+                gemm(logits.t(), xc.t(), epilogue=STORE_F32, out=dw32)  # dW = dl^T x
+            else:
+                gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
             if db32 is not None:
                 db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
         elif eps:
@@ -199,7 +205,8 @@ def _forward(
         loss = losses.sum()
         if reduction == "mean":  # 0/0 = nan when every row is ignored, as torch
             loss = loss / _row_weights(target, target != ignore_index, opts).sum()
-    dw = dw32.to(w.dtype) if grads else w.new_empty(0)
+    # dW stays float32 until the backward scales it (one pass: scale and cast together)
+    dw = dw32 if grads else w.new_empty(0)
     db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
     return loss, lse, dx, dw, db
 
@@ -211,7 +218,7 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
     grads = need_grad and reduction != "none"
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
-            w.new_empty(w.shape if grads else (0,)), db)  # fmt: skip
+            w.new_empty(w.shape if grads else (0,), dtype=f32 if grads else w.dtype), db)  # fmt: skip
 
 
 @torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())
@@ -250,6 +257,7 @@ def _setup(ctx, inputs, output):
     ctx.reduction, ctx.ignore_index, ctx.rows = reduction, ignore_index, rows
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.has_bias = bias is not None
+    ctx.w_dtype = w.dtype
     ctx.set_materialize_grads(False)
     if reduction == "none":
         ctx.save_for_backward(x, w, target, bias, class_weight)
@@ -269,9 +277,12 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         dx, dw, db = ctx.saved_tensors
         if dx.numel() == 0:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
-        # one multi-tensor kernel, fp32 math, each result in its own dtype (the per-tensor
-        # products with a float32 0-dim factor took 1.3 ms per Llama-3.2-1B step, run 54)
-        dx, dw, db = torch._foreach_mul([dx, dw, db], dloss.to(torch.float32))
+        # dX and db: one multi-tensor kernel, fp32 math, each result in its own dtype (the
+        # per-tensor products with a float32 0-dim factor took 1.3 ms per Llama-3.2-1B step,
+        # run 54); the float32 dW scaled and cast to the weight's dtype in one pass
+        scale = dloss.to(torch.float32)
+        dx, db = torch._foreach_mul([dx, db], scale)
+        dw = torch.mul(dw, scale, out=torch.empty(dw.shape, dtype=ctx.w_dtype, device=dw.device))
     return (dx, dw, None, db if ctx.has_bias else None) + none[:8]
 
 

@@ -1,6 +1,6 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
-from .basic import ACCUMULATE, ACCUMULATE_F32, MUL_COLSUM, ROW_SCALE, STORE
+from .basic import ACCUMULATE, ACCUMULATE_F32, MUL_COLSUM, ROW_SCALE, STORE, STORE_F32
 from .ce import CE_LOGITS, CE_LOGITS_EXT
 from .lse import ROW_LSE
 from .norm import (
@@ -18,6 +18,7 @@ __all__ = [
     "STORE",
     "ACCUMULATE",
     "ACCUMULATE_F32",
+    "STORE_F32",
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",

@@ -8,7 +8,7 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 from ..kernels.program import STORE, ColSum, PerRow, Program, Tile
 
-__all__ = ["STORE", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM"]
+__all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM"]
 
 
 @triton.jit
@@ -38,6 +38,17 @@ ACCUMULATE_F32 = Program(
     outputs=(Tile("out", dtype=torch.float32),),
     reference=lambda acc, c: {"out": acc},
     configs=tuple(BACKWARD_CANDIDATES),  # 128x128 tiles: a float32 seed tile fits shared memory
+    layouts=((True, True),),
+)
+
+# the first chunk's term of such a sum: the product stored in float32 (no seed to read,
+# no zero-filled buffer to write first)
+STORE_F32 = Program(
+    "store_f32",
+    accumulate,
+    outputs=(Tile("out", dtype=torch.float32),),
+    reference=lambda acc: {"out": acc},
+    configs=tuple(BACKWARD_CANDIDATES),
     layouts=((True, True),),
 )
 
