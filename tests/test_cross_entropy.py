@@ -274,3 +274,22 @@ def test_option_errors(device):
         linear_cross_entropy(x, w, t, softcap=0.0)
     with pytest.raises(ValueError, match="z_loss"):
         linear_cross_entropy(x, w, t, z_loss=-1.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_weight_gradient_chunks(device, reduction):
+    """The first chunk's dW GEMM stores its product (STORE_F32), the later ones add theirs
+    in place (ACCUMULATE_F32), for mean (in the forward) and none (in the backward); a
+    single chunk stores only. The sum over chunks is checked against fp64 above."""
+    from codetta.kernels.launch import recording
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
+    w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
+    t = torch.randint(0, 96, (70,), device=device)
+    for rows, want in ((32, ["store_f32", "accumulate_f32", "accumulate_f32"]), (None, ["store_f32"])):
+        with recording() as rec:
+            loss = linear_cross_entropy(x, w, t, reduction=reduction, chunk_rows=rows)
+            loss.sum().backward()
+        dw = [c.program.name for c in rec if c.program.name.endswith("_f32")]
+        assert dw == want, (rows, dw)

@@ -180,3 +180,19 @@ def test_config_round_trip():
         assert configs.config_from_dict(cfg.__dict__) == cfg
     with pytest.raises(ValueError, match="ping-pong"):
         configs.config_from_dict({**configs.PINGPONG_CANDIDATES[0].__dict__, "block_n": 256})
+
+
+def test_float32_seed_streams_through_two_slots():
+    """A float32 ring whose program has one tile output and no other tile input keeps two
+    sub-tiles per consumer (the seed streams through them), so 128x128 tiles get 4-5 A/B
+    stages; other programs keep a whole tile's ring. (test_program runs every candidate on
+    the GPU, test_sass.py compiles them for sm_90a on the CPU.)"""
+    bf16 = torch.bfloat16
+    by_split = {c.epi_split: c for c in PINGPONG.candidates(pg.ACCUMULATE_F32) if c.block_n == 128}
+    assert PINGPONG.ring_slots(pg.ACCUMULATE_F32, by_split[4], bf16) == 2
+    assert PINGPONG.ring_slots(pg.STORE_F32, by_split[4], bf16) == 2
+    assert PINGPONG.ring_slots(pg.ACCUMULATE_F32, by_split[2], bf16) == 2  # = the split: nothing streams
+    assert max(c.num_stages for c in PINGPONG.candidates(pg.ACCUMULATE_F32) if c.block_n == 128) == 5
+    for prog in (pg.ACCUMULATE, pg.DSWIGLU, pg.STORE):
+        for cfg in PINGPONG.candidates(prog):
+            assert PINGPONG.ring_slots(prog, cfg, bf16) == cfg.epi_split, prog.name

@@ -80,8 +80,8 @@ def test_model_calls_cover_the_step():
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "accumulate_f32",
-                     "swiglu_rms", "dswiglu", "rms_rope_128"}  # fmt: skip
+    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "store_f32",
+                     "accumulate_f32", "swiglu_rms", "dswiglu", "rms_rope_128"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
     assert ("swiglu_rms", False, False, 16384, 14336, 4096) in shapes  # gate and up, paired
@@ -89,7 +89,8 @@ def test_model_calls_cover_the_step():
     assert ("rms_rope_128", False, False, 16384, 1024, 4096) in shapes  # k (q: N 4096)
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # v
     assert ("ce_logits", False, False, 4096, 128256, 4096) in shapes  # LM head + loss, 4096-row chunks
-    assert ("accumulate_f32", True, True, 128256, 4096, 4096) in shapes  # its dW, summed in place
+    assert ("store_f32", True, True, 128256, 4096, 4096) in shapes  # its dW, the first chunk
+    assert ("accumulate_f32", True, True, 128256, 4096, 4096) in shapes  # the others, summed in place
     assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
     assert ("store", True, True, 14336, 4096, 16384) in shapes  # dW of gate (and up)
     for c in calls.values():
