@@ -10,7 +10,8 @@ program, layout and shape, next to cuBLAS's time for a GEMM of the same shape an
 layout timed alone right after (paired): which calls lose time inside the step,
 where isolated timing (scripts/call_ratios.py) may not show it.
 
-Usage: python scripts/profile_step.py [case] [variants...]
+Usage: python scripts/profile_step.py [case[@BxS]] [variants...]   (B sequences of S tokens;
+default 4 x 4096)
 (a variant ``codetta:no-pingpong`` runs codetta with the portable mainloop only,
 ``codetta:epilogue-bound`` with ``CODETTA_PINGPONG_POLICY=epilogue-bound``)
 """
@@ -124,17 +125,20 @@ class Clocks:
 
 
 def main() -> None:
-    case = sys.argv[1] if len(sys.argv) > 1 else "1B-layers"
+    spec = sys.argv[1] if len(sys.argv) > 1 else "1B-layers"
     variants = sys.argv[2:] or ["eager", "codetta"]
-    config = mb.llama_config(case)
+    # "case@BxS": batch B of S tokens (default the benchmark's 4 x 4096)
+    case, _, shape = spec.partition("@")
+    batch, seq = (int(x) for x in shape.split("x")) if shape else (mb.BATCH, mb.SEQ)
+    config = mb.llama_config(case, max_position_embeddings=max(seq, mb.SEQ))
     base = mb.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (mb.BATCH, mb.SEQ), device="cuda", generator=g)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=g)
     for name in variants:
         variant, _, how = name.partition(":")
         # the setting stays in force through the call timer's cuBLAS timings too
         with settings.override(**mb.SETTING_VARIANTS.get(how, {})):
-            profile_variant(case, name, base, ids)
+            profile_variant(spec, name, base, ids)
 
 
 def profile_variant(case: str, name: str, base, ids) -> None:
