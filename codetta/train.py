@@ -267,7 +267,7 @@ def train(args) -> dict:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    losses, step_ms = [], []
+    losses, step_ms, host_ms = [], [], []
     tokens_per_gpu = args.batch * args.seq_len / world
     model.train()
     profiler = None
@@ -290,17 +290,21 @@ def train(args) -> dict:
         opt.zero_grad(set_to_none=True)
         if world > 1:
             dist.all_reduce(total)  # (SUM: gloo has no AVG)
+        # the host's time to issue the step (the GPU started on the first kernel): close
+        # to the step's time when the host, not the GPU, sets the pace
+        host_ms.append((time.perf_counter() - t0) * 1e3)
         value = total.item() / world  # (waits for the step's kernels)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(value)
         if not math.isfinite(value):
             raise SystemExit(f"codetta train: loss {value} at step {step}")
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:5d}  loss {value:.4f}  {step_ms[-1]:8.1f} ms  "
+            print(f"step {step:5d}  loss {value:.4f}  {step_ms[-1]:8.1f} ms (host {host_ms[-1]:6.1f})  "
                   f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/GPU", flush=True)  # fmt: skip
     if profiler is not None:
         _profile(profiler, args, step_ms)
     timed = step_ms[args.time_from :] or step_ms or [math.nan]
+    timed_host = host_ms[args.time_from :] or host_ms or [math.nan]
     result = {
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
         "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
@@ -308,14 +312,15 @@ def train(args) -> dict:
         "accum": args.accum, "steps": args.steps, "lr": args.lr, "data": args.data,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__, "commit": os.environ.get("CODETTA_COMMIT", "unknown"),
-        "losses": losses, "step_ms": step_ms,
-        "median_step_ms": statistics.median(timed),
+        "losses": losses, "step_ms": step_ms, "host_ms": host_ms,
+        "median_step_ms": statistics.median(timed), "median_host_ms": statistics.median(timed_host),
         "tokens_per_s_per_gpu": tokens_per_gpu / statistics.median(timed) * 1e3,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }  # fmt: skip
     if rank == 0:
         print(
-            f"done: {world} process(es), median {result['median_step_ms']:.1f} ms/step, "
+            f"done: {world} process(es), median {result['median_step_ms']:.1f} ms/step "
+            f"(host {result['median_host_ms']:.1f} ms to issue it), "
             f"{result['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, final loss {(losses or [math.nan])[-1]:.4f}",
             flush=True,
         )

@@ -35,15 +35,16 @@ def main(folder):
     print(f"\n{any_run['device']}, torch {any_run['torch']}, commit {any_run['commit']}\n")
     print(
         "| run | GPUs | sequences/step | steps | codetta | compile | loss, last 10 steps | ms/step "
-        "| tokens/s/GPU | peak GB |"
+        "| host ms to issue a step | tokens/s/GPU | peak GB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for tag, r in runs.items():
         last = sum(r["losses"][-10:]) / len(r["losses"][-10:])
         print(
             f"| {tag} | {r['world']} | {r['batch']} | {r['steps']} | {r['codetta']} | {r['compile']} "
             f"| {last:.4f} | "
-            f"{r['median_step_ms']:.1f} | {r['tokens_per_s_per_gpu']:.0f} | {r['peak_memory_gb'] or 0:.1f} |"
+            f"{r['median_step_ms']:.1f} | {r.get('median_host_ms', float('nan')):.1f} | "
+            f"{r['tokens_per_s_per_gpu']:.0f} | {r['peak_memory_gb'] or 0:.1f} |"
         )
     noise = gap(runs["2gpu-moved"], runs["2gpu"]) if {"2gpu-moved", "2gpu"} <= runs.keys() else None
     pairs = [("2gpu", "1gpu"), ("2gpu-codetta", "1gpu-codetta"), ("1gpu-codetta", "1gpu"),

@@ -82,6 +82,9 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     torch.manual_seed(0)  # the weights every run starts from (train's --seed 0)
     init = transformers.AutoModelForCausalLM.from_config(hf_config(str(config), None, None, 16))
     w_init = {k: v.float() for k, v in init.state_dict().items()}
+    # the host's time to issue a step is part of the step's time (it ends in a synchronization)
+    assert len(one["host_ms"]) == len(one["step_ms"])
+    assert all(0 < h <= s for h, s in zip(one["host_ms"], one["step_ms"]))
     moved = _rel(w_one, w_init)
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
     # (qwen3's one run covers both its own point and the outer span: a suite-time budget)
