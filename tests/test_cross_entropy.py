@@ -293,3 +293,18 @@ def test_weight_gradient_chunks(device, reduction):
             loss.sum().backward()
         dw = [c.program.name for c in rec if c.program.name.endswith("_f32")]
         assert dw == want, (rows, dw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_scale_cast(device, dtype):
+    """The LM head's float32 dW, scaled by the incoming gradient and cast in one pass:
+    the product rounded once (as PyTorch rounds it), over more than one block with a
+    partial last one; a strided source is refused."""
+    from codetta.programs.ce import scale_cast
+
+    src = torch.randn(70, 130, device=device) * 100
+    scale = torch.tensor(0.37, device=device)
+    out = scale_cast(src, scale, dtype)
+    assert out.dtype == dtype and torch.equal(out, (src * scale).to(dtype))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        scale_cast(src.t(), scale, dtype)

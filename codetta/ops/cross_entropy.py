@@ -40,7 +40,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32, STORE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, scale_cast
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -282,7 +282,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         # run 54); the float32 dW scaled and cast to the weight's dtype in one pass
         scale = dloss.to(torch.float32)
         dx, db = torch._foreach_mul([dx, db], scale)
-        dw = torch.mul(dw, scale, out=torch.empty(dw.shape, dtype=ctx.w_dtype, device=dw.device))
+        dw = scale_cast(dw, scale, ctx.w_dtype)
     return (dx, dw, None, db if ctx.has_bias else None) + none[:8]
 
 
