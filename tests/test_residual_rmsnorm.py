@@ -376,3 +376,43 @@ def test_rms_backward_rows(M, D, with_gamma, device):
         assert_within("dgamma", parts.sum(0), want[2], same[2])
     else:
         assert parts is None
+
+
+def test_eager_calls_skip_the_dispatcher(device):
+    """Eager calls go through one autograd.Function over the op's own function (no
+    torch.library dispatch: ops/_eager.py) and give the custom op's outputs and
+    gradients bit for bit; under a dispatch mode (as under tracing) the custom op runs."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    rr = importlib.import_module("codetta.ops.residual_rmsnorm")  # (the package exports a function so named)
+
+    leaves = _leaves(32, 32, 64, 48, torch.float16, device)
+    w2 = rand(16, 64, dtype=torch.float16, device=device)
+
+    def run(call):
+        y, w_o, res, g, w, v = [t.detach().clone().requires_grad_() for t in (*leaves, w2)]
+        x, zs, sumsq, _ = call(y, w_o, res, g, [w, v], EPS, "rowwise", False, [], False, [], 1.0, 0, 0.0)
+        assert all(t.grad_fn is not None for t in (x, *zs))
+        loss = x.float().square().sum() + sum(z.float().sum() * (i + 1) for i, z in enumerate(zs))
+        loss.backward()
+        return [x, *zs, sumsq], [t.grad for t in (y, w_o, res, g, w, v)], type(x.grad_fn).__name__
+
+    fast_outs, fast_grads, fast_node = run(rr._forward_fast)
+    op_outs, op_grads, op_node = run(rr._forward)
+    assert fast_node != op_node, "the eager call went through the custom op"
+    for a, b in zip(fast_outs + fast_grads, op_outs + op_grads):
+        assert torch.equal(a, b)
+
+    class Seen(TorchDispatchMode):
+        ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        rr._forward_fast(*[t.detach() for t in leaves[:4]], [leaves[4]], EPS, "rowwise", False, [], False, [],
+                         1.0, 0, 0.0)  # fmt: skip
+    assert any("residual_rmsnorm_linear" in op for op in Seen.ops)

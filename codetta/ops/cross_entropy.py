@@ -41,6 +41,7 @@ from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device,
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32, STORE_F32
 from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, scale_cast
+from ._eager import FastOp
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -180,8 +181,7 @@ def _bad_targets(target, V: int, ignore_index: int):
     return None
 
 
-@torch.library.custom_op("codetta::linear_cross_entropy", mutates_args=())
-def _forward(
+def _forward_impl(
     x: torch.Tensor,
     w: torch.Tensor,
     target: torch.Tensor,
@@ -211,6 +211,9 @@ def _forward(
     return loss, lse, dx, dw, db
 
 
+_forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args=())(_forward_impl)
+
+
 @_forward.register_fake
 def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows):
     f32 = torch.float32
@@ -221,8 +224,7 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
             w.new_empty(w.shape if grads else (0,), dtype=f32 if grads else w.dtype), db)  # fmt: skip
 
 
-@torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())
-def _backward_none(
+def _backward_none_impl(
     grad: torch.Tensor,
     x: torch.Tensor,
     w: torch.Tensor,
@@ -238,6 +240,11 @@ def _backward_none(
     opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
     _, _, dx, dw32, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
     return dx, dw32.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
+
+
+_backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())(
+    _backward_none_impl
+)
 
 
 @_backward_none.register_fake
@@ -271,8 +278,8 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         return (None, None, None) + none
     if ctx.reduction == "none":
         x, w, target, bias, class_weight = ctx.saved_tensors
-        dx, dw, db = _backward_none(dloss.contiguous(), x, w, target, bias, class_weight, ctx.ignore_index,
-                                    *ctx.opts, ctx.rows)  # fmt: skip
+        dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
+                                         ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
     else:
         dx, dw, db = ctx.saved_tensors
         if dx.numel() == 0:
@@ -287,6 +294,9 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)
+# eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
+_forward_fast = FastOp(_forward, _forward_impl, _setup, _autograd_backward)
+_backward_none_fast = FastOp(_backward_none, _backward_none_impl)
 
 
 def linear_cross_entropy(
@@ -376,7 +386,7 @@ def linear_cross_entropy(
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
     grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
-    loss, lse, _, _, _ = _forward(
+    loss, lse, _, _, _ = _forward_fast(
         x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
         float(z_loss), float(softcap or 0.0), need_grad, int(rows),
     )  # fmt: skip

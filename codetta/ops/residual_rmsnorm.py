@@ -47,12 +47,12 @@ from ..programs import (
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
+from ._eager import FastOp
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
 
 
-@torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())
-def _forward(
+def _forward_impl(
     y: torch.Tensor,
     w_o: torch.Tensor,
     residual: torch.Tensor,
@@ -136,6 +136,9 @@ def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
     return freq.repeat(n // freq.shape[0])
 
 
+_forward = torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())(_forward_impl)
+
+
 @_forward.register_fake
 def _(
     y,
@@ -214,8 +217,7 @@ def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gam
     return dx_total, [gemm(dz.t(), n.t())], dgamma
 
 
-@torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())
-def _backward(
+def _backward_impl(
     dx: torch.Tensor | None,
     dzs: list[torch.Tensor],
     y: torch.Tensor,
@@ -264,6 +266,11 @@ def _backward(
     if n_rope and len(rope) > 2:
         dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'
     return dy, dw_o, dx_total, dgamma, dws
+
+
+_backward = torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())(
+    _backward_impl
+)
 
 
 @_backward.register_fake
@@ -361,7 +368,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
         dzs = [dg, du]
     widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
     dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
-    dy, dw_o, dres, dgamma, dws = _backward(
+    dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, list(pres),
     )  # fmt: skip
@@ -375,6 +382,9 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
+_forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backward)
+_backward_fast = FastOp(_backward, _backward_impl)
 
 
 def _weights(weight) -> tuple[list, list[str]]:
@@ -468,7 +478,7 @@ def residual_rmsnorm_swiglu(
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have one shape")
     lead = residual.shape[:-1]
-    x, (g, u, act), _, _ = _forward(
+    x, (g, u, act), _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
         gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0,
     )  # fmt: skip
@@ -554,7 +564,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     y, w_o = x.new_empty((M, 0)), x.new_empty((d, 0))
     ws, eps = _check(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, x.device)
-    _, zs, _, _ = _forward(
+    _, zs, _, _ = _forward_fast(
         y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
@@ -637,7 +647,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, y.device)
     if n_rope and (fold_gamma or backward != "rowwise"):
         raise ValueError("rope takes the default backward (rowwise, no fold_gamma)")
-    x, zs, _, _ = _forward(
+    x, zs, _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(),
         w_o,
         residual.reshape(-1, residual.shape[-1]).contiguous(),

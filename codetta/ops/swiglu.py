@@ -21,10 +21,10 @@ import torch
 from ..kernels.launch import gemm
 from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
 from ..programs import ACCUMULATE, DSWIGLU, SWIGLU
+from ._eager import FastOp
 
 
-@torch.library.custom_op("codetta::swiglu_mlp", mutates_args=())
-def _forward(
+def _forward_impl(
     x: torch.Tensor,
     w_gate: torch.Tensor,
     w_up: torch.Tensor,
@@ -40,14 +40,16 @@ def _forward(
     return out, act.g, act.u, act.y
 
 
+_forward = torch.library.custom_op("codetta::swiglu_mlp", mutates_args=())(_forward_impl)
+
+
 @_forward.register_fake
 def _(x, w_gate, w_up, w_down, residual):
     M, f = x.shape[0], w_gate.shape[0]
     return x.new_empty((M, w_down.shape[0])), *(x.new_empty((M, f)) for _ in range(3))
 
 
-@torch.library.custom_op("codetta::swiglu_mlp_backward", mutates_args=())
-def _backward(
+def _backward_impl(
     dout: torch.Tensor,
     x: torch.Tensor,
     w_gate: torch.Tensor,
@@ -62,6 +64,9 @@ def _backward(
     dw_down = gemm(dout.t(), y.t())
     dx = gemm(du, w_up.t(), epilogue=ACCUMULATE, c=gemm(dg, w_gate.t()))
     return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
+
+
+_backward = torch.library.custom_op("codetta::swiglu_mlp_backward", mutates_args=())(_backward_impl)
 
 
 @_backward.register_fake
@@ -84,11 +89,14 @@ def _autograd_backward(ctx, dout, dg, du, dy):
     if dout is None:
         return None, None, None, None, None
     dout = dout.contiguous()
-    dx, dw_gate, dw_up, dw_down = _backward(dout, x, w_gate, w_up, w_down, g, u, y)
+    dx, dw_gate, dw_up, dw_down = _backward_fast(dout, x, w_gate, w_up, w_down, g, u, y)
     return dx, dw_gate, dw_up, dw_down, dout if ctx.has_residual else None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
+_forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backward)
+_backward_fast = FastOp(_backward, _backward_impl)
 
 
 def _split_gate_up(w_gate, w_up):
@@ -154,7 +162,7 @@ def swiglu_mlp(
                 "(TMA moves rows in 16-byte units)"
             )
     lead = x.shape[:-1]
-    out, _, _, _ = _forward(
+    out, _, _, _ = _forward_fast(
         x.reshape(-1, d).contiguous(), w_gate, w_up, w_down,
         None if residual is None else residual.reshape(-1, d).contiguous(),
     )  # fmt: skip

@@ -1,0 +1,102 @@
+"""Eager calls of the operators without torch.library's per-call dispatch.
+
+Each operator is a ``torch.library.custom_op`` so that torch.compile can trace it
+(with its fake implementation and ``register_autograd``). In eager mode that costs
+host time: on this project's CPU machine a custom op with autograd took ~200 us per
+forward call against ~30 us for a ``torch.autograd.Function`` over the same function
+(PyTorch issue #176592 reports the same gap), and a Llama-3.2-1B training step makes
+~67 such calls, where the host can set the step's pace (FSDP2 on two GPUs, NOTES.md).
+
+``FastOp`` calls the plain implementation, through one ``autograd.Function`` that
+reuses the op's own ``setup_context`` and backward, when nothing needs the custom op:
+not while torch.compile traces, no torch function or dispatch mode active, no
+functorch transform, every tensor argument a plain tensor (not a DTensor, a fake or
+another subclass). Otherwise it calls the custom op. Arguments and results may hold
+lists of tensors one level deep (the operators' schemas).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager_ok(args) -> bool:
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+        return False
+    for a in args:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor) and type(t) not in _PLAIN:
+                return False
+    return True
+
+
+def _flatten(values) -> tuple[list, tuple]:
+    """Values with lists one level deep -> (flat items, each value's list length or None)."""
+    flat, lens = [], []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            flat.extend(v)
+            lens.append(len(v))
+        else:
+            flat.append(v)
+            lens.append(None)
+    return flat, tuple(lens)
+
+
+def _unflatten(flat, lens) -> list:
+    out, i = [], 0
+    for n in lens:
+        if n is None:
+            out.append(flat[i])
+            i += 1
+        else:
+            out.append(list(flat[i : i + n]))
+            i += n
+    return out
+
+
+class _Call(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, in_lens, box, *flat):
+        args = tuple(_unflatten(flat, in_lens))
+        out = op.fn(*args)
+        op.setup_context(ctx, args, out)
+        flat_out, box[0] = _flatten(out)
+        ctx.op, ctx.in_lens, ctx.out_lens = op, in_lens, box[0]
+        return tuple(flat_out)
+
+    @staticmethod
+    def backward(ctx, *flat_grads):
+        grads = ctx.op.backward(ctx, *_unflatten(flat_grads, ctx.out_lens))
+        flat = []
+        for g, n in zip(grads, ctx.in_lens):
+            if n is None:
+                flat.append(g)
+            else:
+                flat.extend([None] * n if g is None else g)
+        return (None, None, None, *flat)
+
+
+class FastOp:
+    """``op``: a custom op (``CustomOpDef``); ``fn``: the plain function it was made from;
+    ``setup_context`` / ``backward``: what was given to its ``register_autograd`` (None
+    for an op without autograd, e.g. a backward op). ``FastOp(...)(*args)`` returns
+    what ``op(*args)`` would (lists as lists), the same gradients included."""
+
+    def __init__(self, op, fn, setup_context=None, backward=None):
+        self.op, self.fn, self.setup_context, self.backward = op, fn, setup_context, backward
+
+    def __call__(self, *args):
+        if not _eager_ok(args):
+            return self.op(*args)
+        if self.backward is None or not torch.is_grad_enabled():
+            return self.fn(*args)
+        flat, lens = _flatten(args)
+        box = [None]
+        out = _Call.apply(self, lens, box, *flat)
+        return tuple(_unflatten(out, box[0]))
