@@ -29,9 +29,12 @@ def _eager_ok(args) -> bool:
     if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
     for a in args:
-        for t in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(t, torch.Tensor) and type(t) not in _PLAIN:
+        kind = type(a)
+        if kind is list or kind is tuple:
+            if any(type(t) not in _PLAIN and isinstance(t, torch.Tensor) for t in a):
                 return False
+        elif kind not in _PLAIN and isinstance(a, torch.Tensor):
+            return False
     return True
 
 
