@@ -416,3 +416,14 @@ def test_eager_calls_skip_the_dispatcher(device):
         rr._forward_fast(*[t.detach() for t in leaves[:4]], [leaves[4]], EPS, "rowwise", False, [], False, [],
                          1.0, 0, 0.0)  # fmt: skip
     assert any("residual_rmsnorm_linear" in op for op in Seen.ops)
+
+
+def test_double_backward_is_refused(device):
+    """The operators have no second derivative: asking for one raises (as the custom ops
+    do), never a silently missing term."""
+    y, w_o, res, g, w = [t.requires_grad_() for t in _leaves(32, 32, 64, 48, torch.float16, device)]
+    x, z = residual_rmsnorm_linear(y, w_o, res, g, w, eps=EPS)
+    gy = torch.autograd.grad(z.float().sum(), y, create_graph=True)[0]
+    assert gy.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        torch.autograd.grad(gy.float().sum(), w)

@@ -97,8 +97,14 @@ class FastOp:
     def __call__(self, *args):
         if not _eager_ok(args):
             return self.op(*args)
-        if self.backward is None or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return self.fn(*args)
+        if self.backward is None:
+            # an op without autograd (a backward op) under grad mode with inputs that need
+            # gradients (a double backward): the custom op says it has no derivative
+            flat, _ = _flatten(args)
+            needs = any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+            return self.op(*args) if needs else self.fn(*args)
         flat, lens = _flatten(args)
         box = [None]
         out = _Call.apply(self, lens, box, *flat)
