@@ -15,7 +15,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 
 import torch
 
@@ -26,20 +25,14 @@ SEQ = 2048
 
 def host_and_gpu_ms(step, n: int = 8) -> tuple[float, float]:
     """(host ms to issue a step with the GPU already idle, GPU ms per step back to back)."""
-    host = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        host.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
+    host = mb.host_ms(step, n)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n):
         step()
     end.record()
     torch.cuda.synchronize()
-    return sorted(host)[n // 2], start.elapsed_time(end) / n
+    return host, start.elapsed_time(end) / n
 
 
 def main() -> None:

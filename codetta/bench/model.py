@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -228,13 +229,29 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
     reserved = torch.cuda.memory_reserved() / 2**30
     print(f"  {case}: caching allocator retries during timing: {retries} ({reserved:.1f} GiB reserved)")
+    host = {k: host_ms(fn) for k, fn in fns.items()}
     flops = step_flops(config, tokens)
     b = times["floor"]
     for name, t in times.items():
         res.add(Row(case, name, t.paired, flops, b.paired, mem[name], sustained_ms=t.sustained,
                     baseline_sustained_ms=b.sustained,
-                    extra={"tokens_per_s": tokens / (t.sustained / 1e3)}))  # fmt: skip
-        print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained)")
+                    extra={"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name]}))  # fmt: skip
+        print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
+              f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
+
+
+def host_ms(step, n: int = 3) -> float:
+    """The host's time to issue one step with the GPU idle at its start (median of n): next
+    to the step's time, whether the host could set the pace (waits on a full launch queue
+    count too, so it is an upper bound where the GPU is slower)."""
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2]
 
 
 def _progress(items, desc):
