@@ -27,8 +27,11 @@ and is added to the accumulator before the body runs, so the body sees
 ``acc = seed + A @ B^T`` exactly as in the portable mainloop.
 
 The ring holds the GEMM's dtype, or float32 when every tile operand of the program
-declares float32 (``ACCUMULATE_F32``: a weight gradient summed over chunks of rows in
-an fp32 buffer); the two float32 rings of 128x128 tiles leave room for 3 A/B stages.
+declares float32 (``ACCUMULATE_F32``, ``STORE_F32``: a weight gradient summed over
+chunks of rows in an fp32 buffer). Whole float32 rings of 128x128 tiles would leave
+room for 3 A/B stages, so such a program with one tile output and no other tile input
+gets a ring of RING_SLOTS = 2 sub-tiles (``PingPongEngine.ring_slots``) and its seed
+streams through it one sub-tile ahead (``_streamed_seed``): 4-5 stages.
 
 Layouts: A_T / B_T as in ``mainloop.py``; wgmma reads a transposed tile through
 a permuted view of its shared buffer. No tail split: the last partial wave
