@@ -29,8 +29,8 @@ import torch
 from .kernels import configs
 from .kernels.launch import RecordedCall, recording
 from .kernels.program import Kind
-from .kernels.settings import SETTINGS, override
-from .kernels.tuning import CACHE_FORMAT, Chooser, pingpong_pays
+from .kernels.settings import override
+from .kernels.tuning import CACHE_FORMAT, Chooser, policy_allows
 from .models import Widths
 from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
 from .ops.residual_rmsnorm import (
@@ -118,8 +118,7 @@ def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong:
         for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk, w.vocab) for c in loss]:
             # keyed as the launcher keys it: with or without the ping-pong mainloop, as the
             # program and the ping-pong policy setting allow
-            pp = pingpong and call.program.pingpong
-            pp = pp and (SETTINGS.pingpong_policy == "all" or pingpong_pays(call))
+            pp = pingpong and call.program.pingpong and policy_allows(call)
             out.setdefault(Chooser.key(call, pp), call)
     return out
 

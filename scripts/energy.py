@@ -14,7 +14,7 @@ Usage: python scripts/energy.py [seconds per variant]
 import sys
 
 import torch
-from profile_step import Clocks
+from profile_step import Clocks, _operand
 
 import codetta
 from codetta.kernels import configs
@@ -27,13 +27,8 @@ SHAPES = [  # (M, N, K, layout): the 1B step's long-K and short-K GEMMs
 
 
 def operands(M, N, K, layout):
-    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16).t() if layout[0] == "t" else None
-    if a is None:
-        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16).t() if layout[1] == "t" else None
-    if w is None:
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    return a, w * K**-0.5
+    a = _operand(M, K, layout[0] == "t", torch.bfloat16)
+    return a, _operand(N, K, layout[1] == "t", torch.bfloat16) * K**-0.5
 
 
 def variants(a, w):

@@ -136,7 +136,8 @@ def variant_step(name: str, base_model, ids, labels):
     losses = []
 
     def step():
-        with settings.override(**changes), swap.patched() if swap is not None else contextlib.nullcontext():
+        with (settings.override(**changes) if changes else contextlib.nullcontext(),
+              swap.patched() if swap is not None else contextlib.nullcontext()):  # fmt: skip
             return _step()
 
     def _step():

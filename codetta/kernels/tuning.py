@@ -177,12 +177,18 @@ def pingpong_pays(call) -> bool:
     )
 
 
+def policy_allows(call) -> bool:
+    """Whether the ``pingpong_policy`` setting lets the call on the ping-pong mainloop
+    (a GemmCall or a RecordedCall)."""
+    return SETTINGS.pingpong_policy == "all" or pingpong_pays(call)
+
+
 def pingpong_allowed(call: GemmCall) -> bool:
     """Whether the ping-pong mainloop's configurations are candidates for the call: it
     can run it, the ``pingpong`` setting is on, and the policy setting agrees."""
     if not SETTINGS.pingpong or PINGPONG.unsupported(call) is not None:
         return False
-    return SETTINGS.pingpong_policy == "all" or pingpong_pays(call)
+    return policy_allows(call)
 
 
 def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:

@@ -30,7 +30,7 @@ ACCUMULATE = Program(
 
 # the same into a float32 accumulator, e.g. gemm(..., epilogue=ACCUMULATE_F32, c=acc, out=acc)
 # summing a weight gradient over chunks of rows in place (on the ping-pong mainloop its
-# epilogue ring is float32: the seed lands there during the K loop, as a bf16 seed does)
+# epilogue ring is float32, two sub-tiles the seed streams through: pingpong.py)
 ACCUMULATE_F32 = Program(
     "accumulate_f32",
     accumulate,

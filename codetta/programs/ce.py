@@ -195,7 +195,7 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> to
     """``(src * scale).to(dtype)`` in one pass: src a contiguous float32 tensor, scale a
     float32 0-dim tensor on its device (the loss's incoming gradient), one rounding.
     PyTorch's multiply into a narrower output takes its unvectorized mixed-dtype kernel:
-    1.17 ms for the Llama-3.2-1B LM head's dW (run 59), ~2.5x this one's bytes' worth."""
+    1.17 ms for the Llama-3.2-1B LM head's dW (run 59), ~1.3 TB/s over its 1.57 GB."""
     if not src.is_contiguous() or src.dtype != torch.float32:
         raise ValueError(f"src must be a contiguous float32 tensor, got {src.dtype}, strides {src.stride()}")
     if torch.compiler.is_compiling():  # traced (a backward under torch.compile): its own fused pass
