@@ -101,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="profile this many steps after --time-from (rank 0): kernel table and GPU busy "
                         "time next to --out (or in the working folder); those steps run slower")  # fmt: skip
+    p.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                   help="cProfile this many steps after --time-from (rank 0): where the host's time to "
+                        "issue a step goes, by function, next to --out; those steps run slower")  # fmt: skip
 
 
 def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
@@ -270,10 +273,12 @@ def train(args) -> dict:
     losses, step_ms, host_ms = [], [], []
     tokens_per_gpu = args.batch * args.seq_len / world
     model.train()
-    profiler = None
+    profiler = host_profiler = None
     for step in range(args.steps):
         if args.profile and rank == 0 and step in (args.time_from, args.time_from + args.profile):
             profiler = _profile(profiler, args, step_ms)
+        if args.host_profile and rank == 0 and step in (args.time_from, args.time_from + args.host_profile):
+            host_profiler = _host_profile(host_profiler, args)
         # the step's batches, made before its clock starts (a data loader's work)
         batches = [stream.sequences(step * args.batch + (rank * args.accum + m) * per, per)
                    for m in range(args.accum)]  # fmt: skip
@@ -303,6 +308,8 @@ def train(args) -> dict:
                   f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/GPU", flush=True)  # fmt: skip
     if profiler is not None:
         _profile(profiler, args, step_ms)
+    if host_profiler is not None:
+        _host_profile(host_profiler, args)
     timed = step_ms[args.time_from :] or step_ms or [math.nan]
     timed_host = host_ms[args.time_from :] or host_ms or [math.nan]
     result = {
@@ -366,6 +373,30 @@ def _profile(profiler, args, step_ms):
     base.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{base}.profile.txt").write_text(head + table)
     print("profile: " + head.strip() + f" -> {base}.profile.txt", flush=True)
+    return None
+
+
+def _host_profile(profiler, args):
+    """Start cProfile (``profiler`` None), or stop it and write the functions that took the
+    host's time, by own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    if profiler is None:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        return profiler
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    for order in ("tottime", "cumulative"):
+        text.write(f"== {args.host_profile} steps by {order}\n")
+        stats.sort_stats(order).print_stats(40)
+    base = Path(args.out).with_suffix("") if args.out else Path("codetta-train")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{base}.host.txt").write_text(text.getvalue())
+    print(f"host profile: {args.host_profile} steps -> {base}.host.txt", flush=True)
     return None
 
 

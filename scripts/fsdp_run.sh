@@ -11,6 +11,8 @@
 #   2gpu-codetta-mN             patched, CODETTA_SM_MARGIN=N (SMs the GEMMs leave to NCCL)
 #   2gpu-profile / 2gpu-codetta-profile  20 steps, steps 10-12 under torch.profiler (rank 0):
 #                               GPU busy time per step next to the step's wall time
+#   2gpu-host / 2gpu-codetta-host  20 steps, steps 10-12 under cProfile (rank 0): where the
+#                               host's time to issue a step goes
 #   tune                        python -m codetta tune for the model at 8192 tokens (one 2-GPU
 #                               run's tokens per GPU) into the cache the runs after it use
 #   1gpu-half / 1gpu-half-codetta  one GPU each, side by side, half the batch (a 2-GPU
@@ -57,6 +59,8 @@ for r in $RUNS; do
       echo "tune rc=$?"; tr '\r' '\n' < "$OUT/fsdp/tune.log" | grep -v "^\s*$" | tail -3 ;;
     2gpu-profile) run 2gpu-profile 0,1 --no-codetta --steps 20 --profile 3 ;;
     2gpu-codetta-profile) run 2gpu-codetta-profile 0,1 --codetta --steps 20 --profile 3 ;;
+    2gpu-host) run 2gpu-host 0,1 --no-codetta --steps 20 --host-profile 3 ;;
+    2gpu-codetta-host) run 2gpu-codetta-host 0,1 --codetta --steps 20 --host-profile 3 ;;
     2gpu-codetta-m*) CODETTA_SM_MARGIN=${r#2gpu-codetta-m} run "$r" 0,1 --codetta ;;
     1gpu-half)
       run 1gpu-half 0 --no-codetta --batch 4 & run 1gpu-half-codetta 1 --codetta --batch 4; wait ;;
