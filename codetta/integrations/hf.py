@@ -35,6 +35,8 @@ the original forward.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 import warnings
 import weakref
@@ -371,8 +373,8 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
     if isinstance(attention_mask, dict):  # prepared by the caller, per layer type
         mapping = attention_mask
     else:
-        args = {"config": config, "inputs_embeds": h, "attention_mask": attention_mask, "cache": None,
-                "position_ids": position_ids}  # fmt: skip
+        args = _mask_args(create_causal_mask, config=config, inputs_embeds=h, attention_mask=attention_mask,
+                          position_ids=position_ids)  # fmt: skip
         if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
             return [create_sliding_window_causal_mask(**args)] * n_layers
         mapping = {"full_attention": create_causal_mask(**args)}
@@ -380,6 +382,24 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
             mapping["sliding_attention"] = create_sliding_window_causal_mask(**args)
     types_ = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
     return [mapping[types_[i]] for i in range(n_layers)]
+
+
+@functools.cache
+def _parameters(fn) -> frozenset:
+    return frozenset(inspect.signature(fn).parameters)
+
+
+def _mask_args(fn, **args) -> dict:
+    """``args`` for transformers' mask builders, with no cache under the name this version
+    uses (``cache`` since 5.2x, ``past_key_values`` before, which also took ``cache_position``)."""
+    params = _parameters(fn)
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            args[name] = None
+    if "cache_position" in params:
+        h = args["inputs_embeds"]
+        args["cache_position"] = torch.arange(h.shape[1], device=h.device)
+    return {k: v for k, v in args.items() if k in params}
 
 
 def _fused_rope(base, attn, position_ids):
