@@ -308,3 +308,47 @@ def test_scale_cast(device, dtype):
     assert out.dtype == dtype and torch.equal(out, (src * scale).to(dtype))
     with pytest.raises(ValueError, match="contiguous float32"):
         scale_cast(src.t(), scale, dtype)
+
+
+def test_target_pick_moves_nothing_between_devices():
+    """The target logit's pick builds no tensor on another device: a CPU scalar tensor
+    beside GPU ones is copied to the GPU by a blocking copy, which stopped the host twice
+    per step. Checked on the meta device, where every op's devices are visible."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from codetta.programs.ce import pick_stored
+
+    class Mixed(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            devices = {t.device.type for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            if len(devices) > 1:
+                self.seen.append(str(func))
+            return func(*args, **kwargs)
+
+    logits = torch.empty(8, 10, device="meta", dtype=torch.float16)
+    target = torch.empty(8, device="meta", dtype=torch.int64)
+    with Mixed() as mode:
+        pick_stored(logits, target)
+    assert mode.seen == []
+
+
+@pytest.mark.gpu
+def test_no_host_synchronization(device):
+    """Forward and backward never stop the host until the GPU catches up (the host must
+    queue work ahead: FSDP2's overlap relies on it)."""
+    x = rand(3000, 256, dtype=torch.bfloat16, device=device).requires_grad_()
+    w = rand(5000, 256, dtype=torch.bfloat16, device=device, scale=256**-0.5).requires_grad_()
+    t = torch.randint(0, 5000, (3000,), device=device)
+    linear_cross_entropy(x, w, t, chunk_rows=1024).backward()  # (first call: compiles, looks up)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for reduction in ("mean", "none"):
+            loss = linear_cross_entropy(x, w, t, reduction=reduction, chunk_rows=1024)
+            loss.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -331,6 +331,39 @@ def test_loss_curve_tracks_unpatched_on_gpu():
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_patched_step_never_waits_for_the_gpu(family):
+    """A patched model's forward and backward (labels given: the fused loss) queue their
+    work without once stopping the host until the GPU catches up; the unpatched model
+    is run the same way first, so a synchronization inside transformers itself shows
+    as a skip, not as codetta's failure."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg, cls = _config(family, False, hidden_size=256, intermediate_size=512, head_dim=64,
+                       max_position_embeddings=512, vocab_size=1000)  # fmt: skip
+    torch.manual_seed(0)
+    plain = cls(cfg).to("cuda", torch.bfloat16)
+    ours = codetta.apply_codetta(copy.deepcopy(plain))
+    ids = torch.randint(0, 1000, (2, 256), device="cuda")
+
+    def step(model):
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    for model in (plain, ours):
+        step(model)  # (first calls: kernels compile, configs are looked up)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        try:
+            step(plain)
+        except RuntimeError as e:
+            pytest.skip(f"the unpatched model synchronizes already: {e}")
+        step(ours)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])  # (Mistral's plan is Llama's)
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its

@@ -33,7 +33,9 @@ def ce_logits(acc, elem):
 def _pick(acc, target):
     valid = (target >= 0) & (target < acc.shape[1])
     got = acc.gather(1, target.clamp(0, acc.shape[1] - 1).long()[:, None])[:, 0]
-    return torch.where(valid, got, torch.zeros((), dtype=acc.dtype))
+    # (a Python zero: a CPU tensor here is copied to the GPU by a blocking copy, which
+    # stopped the host twice per step until the GPU caught up, NOTES.md)
+    return torch.where(valid, got, 0.0)
 
 
 CE_LOGITS = Program(
