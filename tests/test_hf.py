@@ -333,11 +333,13 @@ def test_loss_curve_tracks_unpatched_on_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_patched_step_never_waits_for_the_gpu(family):
-    """A patched model's forward and backward (labels given: the fused loss) queue their
-    work without once stopping the host until the GPU catches up; the unpatched model
-    is run the same way first, so a synchronization inside transformers itself shows
-    as a skip, not as codetta's failure."""
+def test_patched_step_waits_no_more_than_unpatched(family):
+    """A patched model's forward and backward (labels given: the fused loss) stop the host
+    until the GPU catches up no more often than the unpatched model's (transformers
+    itself synchronizes in places both share, such as building the attention mask), each
+    counted by PyTorch's synchronization debug mode."""
+    import warnings
+
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, cls = _config(family, False, hidden_size=256, intermediate_size=512, head_dim=64,
@@ -347,21 +349,22 @@ def test_patched_step_never_waits_for_the_gpu(family):
     ours = codetta.apply_codetta(copy.deepcopy(plain))
     ids = torch.randint(0, 1000, (2, 256), device="cuda")
 
-    def step(model):
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    def syncs(model) -> list[str]:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return [str(w.message)[:120] for w in seen if "synchroniz" in str(w.message)]
 
     for model in (plain, ours):
-        step(model)  # (first calls: kernels compile, configs are looked up)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        try:
-            step(plain)
-        except RuntimeError as e:
-            pytest.skip(f"the unpatched model synchronizes already: {e}")
-        step(ours)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # (first calls compile)
+    base, got = syncs(plain), syncs(ours)
+    print(f"{family}: unpatched step {len(base)} synchronizations, patched {len(got)}")
+    assert len(got) <= len(base), got
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])  # (Mistral's plan is Llama's)
