@@ -316,7 +316,8 @@ def train(args) -> dict:
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
         "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
         "perturb": args.perturb, "dtype": args.dtype, "batch": args.batch, "seq_len": args.seq_len,
-        "accum": args.accum, "steps": args.steps, "lr": args.lr, "data": args.data,
+        "accum": args.accum, "steps": args.steps, "time_from": args.time_from, "lr": args.lr,
+        "data": args.data,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__, "commit": os.environ.get("CODETTA_COMMIT", "unknown"),
         "losses": losses, "step_ms": step_ms, "host_ms": host_ms,
@@ -361,8 +362,10 @@ def _profile(profiler, args, step_ms):
     def device_us(e):
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
 
-    nccl = sum(device_us(e) for e in events if "nccl" in e.key.lower()) / 1e3
-    compute = sum(device_us(e) for e in events if "nccl" not in e.key.lower()) / 1e3
+    # kernel rows only: an operator's row repeats the time of the kernels it launched
+    kernels = [e for e in events if getattr(getattr(e, "device_type", None), "name", "") == "CUDA"]
+    nccl = sum(device_us(e) for e in kernels if "nccl" in e.key.lower()) / 1e3
+    compute = sum(device_us(e) for e in kernels if "nccl" not in e.key.lower()) / 1e3
     head = (f"{steps} steps, {wall / max(steps, 1):.1f} ms each (wall); per step: GPU busy with compute "
             f"{compute / max(steps, 1):.1f} ms, NCCL kernels {nccl / max(steps, 1):.1f} ms\n")  # fmt: skip
     try:

@@ -9,6 +9,8 @@
 #   2gpu-moved                  unpatched, weights moved by ~one bf16 rounding (the noise)
 #   2gpu-compile                unpatched, each decoder layer torch.compile'd
 #   2gpu-codetta-mN             patched, CODETTA_SM_MARGIN=N (SMs the GEMMs leave to NCCL)
+#   2gpu-codetta-mNcC           the same with NCCL_MAX_NCHANNELS=C (NCCL's CTAs fit in the margin)
+#   <run>-rK                    <run> again under its own name (interleaved repeats)
 #   2gpu-profile / 2gpu-codetta-profile  20 steps, steps 10-12 under torch.profiler (rank 0):
 #                               GPU busy time per step next to the step's wall time
 #   2gpu-host / 2gpu-codetta-host  20 steps, steps 10-12 under cProfile (rank 0): where the
@@ -45,13 +47,14 @@ run() {  # tag, GPUs ("0", "1" or "0,1"), then train's arguments
 }
 RUNS=${RUNS:-"1gpu 2gpu 2gpu-codetta 2gpu-moved 2gpu-compile"}
 for r in $RUNS; do
-  case $r in
+  base=${r%-r[0-9]*}  # a trailing -rN repeats a run under its own name (interleaved repeats)
+  case $base in
     1gpu)  # the two one-GPU runs side by side, one GPU each
       run 1gpu 0 --no-codetta & run 1gpu-codetta 1 --codetta; wait ;;
-    2gpu) run 2gpu 0,1 --no-codetta ;;
-    2gpu-codetta) run 2gpu-codetta 0,1 --codetta ;;
+    2gpu) run "$r" 0,1 --no-codetta ;;
+    2gpu-codetta) run "$r" 0,1 --codetta ;;
     2gpu-moved) run 2gpu-moved 0,1 --no-codetta --perturb ;;
-    2gpu-compile) run 2gpu-compile 0,1 --no-codetta --compile ;;
+    2gpu-compile) run "$r" 0,1 --no-codetta --compile ;;
     tune)
       echo "=== tune ($(date +%T))"
       CUDA_VISIBLE_DEVICES=0 timeout "${TUNE_TIMEOUT:-270}" python3 -m codetta tune --model "${MODEL:-llama3-1b}" \
@@ -61,7 +64,10 @@ for r in $RUNS; do
     2gpu-codetta-profile) run 2gpu-codetta-profile 0,1 --codetta --steps 20 --profile 3 ;;
     2gpu-host) run 2gpu-host 0,1 --no-codetta --steps 20 --host-profile 3 ;;
     2gpu-codetta-host) run 2gpu-codetta-host 0,1 --codetta --steps 20 --host-profile 3 ;;
-    2gpu-codetta-m*) CODETTA_SM_MARGIN=${r#2gpu-codetta-m} run "$r" 0,1 --codetta ;;
+    2gpu-codetta-m*c*)  # SMs left free and NCCL held to that many channels (CTAs) per collective
+      m=${base#2gpu-codetta-m}
+      CODETTA_SM_MARGIN=${m%c*} NCCL_MAX_NCHANNELS=${m#*c} run "$r" 0,1 --codetta ;;
+    2gpu-codetta-m*) CODETTA_SM_MARGIN=${base#2gpu-codetta-m} run "$r" 0,1 --codetta ;;
     1gpu-half)
       run 1gpu-half 0 --no-codetta --batch 4 & run 1gpu-half-codetta 1 --codetta --batch 4; wait ;;
   esac

@@ -6,6 +6,8 @@ their ratios, as markdown; a PNG of the curves where matplotlib is installed.
 """
 
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +21,35 @@ def windows(losses):
 def gap(a, b):
     wa, wb = windows(a["losses"]), windows(b["losses"])
     return max(abs(x - y) for x, y in zip(wa, wb))
+
+
+def pooled_summary(runs):
+    """Runs repeated under <name>-rK (interleaved in one call): per variant, every run's
+    median step and the median of all their timed steps pooled; ratios from the pooled."""
+    groups: dict = {}
+    for tag, r in runs.items():
+        base = re.sub(r"-r[0-9]+$", "", tag)
+        if r["world"] == 2 and r["steps"] > 20:
+            groups.setdefault(base, []).append(r)
+    if not any(len(g) > 1 for g in groups.values()):
+        return
+    pooled = {}
+    print("\nRepeated runs (interleaved): ms per step")
+    print("| variant | runs | each run's median | pooled median | vs 2gpu | vs 2gpu-compile |")
+    print("|---|---|---|---|---|---|")
+    for base, group in groups.items():
+        steps = [t for r in group for t in r["step_ms"][r.get("time_from", 10) :]]
+        pooled[base] = statistics.median(steps)
+    for base, group in groups.items():
+        cells = []
+        for other in ("2gpu", "2gpu-compile"):
+            cells.append(f"{pooled[other] / pooled[base]:.3f}" if other in pooled else "-")
+        each = ", ".join(f"{r['median_step_ms']:.1f}" for r in group)
+        print(f"| {base} | {len(group)} | {each} | {pooled[base]:.1f} | {cells[0]} | {cells[1]} |")
+    print(
+        "(vs: the other's pooled ms per step / this one's: a throughput ratio; bars: >= 1.10 vs 2gpu, "
+        ">= 1.00 vs 2gpu-compile for codetta)"
+    )
 
 
 def main(folder):
@@ -70,6 +101,7 @@ def main(folder):
                 ratio = ours / runs[other]["tokens_per_s_per_gpu"]
                 verdict = "met" if ratio >= bar else "MISSED"
                 print(f"- {tag} / {other}: {ratio:.3f} (bar >= {bar:.2f}: {verdict})")
+    pooled_summary(runs)
     for a, b in [("1gpu-codetta", "1gpu"), ("1gpu-half-codetta", "1gpu-half")]:
         if a in runs and b in runs:
             ratio = runs[a]["tokens_per_s_per_gpu"] / runs[b]["tokens_per_s_per_gpu"]
