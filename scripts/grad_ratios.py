@@ -1,0 +1,71 @@
+"""Per-gradient error ratios of the patched Hugging Face model over several seeds.
+
+For each seed: a tiny causal LM (test_hf's widths: d 64, 2 layers, 4/2 heads of 16,
+norm weights drawn from [0.5, 1.5)), one training step (labels, the fused loss) in
+float64, in the unpatched model and in the patched one, both in the given dtype; per
+parameter gradient, err(patched) / err(unpatched) with err = max abs error against
+float64 (the tests' bound is 2). Prints each seed's worst gradients and, per gradient,
+the largest ratio over the seeds: whether one gradient stands out (a defect) or the
+worst one moves between seeds (the max over a few elements being noisy).
+
+Usage: python scripts/grad_ratios.py [family] [dtype] [seeds]   (qwen3 bfloat16 8)
+On a CPU, bfloat16 runs each program's PyTorch reference (the interpreter's bfloat16
+dot products are wrong); set TRITON_INTERPRET=1 with float16 for the kernels.
+"""
+
+import copy
+import sys
+
+import torch
+import transformers
+
+import codetta
+
+
+def model_of(family: str, seed: int, dtype, device):
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                  tie_word_embeddings=True, attn_implementation="sdpa", rms_norm_eps=1e-5)  # fmt: skip
+    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]  # fmt: skip
+    torch.manual_seed(seed)
+    model = cls[1](cls[0](**common)).to(device, dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+    return model
+
+
+def grads(model, ids):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    return {n: p.grad.detach().double() for n, p in model.named_parameters()}
+
+
+def main(family="qwen3", dtype="bfloat16", seeds="8"):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    worst: dict = {}
+    for seed in range(int(seeds)):
+        model = model_of(family, seed, getattr(torch, dtype), device)
+        gen = torch.Generator(device).manual_seed(seed)
+        ids = torch.randint(0, 128, (2, 12), device=device, generator=gen)
+        want = grads(copy.deepcopy(model).double(), ids)
+        same = grads(copy.deepcopy(model), ids)
+        got = grads(codetta.apply_codetta(copy.deepcopy(model)), ids)
+        ratios = {}
+        for n in want:
+            e_ours = (got[n] - want[n]).abs().max().item()
+            e_torch = (same[n] - want[n]).abs().max().item()
+            ratios[n] = e_ours / max(e_torch, 1e-30)
+            worst[n] = max(worst.get(n, 0.0), ratios[n])
+        top = sorted(ratios.items(), key=lambda kv: -kv[1])[:3]
+        print(f"seed {seed}: " + ", ".join(f"{n.removeprefix('model.')} {r:.2f}" for n, r in top), flush=True)
+    print("largest ratio over the seeds, per gradient:")
+    for n, r in sorted(worst.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {r:5.2f}  {n}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
