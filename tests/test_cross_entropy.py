@@ -145,8 +145,12 @@ def test_compile_fullgraph(device):
         return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, label_smoothing=0.1, z_loss=1e-3,
                                     softcap=20.0, chunk_rows=rows)  # fmt: skip
 
+    def h(x, w, t, b):  # the low-memory mode, every option
+        return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, label_smoothing=0.1, z_loss=1e-3,
+                                    softcap=20.0, vocab_chunk=64)  # fmt: skip
+
     backend = "inductor" if ON_GPU else "aot_eager"
-    for fn, args in ((f, (x, w, t)), (g, (x, w, t, b))):
+    for fn, args in ((f, (x, w, t)), (g, (x, w, t, b)), (h, (x, w, t, b))):
         eager = fn(*args)
         eager.backward()
         grads = [a.grad.clone() for a in args if a.requires_grad]
@@ -195,6 +199,39 @@ def test_options_match_float64(opts, reduction, dtype, device):
     loss and the gradients of input, weight and bias within twice PyTorch's own error;
     large logits (so the cap bites), ignored rows, several chunks; 'none' with a
     non-uniform incoming gradient."""
+    _check_options(opts, reduction, dtype, device)
+
+
+VOCAB_CHUNK_CASES = [(dict(), "mean"), (dict(), "sum"), (OPTIONS[-1][0], "none"), (OPTIONS[-1][0], "mean")]
+
+
+@pytest.mark.parametrize("opts,reduction", VOCAB_CHUNK_CASES, ids=lambda o: str(o))
+def test_vocab_chunk_matches_float64(opts, reduction, dtype, device):
+    """The low-memory mode (vocabulary slices, the logits computed again in the backward):
+    the same checks, the last slice partial (V 257 in slices of 64; 32000 in 4096 on the GPU)."""
+    _check_options(opts, reduction, dtype, device, vocab_chunk=64 if not ON_GPU else 4096)
+
+
+def test_vocab_chunk_never_holds_a_float32_weight_gradient(device):
+    """In the low-memory mode each slice's dW is one GEMM over every row into the weight's
+    dtype (no float32 [V, d] accumulator: no *_f32 program writes V rows); the float32
+    programs only form dX, over the slices."""
+    from codetta.kernels.launch import recording
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
+    w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
+    t = torch.randint(0, 96, (70,), device=device)
+    with recording(compute=True) as rec:
+        linear_cross_entropy(x, w, t, vocab_chunk=40).backward()
+    f32 = [(c.program.name, c.M, c.N) for c in rec if c.program.name.endswith("_f32")]
+    assert f32 == [("store_f32", 70, 32), ("accumulate_f32", 70, 32), ("accumulate_f32", 70, 32)], f32
+    dw = [(c.M, c.N, c.K) for c in rec if c.program.name == "store" and c.N == 32 and c.K == 70]
+    assert dw == [(40, 32, 70), (40, 32, 70), (16, 32, 70)], dw
+    assert w.grad.dtype == dtype
+
+
+def _check_options(opts, reduction, dtype, device, **extra):
     M, d, V, rows = (40, 32, 257, 16) if not ON_GPU else (2000, 2048, 32000, 512)
     x = rand(M, d, dtype=dtype, device=device, scale=4.0)
     w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
@@ -208,14 +245,14 @@ def test_options_match_float64(opts, reduction, dtype, device):
     def run(fn, x, w, b):
         leaves = [v.detach().clone().requires_grad_() for v in (x, w) + ((b,) if b is not None else ())]
         loss = fn(*leaves)
-        g = torch.ones_like(loss) if grad is None else grad.to(loss.dtype)
+        g = torch.full_like(loss, 0.7) if grad is None else grad.to(loss.dtype)  # (a scale to carry)
         (loss.double() * g.double()).sum().backward()
         return [loss.detach()] + [v.grad for v in leaves]
 
     def ours(x, w, b=None):
         return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, reduction=reduction,
                                     label_smoothing=kw["eps"], z_loss=kw["z"], softcap=kw["cap"],
-                                    chunk_rows=rows)  # fmt: skip
+                                    chunk_rows=rows, **extra)  # fmt: skip
 
     def exact(x, w, b=None):
         return _torch_options(x, w, t, reduction, b, None if cw is None else cw.double(), upcast=False, **kw)
@@ -249,6 +286,12 @@ def test_return_lse_module_and_torch_semantics(device):
     torch.testing.assert_close(lse.double(), logits.logsumexp(-1), rtol=1e-2, atol=1e-2)
     module = LinearCrossEntropyLoss(softcap=10.0, reduction="none")
     torch.testing.assert_close(module(x, w, t, b), loss, rtol=0, atol=0)
+    # the low-memory mode: the same losses and log-sum-exps (the slices' combined)
+    sliced = LinearCrossEntropyLoss(softcap=10.0, reduction="none", return_lse=True, vocab_chunk=32)
+    assert "vocab_chunk=32" in repr(sliced)
+    loss2, lse2 = sliced(x, w, t, b)
+    torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse2, lse, rtol=1e-5, atol=1e-5)
     if hasattr(F, "linear_cross_entropy") and not ON_GPU:
         cw = torch.rand(V, device=device) + 0.5
         for kw in (dict(), dict(linear_bias=b, weight=cw, label_smoothing=0.1)):
@@ -274,6 +317,9 @@ def test_option_errors(device):
         linear_cross_entropy(x, w, t, softcap=0.0)
     with pytest.raises(ValueError, match="z_loss"):
         linear_cross_entropy(x, w, t, z_loss=-1.0)
+    for bad in (0, 12, 8.0, True, "auto"):
+        with pytest.raises(ValueError, match="vocab_chunk"):
+            linear_cross_entropy(x, w, t, vocab_chunk=bad)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

@@ -79,6 +79,28 @@ def test_ce_chunk_setting():
         assert rows_per_chunk(16384, 128256, 2) == 1024
 
 
+def test_ce_vocab_chunk_setting():
+    """CODETTA_CE_VOCAB_CHUNK: 0 (off) or a multiple of 8; when set, linear_cross_entropy
+    (and so the drop-in's loss) runs the low-memory mode without an argument."""
+    import torch
+
+    from codetta.kernels import settings
+    from codetta.kernels.launch import recording
+    from codetta.ops import linear_cross_entropy
+
+    assert settings.Settings.from_env({}).ce_vocab_chunk == 0
+    assert settings.Settings.from_env({"CODETTA_CE_VOCAB_CHUNK": "4096"}).ce_vocab_chunk == 4096
+    for bad in ("12", "-8", "many"):
+        with pytest.raises(ValueError, match="CODETTA_CE_VOCAB_CHUNK"):
+            settings.Settings.from_env({"CODETTA_CE_VOCAB_CHUNK": bad})
+    x = torch.randn(16, 32, requires_grad=True)
+    w = torch.randn(64, 32, requires_grad=True)
+    t = torch.randint(0, 64, (16,))
+    with settings.override(ce_vocab_chunk=32), recording(compute=True) as rec:
+        linear_cross_entropy(x, w, t).backward()
+    assert [c.N for c in rec if c.program.name == "ce_logits"] == [32, 32]  # two slices
+
+
 def test_sm_margin_setting():
     """CODETTA_SM_MARGIN: a whole number (default 0); anything else is refused at import
     with the variable's name."""

@@ -2,7 +2,8 @@
 and forward+backward, at 8192 and 16384 tokens, d 2048 and 4096, V 128256 (and V
 262144 at 16384 x 4096 for memory), against the cuBLAS time of the same GEMMs (the
 logits; plus dX and dW), eager PyTorch (``F.cross_entropy(F.linear(x, w).float(), t)``),
-torch.compile of it and Liger's fused linear cross-entropy. Also each variant's peak
+torch.compile of it and Liger's fused linear cross-entropy, and codetta's low-memory
+mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes). Also each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
 """
 
@@ -28,8 +29,15 @@ def eager(x, w, t):
     return F.cross_entropy(F.linear(x, w).float(), t)
 
 
+LOW_MEMORY_CHUNK = 4096
+
+
 def codetta(x, w, t):
     return linear_cross_entropy(x, w, t)
+
+
+def codetta_low_memory(x, w, t):
+    return linear_cross_entropy(x, w, t, vocab_chunk=LOW_MEMORY_CHUNK)
 
 
 def liger_fn():
@@ -95,13 +103,16 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
     case = f"T {tokens} d {d} V {V}"
     p = problem(tokens, d, V)
     (x, w), t = p["leaves"], p["target"]
-    variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta}
+    variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta,
+                "codetta:low-memory": codetta_low_memory}  # fmt: skip
     liger = liger_fn()
     if liger is not None:
         variants["liger"] = liger
-    errs = check(p, codetta)
-    print(f"  {case}: codetta vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "
-          f"same bits on two runs: {same_bits(p)}")  # fmt: skip
+    for name in ("codetta", "codetta:low-memory"):
+        fn = variants[name]
+        errs = check(p, fn)
+        print(f"  {case}: {name} vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "
+              f"same bits on two runs: {same_bits(p, fn)}")  # fmt: skip
 
     def fwd(fn):
         def run():

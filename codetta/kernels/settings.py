@@ -10,9 +10,13 @@
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
 | ``CODETTA_SM_MARGIN`` | 0 | SMs a persistent GEMM leaves free for kernels on other streams |
-|  |  | (NCCL's collectives; measured no gain under FSDP2, NOTES.md) |
+|  |  | (NCCL's collectives; under FSDP2 on two GPUs 8, with ``NCCL_MAX_NCHANNELS=8``, |
+|  |  | was steadier but level with the default, NOTES.md) |
 | ``CODETTA_CE_CHUNK_MB`` | 1024 | MiB of logits per row chunk of ``linear_cross_entropy`` (larger: |
 |  |  | fewer fp32 read-modify-writes of the head's weight gradient; NOTES.md) |
+| ``CODETTA_CE_VOCAB_CHUNK`` | 0 | > 0: ``linear_cross_entropy``'s low-memory mode by default (its |
+|  |  | ``vocab_chunk``: classes per vocabulary slice, a multiple of 8), the |
+|  |  | Hugging Face drop-in's loss included |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -40,6 +44,7 @@ class Settings:
     tune_verbose: bool = False
     sm_margin: int = 0
     ce_chunk_mb: int = 1024
+    ce_vocab_chunk: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -73,6 +78,9 @@ class Settings:
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
             sm_margin=_whole("CODETTA_SM_MARGIN", env.get("CODETTA_SM_MARGIN", "0")),
             ce_chunk_mb=_whole("CODETTA_CE_CHUNK_MB", env.get("CODETTA_CE_CHUNK_MB", "1024"), least=1),
+            ce_vocab_chunk=_whole(
+                "CODETTA_CE_VOCAB_CHUNK", env.get("CODETTA_CE_VOCAB_CHUNK", "0"), multiple=8
+            ),  # fmt: skip
             cache_dir=Path(cache),
         )
 
@@ -86,13 +94,15 @@ def _choice(name: str, value: str, choices: tuple) -> str:
     return value
 
 
-def _whole(name: str, value: str, least: int = 0) -> int:
+def _whole(name: str, value: str, least: int = 0, multiple: int = 1) -> int:
     try:
         number = int(value)
     except ValueError:
         number = least - 1
     if number < least:
         raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    if number % multiple:
+        raise ValueError(f"{name} must be a multiple of {multiple}, got {value!r}")
     return number
 
 

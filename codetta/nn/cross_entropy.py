@@ -13,21 +13,24 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     ``codetta.ops.linear_cross_entropy``; ``weight``: class weights, a buffer)."""
 
     def __init__(self, weight=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
-                 softcap=None, return_lse=False):  # fmt: skip
+                 softcap=None, return_lse=False, vocab_chunk=None):  # fmt: skip
         super().__init__()
         self.register_buffer("weight", weight)
         self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
         self.z_loss, self.softcap, self.return_lse = z_loss, softcap, return_lse
+        self.vocab_chunk = vocab_chunk
 
     def forward(self, input, linear_weight, target, linear_bias=None):
         return linear_cross_entropy(
             input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
             reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, return_lse=self.return_lse,
+            vocab_chunk=self.vocab_chunk,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}"
+            + (f", vocab_chunk={self.vocab_chunk}" if self.vocab_chunk else "")
         )

@@ -22,6 +22,16 @@ issue 15's 512 MiB bar (the fp32 accumulator is the larger term). Each chunk rea
 writes the whole fp32 accumulator (2 GiB of traffic at d = 4096): bigger chunks make
 fewer of those passes, which is why the budget is 1 GiB and not less (NOTES.md).
 
+The low-memory mode (``vocab_chunk``): the vocabulary goes in slices over all rows at
+once. The forward computes each slice's logits into one [M, vocab_chunk] buffer with
+their rows' log-sum-exp (the slices' combined at the end) and the target's logit; the
+backward computes each slice's logits again, turns them into their gradient in place,
+and forms that slice's dW with one GEMM over every row (rounded once, straight into
+the weight's dtype) and dX += dlogits @ W_slice into a float32 [M, d] (the STORE_F32 /
+ACCUMULATE_F32 epilogues). Four GEMMs instead of three; extra memory: the buffer and
+the float32 dX (at M = 16384, d = 4096, V = 262144 with slices of 4096 classes: 128 +
+256 MiB, where the default holds a 4 GiB float32 dW).
+
 Options (``linear_cross_entropy``'s docstring): a bias and soft-capping go into the
 logits GEMM's epilogue (``CE_LOGITS_EXT``; the target's capped logit is formed from the
 stored one); class weights, label smoothing and z-loss
@@ -86,6 +96,29 @@ def _row_weights(tc, valid, opts: _Options):
     return torch.where(valid, opts.weight[tc.clamp(0, opts.weight.shape[0] - 1).long()], 0.0)
 
 
+def _coefs(lse, wc, opts: _Options, V: int, w_sum) -> dict:
+    """The gradient pass's per-row coefficients a, b (none: a = b = 1)."""
+    eps = opts.smoothing
+    if eps or opts.z_loss:
+        a = (1 - eps) * wc + eps / V * w_sum + 2 * opts.z_loss * lse
+        return dict(a=a, b=(1 - eps) * wc)
+    if opts.weight is not None:
+        return dict(a=wc, b=wc)
+    return {}
+
+
+def _row_loss(lse, picked, wc, sums, opts: _Options, V: int, w_sum):
+    """Each row's loss from its log-sum-exp, its target's (capped) logit and, with label
+    smoothing, sum_n w[n] c[m, n] (``_pass``'s docstring)."""
+    eps = opts.smoothing
+    loss = (1 - eps) * wc * (lse - picked)
+    if opts.z_loss:
+        loss = loss + opts.z_loss * lse * lse
+    if eps:
+        loss = loss + eps / V * (lse * w_sum - sums)
+    return loss
+
+
 def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None, want_grads=True):
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
     dX (input dtype), dW and dbias (fp32).
@@ -131,15 +164,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         picked = cap(pick_stored(logits, tc), opts.softcap)
         wc = wt[sl]
         lse_all[sl] = lse
-        loss = (1 - eps) * wc * (lse - picked)
-        if opts.z_loss:
-            loss = loss + opts.z_loss * lse * lse
-        coef = {}
-        if eps or opts.z_loss:
-            a = (1 - eps) * wc + smooth * w_sum + 2 * opts.z_loss * lse
-            coef = dict(a=a, b=(1 - eps) * wc)
-        elif opts.weight is not None:
-            coef = dict(a=wc, b=wc)
+        coef = _coefs(lse, wc, opts, V, w_sum)
         sums = None
         if want_grads:
             sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
@@ -154,12 +179,111 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         elif eps:
             sums = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
                             want_sum=True)  # fmt: skip
-        if eps:
-            loss = loss + smooth * (lse * w_sum - sums)
-        losses[sl] = torch.where(valid[sl], loss, 0.0)
+        losses[sl] = torch.where(valid[sl], _row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
     return losses, lse_all, dx, dw32, db32
+
+
+def _slices(V: int, width: int) -> list:
+    """[v0, v1) of each vocabulary slice; a last one narrower than 8 classes joins the one
+    before it (a slice is a GEMM's K in the backward's dX: at least 16 bytes for TMA)."""
+    out = [(v0, min(V, v0 + width)) for v0 in range(0, V, width)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] < 8:
+        out[-2:] = [(out[-2][0], V)]
+    return out
+
+
+def _slice_logits(x, w, v0, v1, buf, opts: _Options, bias, want_lse: bool):
+    """The logits of classes [v0, v1) for every row, in ``buf`` (rows padded to 16 bytes),
+    and with ``want_lse`` their log-sum-exp per row; the same rounded values either way."""
+    logits = buf[:, : v1 - v0]
+    ws = w[v0:v1]
+    if opts.plain and not want_lse:
+        gemm(x, ws, out=logits)  # (CE_LOGITS's stored values: the accumulator rounded once)
+        return logits, None
+    if opts.plain:
+        return logits, gemm(x, ws, epilogue=CE_LOGITS, out=(logits, None)).lse
+    lse = gemm(x, ws, epilogue=CE_LOGITS_EXT, bias=bias[v0:v1], softcap=opts.softcap, out=(logits, None)).lse
+    return logits, lse
+
+
+def _slice_setup(x, w, width: int, opts: _Options):
+    V = w.shape[0]
+    unit = 16 // x.element_size()
+    widest = max(v1 - v0 for v0, v1 in _slices(V, width))
+    buf = torch.empty(x.shape[0], -(-widest // unit) * unit, dtype=x.dtype, device=x.device)
+    bias = opts.bias
+    if bias is None and not opts.plain:
+        bias = torch.zeros(V, dtype=x.dtype, device=x.device)
+    return buf, bias
+
+
+def _sliced_forward(x, w, target, ignore_index, width: int, opts: _Options):
+    """Low-memory forward (``vocab_chunk``): each row's loss (fp32, 0 where ignored, NaN
+    where the target is bad) and log-sum-exp, over vocabulary slices of ``width``
+    classes: per slice one logits GEMM into a [M, width] buffer with its rows'
+    log-sum-exp, the target's logit picked where it falls in the slice, and the
+    smoothing term's sums; the slices' log-sum-exps combined at the end."""
+    M, V = x.shape[0], w.shape[0]
+    buf, bias = _slice_setup(x, w, width, opts)
+    bad = _bad_targets(target, V, ignore_index)
+    valid = target != ignore_index
+    wt = _row_weights(target, valid, opts)
+    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    picked = torch.zeros(M, dtype=torch.float32, device=x.device)
+    sums = torch.zeros(M, dtype=torch.float32, device=x.device) if opts.smoothing else None
+    parts = []
+    for v0, v1 in _slices(V, width):
+        logits, lse = _slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=True)
+        parts.append(lse)
+        picked += cap(pick_stored(logits, target - v0), opts.softcap)  # (0 outside the slice)
+        if sums is not None:
+            cw = None if opts.weight is None else opts.weight[v0:v1]
+            sums += ce_grad_(logits, lse, target, lse, weight=cw, softcap=opts.softcap, write=False,
+                             want_sum=True)  # fmt: skip
+    lse = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0)
+    losses = torch.where(valid, _row_loss(lse, picked, wt, sums, opts, V, w_sum), 0.0)
+    if bad is not None:
+        losses = torch.where(bad, float("nan"), losses)
+    return losses, lse
+
+
+def _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int, opts: _Options):
+    """Low-memory backward: per vocabulary slice the logits again (the forward's values),
+    turned into their gradient in place (the incoming gradient folded into each row's
+    scale), then dW of the slice = dlogits^T @ X over every row (one GEMM, one rounding)
+    and dX += dlogits @ W_slice (float32, cast once at the end). Returns dX, dW, db."""
+    V = w.shape[0]
+    buf, bias = _slice_setup(x, w, width, opts)
+    bad = _bad_targets(target, V, ignore_index)
+    valid = target != ignore_index
+    wt = _row_weights(target, valid, opts)
+    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    if reduction == "none":
+        scale = _scales(valid, None, "none", grad)
+    else:
+        scale = _scales(valid, wt.sum(), reduction, None) * grad.float()
+    if bad is not None:
+        scale = torch.where(bad, float("nan"), scale)
+    coef = _coefs(lse, wt, opts, V, w_sum)
+    dx32 = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    dw = torch.empty_like(w)
+    db32 = torch.empty(V, dtype=torch.float32, device=x.device) if opts.bias is not None else None
+    for v0, v1 in _slices(V, width):
+        logits, _ = _slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=False)
+        cw = None if opts.weight is None else opts.weight[v0:v1]
+        ce_grad_(logits, lse, target - v0, scale, weight=cw, smooth=opts.smoothing / V, softcap=opts.softcap,
+                 **coef)  # fmt: skip
+        gemm(logits.t(), x.t(), out=dw[v0:v1])  # dW slice = dl^T x
+        if v0 == 0:
+            gemm(logits, w[v0:v1].t(), epilogue=STORE_F32, out=dx32)  # dX = dl W_slice
+        else:
+            gemm(logits, w[v0:v1].t(), epilogue=ACCUMULATE_F32, c=dx32, out=dx32)  # dX += dl W_slice
+        if db32 is not None:
+            torch.sum(logits, 0, dtype=torch.float32, out=db32[v0:v1])
+    db = db32.to(opts.bias.dtype) if db32 is not None else w.new_empty(0)
+    return dx32.to(x.dtype), dw, db
 
 
 def _checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)
@@ -194,11 +318,20 @@ def _forward_impl(
     softcap: float,
     need_grad: bool,
     rows: int,
+    vocab_chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else empty)
-    grads = need_grad and reduction != "none"
+    # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else
+    # empty); vocab_chunk > 0: the low-memory passes, gradients always in the backward
+    grads = need_grad and reduction != "none" and not vocab_chunk
     opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
-    losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts, want_grads=grads)
+    if vocab_chunk:
+        losses, lse = _sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
+        dx = dw32 = db32 = None
+    else:
+        losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts,
+                                            want_grads=grads)  # fmt: skip
+    if not grads:
+        dx = x.new_empty(0)
     if reduction == "none":
         loss = losses
     else:
@@ -215,10 +348,11 @@ _forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args
 
 
 @_forward.register_fake
-def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows):
+def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
+      vocab_chunk):  # fmt: skip
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
-    grads = need_grad and reduction != "none"
+    grads = need_grad and reduction != "none" and not vocab_chunk
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
             w.new_empty(w.shape if grads else (0,), dtype=f32 if grads else w.dtype), db)  # fmt: skip
@@ -256,27 +390,68 @@ def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, s
     )
 
 
-def _setup(ctx, inputs, output):
-    x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows = (
-        inputs
+def _backward_sliced_impl(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+    bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    smoothing: float,
+    z_loss: float,
+    softcap: float,
+    vocab_chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
+    return _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, vocab_chunk, opts)
+
+
+_backward_sliced = torch.library.custom_op("codetta::linear_cross_entropy_sliced_backward", mutates_args=())(
+    _backward_sliced_impl
+)
+
+
+@_backward_sliced.register_fake
+def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap,
+      vocab_chunk):  # fmt: skip
+    return (
+        x.new_empty(x.shape),
+        w.new_empty(w.shape),
+        w.new_empty((w.shape[0],) if bias is not None else (0,)),
     )
-    _, _, dx, dw, db = output
-    ctx.reduction, ctx.ignore_index, ctx.rows = reduction, ignore_index, rows
+
+
+def _setup(ctx, inputs, output):
+    (x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
+     vocab_chunk) = inputs  # fmt: skip
+    _, lse, dx, dw, db = output
+    ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.has_bias = bias is not None
     ctx.w_dtype = w.dtype
     ctx.set_materialize_grads(False)
-    if reduction == "none":
+    if vocab_chunk:
+        ctx.save_for_backward(x, w, target, lse, bias, class_weight)
+    elif reduction == "none":
         ctx.save_for_backward(x, w, target, bias, class_weight)
     else:
         ctx.save_for_backward(dx, dw, db)
 
 
 def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
-    none = (None,) * 9
+    none = (None,) * 10
     if dloss is None:
         return (None, None, None) + none
-    if ctx.reduction == "none":
+    if ctx.vocab_chunk:
+        x, w, target, lse, bias, class_weight = ctx.saved_tensors
+        dx, dw, db = _backward_sliced_fast(
+            dloss.contiguous(), x, w, target, lse, bias, class_weight, ctx.ignore_index, ctx.reduction,
+            *ctx.opts, ctx.vocab_chunk,
+        )  # fmt: skip
+    elif ctx.reduction == "none":
         x, w, target, bias, class_weight = ctx.saved_tensors
         dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
                                          ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
@@ -290,13 +465,14 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         scale = dloss.to(torch.float32)
         dx, db = torch._foreach_mul([dx, db], scale)
         dw = scale_cast(dw, scale, ctx.w_dtype)
-    return (dx, dw, None, db if ctx.has_bias else None) + none[:8]
+    return (dx, dw, None, db if ctx.has_bias else None) + none[:9]
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)
 # eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
 _forward_fast = FastOp(_forward, _forward_impl, _setup, _autograd_backward)
 _backward_none_fast = FastOp(_backward_none, _backward_none_impl)
+_backward_sliced_fast = FastOp(_backward_sliced, _backward_sliced_impl)
 
 
 def linear_cross_entropy(
@@ -314,6 +490,7 @@ def linear_cross_entropy(
     return_lse=False,
     chunk_rows=None,
     loss_dtype=None,
+    vocab_chunk=None,
 ):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     reduction=..., ignore_index=..., label_smoothing=...)`` without materializing the
@@ -334,6 +511,14 @@ def linear_cross_entropy(
     (default: as many as the ``CODETTA_CE_CHUNK_MB`` setting's logits hold).
     ``loss_dtype``: the loss's dtype (default input's, as torch; it is computed in
     float32 either way).
+
+    ``vocab_chunk`` (an int, a multiple of 8; or None): the low-memory mode. The
+    vocabulary goes in slices of this many classes over all rows at once, and the
+    backward computes the logits again: four GEMMs instead of three, for at most one
+    [rows, vocab_chunk] logits slice and a float32 dX ([rows, d]) of extra memory
+    (no float32 dW: each slice's dW is one GEMM over every row, rounded once).
+    ``chunk_rows`` does not apply then. Default: the ``CODETTA_CE_VOCAB_CHUNK`` setting
+    (0: off), so the Hugging Face drop-in's loss can use it unchanged.
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)
@@ -381,6 +566,11 @@ def linear_cross_entropy(
             f"d = {input.shape[-1]} must be a multiple of {unit} for {input.dtype} (rows of the input "
             "and the weight move through TMA in 16-byte units)"
         )
+    if vocab_chunk is None:
+        vocab_chunk = SETTINGS.ce_vocab_chunk or None
+    whole = isinstance(vocab_chunk, int) and not isinstance(vocab_chunk, bool)
+    if vocab_chunk is not None and (not whole or vocab_chunk < 8 or vocab_chunk % 8):
+        raise ValueError(f"vocab_chunk must be a positive multiple of 8 (or None), got {vocab_chunk!r}")
     x = input.reshape(-1, input.shape[-1]).contiguous()
     t = target.reshape(-1).contiguous()
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
@@ -388,7 +578,7 @@ def linear_cross_entropy(
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
     loss, lse, _, _, _ = _forward_fast(
         x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
-        float(z_loss), float(softcap or 0.0), need_grad, int(rows),
+        float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
     )  # fmt: skip
     loss = loss.to(loss_dtype or input.dtype)
     loss = loss.reshape(target.shape) if reduction == "none" else loss
