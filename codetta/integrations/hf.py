@@ -35,7 +35,6 @@ the original forward.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import types
 import warnings
@@ -102,6 +101,7 @@ def apply(family: str, model=None):
     if family not in FAMILIES:
         raise ValueError(f"codetta has no drop-in for {family!r}; supported: {sorted(FAMILIES)}")
     cls = _causal_lm_class(family)
+    _read_mask_params()
     if model is None:
         if cls not in _ORIGINAL:
             _ORIGINAL[cls] = cls.__dict__["forward"]
@@ -384,15 +384,29 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
     return [mapping[types_[i]] for i in range(n_layers)]
 
 
-@functools.cache
-def _parameters(fn) -> frozenset:
-    return frozenset(inspect.signature(fn).parameters)
+_MASK_PARAMS: dict = {}  # mask builder -> its parameter names (read when a model is patched)
+
+
+def _mask_params(fn) -> frozenset:
+    params = _MASK_PARAMS.get(fn)
+    if params is None:
+        params = _MASK_PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
+    return params
+
+
+def _read_mask_params() -> None:
+    """Before any forward (torch.compile then finds plain dict entries, not a signature
+    to trace)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    for fn in (create_causal_mask, create_sliding_window_causal_mask):
+        _mask_params(fn)
 
 
 def _mask_args(fn, **args) -> dict:
     """``args`` for transformers' mask builders, with no cache under the name this version
     uses (``cache`` since 5.2x, ``past_key_values`` before, which also took ``cache_position``)."""
-    params = _parameters(fn)
+    params = _mask_params(fn)
     for name in ("cache", "past_key_values"):
         if name in params:
             args[name] = None
