@@ -381,13 +381,15 @@ _backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward
 )
 
 
+def _fake_grads(x, w, bias):
+    """The backward ops' outputs under fake tensors: dX, dW and db (empty without a bias)."""
+    db = w.new_empty((w.shape[0],) if bias is not None else (0,))
+    return x.new_empty(x.shape), w.new_empty(w.shape), db
+
+
 @_backward_none.register_fake
 def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, softcap, rows):
-    return (
-        x.new_empty(x.shape),
-        w.new_empty(w.shape),
-        w.new_empty((w.shape[0],) if bias is not None else (0,)),
-    )
+    return _fake_grads(x, w, bias)
 
 
 def _backward_sliced_impl(
@@ -417,11 +419,7 @@ _backward_sliced = torch.library.custom_op("codetta::linear_cross_entropy_sliced
 @_backward_sliced.register_fake
 def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap,
       vocab_chunk):  # fmt: skip
-    return (
-        x.new_empty(x.shape),
-        w.new_empty(w.shape),
-        w.new_empty((w.shape[0],) if bias is not None else (0,)),
-    )
+    return _fake_grads(x, w, bias)
 
 
 def _setup(ctx, inputs, output):
