@@ -140,6 +140,15 @@ def test_matches_unpatched(family, tied, mask, dtype):
     assert_within("logits", *logits)
 
 
+def test_low_memory_loss_in_the_drop_in():
+    """CODETTA_CE_VOCAB_CHUNK puts the drop-in's loss in the low-memory mode (here V 128 in
+    two slices): the same checks against float64, tied embeddings and padding."""
+    from codetta.kernels import settings
+
+    with settings.override(ce_vocab_chunk=64):
+        test_matches_unpatched("llama", True, "padding", torch.float32)
+
+
 def test_generation_state_dict_and_revert():
     """Greedy generation (a KV cache: the model's own forward) equals the unpatched
     model's; the state_dict is the same tensors; revert restores the original forward."""
