@@ -58,9 +58,12 @@ def _train_here(tmp_path, config, tag):
     add_arguments(parser)
     out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
     args = parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--out", str(out),
-                              "--save", str(save)])  # fmt: skip
+                              "--save", str(save), "--time-from", "1", "--host-profile", "2"])  # fmt: skip
     with override(force_reference=True):
         train(args)
+    # --host-profile: where the host's time went over steps 1-2, by function
+    host = (tmp_path / f"{tag}.host.txt").read_text()
+    assert "2 steps by tottime" in host and "2 steps by cumulative" in host and "launch.py" in host
     return json.loads(out.read_text()), torch.load(save)
 
 
