@@ -234,9 +234,12 @@ def _codetta_forward(
     checkpointing = self.training and torch.is_grad_enabled() and _hf_checkpointing(base, layers)
     spans.open_outer()
     h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    # the masks see the caller's position_ids: given none, the positions are 0..T-1 and
+    # transformers' packed-sequence check (a host synchronization: it looks at GPU values
+    # on the host, NOTES.md) has nothing to find
+    masks = _masks(base, h, attention_mask, position_ids, len(layers))
     if position_ids is None:
         position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-    masks = _masks(base, h, attention_mask, position_ids, len(layers))
     position_embeddings = base.rotary_emb(h, position_ids)
 
     # with labels in training, the loss is fused and no logits are returned (as Liger does)
