@@ -399,3 +399,23 @@ def test_no_host_synchronization(device):
             loss.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("vocab_chunk", [None, 16])
+def test_empty_batch(device, vocab_chunk):
+    """No rows: the loss torch gives (mean: nan, sum: 0, none: empty) and zero gradients for
+    the weight and the bias (no chunk ever wrote the float32 dW: it was returned
+    uninitialized before, and mean/sum refused to run the backward)."""
+    dt = torch.float16 if device == "cpu" else torch.bfloat16
+    x = rand(0, 32, dtype=dt, device=device).requires_grad_()
+    w = rand(64, 32, dtype=dt, device=device).requires_grad_()
+    b = rand(64, dtype=dt, device=device).requires_grad_()
+    t = torch.zeros(0, dtype=torch.long, device=device)
+    for reduction in ("mean", "sum", "none"):
+        loss = linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, vocab_chunk=vocab_chunk)
+        want = F.cross_entropy(F.linear(x.float(), w.float(), b.float()), t, reduction=reduction)
+        torch.testing.assert_close(loss.float(), want, equal_nan=True)
+        loss.sum().backward()
+        assert x.grad.shape == x.shape
+        assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+        x.grad = w.grad = b.grad = None

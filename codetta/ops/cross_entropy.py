@@ -132,8 +132,13 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
     lse_all = torch.empty(M, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if want_grads else x.new_empty(0)
-    # (the first chunk stores its product, the others add theirs: no zero fill)
-    dw32 = torch.empty(w.shape, dtype=torch.float32, device=x.device) if want_grads else None
+    # (the first chunk stores its product, the others add theirs: no zero fill; no rows:
+    # no chunk, a zero gradient)
+    dw32 = (
+        (torch.empty if M else torch.zeros)(w.shape, dtype=torch.float32, device=x.device)
+        if want_grads
+        else None
+    )
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
@@ -255,6 +260,9 @@ def _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: in
     scale), then dW of the slice = dlogits^T @ X over every row (one GEMM, one rounding)
     and dX += dlogits @ W_slice (float32, cast once at the end). Returns dX, dW, db."""
     V = w.shape[0]
+    if x.shape[0] == 0:  # no rows: zero gradients (the GEMMs would have K = 0)
+        db = torch.zeros_like(opts.bias) if opts.bias is not None else w.new_empty(0)
+        return torch.empty_like(x), torch.zeros_like(w), db
     buf, bias = _slice_setup(x, w, width, opts)
     bad = _bad_targets(target, V, ignore_index)
     valid = target != ignore_index
@@ -429,6 +437,7 @@ def _setup(ctx, inputs, output):
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.has_bias = bias is not None
+    ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.set_materialize_grads(False)
     if vocab_chunk:
@@ -455,7 +464,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
                                          ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
     else:
         dx, dw, db = ctx.saved_tensors
-        if dx.numel() == 0:
+        if not ctx.grads_in_forward:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
         # dX and db: one multi-tensor kernel, fp32 math, each result in its own dtype (the
         # per-tensor products with a float32 0-dim factor took 1.3 ms per Llama-3.2-1B step,
