@@ -194,8 +194,9 @@ def _reference(call: GemmCall, outs: list) -> None:
     prog = call.program
     if prog.reference is None:
         raise NotImplementedError(
-            f"program {prog.name!r} has no PyTorch reference, so it cannot run on CPU tensors without "
-            "the Triton interpreter: set TRITON_INTERPRET=1 before importing codetta, or give it reference="
+            f"program {prog.name!r} has no PyTorch reference, so it cannot run with K = 0 (empty "
+            "operands), nor on CPU tensors without the Triton interpreter: set TRITON_INTERPRET=1 before "
+            "importing codetta, or give it reference="
         )
     acc = call.a.double() @ call.w.double().t()
     kwargs = {op.name: v for op, v in zip(prog.caller_inputs, call.inputs)}
@@ -313,7 +314,7 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     else:
         outs = alloc_outputs(call, given)
     if call.M > 0 and not dry:
-        if _uses_reference(call):
+        if _uses_reference(call) or call.K == 0:  # (K = 0, an empty batch's dW: acc = 0, no kernel)
             _reference(call, outs)
         else:
             cfg = config or CHOOSER.choose(call, _prepare_for_tuning(call))
