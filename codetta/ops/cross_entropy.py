@@ -96,6 +96,29 @@ def _row_weights(tc, valid, opts: _Options):
     return torch.where(valid, opts.weight[tc.clamp(0, opts.weight.shape[0] - 1).long()], 0.0)
 
 
+class _Rows(NamedTuple):
+    bad: torch.Tensor | None  # rows whose target is outside [0, V) (GPU; the CPU raises)
+    valid: torch.Tensor  # rows counted (target != ignore_index)
+    wt: torch.Tensor  # w[target] of the counted rows, 0 elsewhere (fp32)
+    w_sum: object  # sum of the class weights (V without)
+
+
+def _rows(target, V: int, ignore_index: int, opts: _Options) -> _Rows:
+    """What every pass needs of the targets (here, not in the wrapper: torch.compile traces it)."""
+    bad = _bad_targets(target, V, ignore_index)
+    valid = target != ignore_index
+    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    return _Rows(bad, valid, _row_weights(target, valid, opts), w_sum)
+
+
+def _logits_bias(x, V: int, opts: _Options):
+    """The bias CE_LOGITS_EXT adds: the caller's, a zero one under soft-capping alone, or
+    None (the plain program)."""
+    if opts.bias is None and not opts.plain:
+        return torch.zeros(V, dtype=x.dtype, device=x.device)
+    return opts.bias
+
+
 def _coefs(lse, wc, opts: _Options, V: int, w_sum) -> dict:
     """The gradient pass's per-row coefficients a, b (none: a = b = 1)."""
     eps = opts.smoothing
@@ -142,17 +165,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
-    bad = _bad_targets(target, V, ignore_index)  # (here, not in the wrapper: torch.compile traces that)
-    valid = target != ignore_index
-    wt = _row_weights(target, valid, opts)
+    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
     scale = _scales(valid, wt.sum(), reduction, grad) if want_grads else None
     if bad is not None and scale is not None:
         scale = torch.where(bad, float("nan"), scale)
     eps, smooth = opts.smoothing, opts.smoothing / V
-    w_sum = float(V) if opts.weight is None else opts.weight.sum()
-    bias = opts.bias
-    if bias is None and not opts.plain:  # (soft-capping alone: CE_LOGITS_EXT with a zero bias)
-        bias = torch.zeros(V, dtype=x.dtype, device=x.device)
+    bias = _logits_bias(x, V, opts)
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
@@ -218,10 +236,7 @@ def _slice_setup(x, w, width: int, opts: _Options):
     unit = 16 // x.element_size()
     widest = max(v1 - v0 for v0, v1 in _slices(V, width))
     buf = torch.empty(x.shape[0], -(-widest // unit) * unit, dtype=x.dtype, device=x.device)
-    bias = opts.bias
-    if bias is None and not opts.plain:
-        bias = torch.zeros(V, dtype=x.dtype, device=x.device)
-    return buf, bias
+    return buf, _logits_bias(x, V, opts)
 
 
 def _sliced_forward(x, w, target, ignore_index, width: int, opts: _Options):
@@ -232,10 +247,7 @@ def _sliced_forward(x, w, target, ignore_index, width: int, opts: _Options):
     smoothing term's sums; the slices' log-sum-exps combined at the end."""
     M, V = x.shape[0], w.shape[0]
     buf, bias = _slice_setup(x, w, width, opts)
-    bad = _bad_targets(target, V, ignore_index)
-    valid = target != ignore_index
-    wt = _row_weights(target, valid, opts)
-    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
     picked = torch.zeros(M, dtype=torch.float32, device=x.device)
     sums = torch.zeros(M, dtype=torch.float32, device=x.device) if opts.smoothing else None
     parts = []
@@ -264,10 +276,7 @@ def _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: in
         db = torch.zeros_like(opts.bias) if opts.bias is not None else w.new_empty(0)
         return torch.empty_like(x), torch.zeros_like(w), db
     buf, bias = _slice_setup(x, w, width, opts)
-    bad = _bad_targets(target, V, ignore_index)
-    valid = target != ignore_index
-    wt = _row_weights(target, valid, opts)
-    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
     if reduction == "none":
         scale = _scales(valid, None, "none", grad)
     else:
