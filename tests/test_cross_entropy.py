@@ -357,6 +357,19 @@ def test_scale_cast(device, dtype):
         scale_cast(src.t(), scale, dtype)
 
 
+def test_scale_cast_traced(device):
+    """Under fake tensors (how AOT autograd traces the loss's backward: torch 2.11 does not
+    report that trace as compiling, run 68) scale_cast launches no kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from codetta.programs.ce import scale_cast
+
+    with FakeTensorMode():
+        src = torch.empty(70, 130, device=device)
+        out = scale_cast(src, torch.tensor(0.5, device=device), torch.float16)
+    assert out.shape == (70, 130) and out.dtype == torch.float16
+
+
 def test_target_pick_moves_nothing_between_devices():
     """The target logit's pick builds no tensor on another device: a CPU scalar tensor
     beside GPU ones is copied to the GPU by a blocking copy, which stopped the host twice

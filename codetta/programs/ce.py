@@ -16,7 +16,7 @@ from ..kernels import device
 from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_STREAMING_CANDIDATES, PLAIN_CANDIDATES
 from ..kernels.program import DType, PerCol, Program, RowLogSumExp, Scalar, Tile
-from .norm_rows import torch_path
+from .norm_rows import torch_path, traced
 
 
 @triton.jit
@@ -200,7 +200,7 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> to
     1.17 ms for the Llama-3.2-1B LM head's dW (run 59), ~1.3 TB/s over its 1.57 GB."""
     if not src.is_contiguous() or src.dtype != torch.float32:
         raise ValueError(f"src must be a contiguous float32 tensor, got {src.dtype}, strides {src.stride()}")
-    if torch.compiler.is_compiling():  # traced (a backward under torch.compile): its own fused pass
+    if traced(src):  # a backward traced under torch.compile: its own fused pass
         return (src * scale).to(dtype)
     out = torch.empty(src.shape, dtype=dtype, device=src.device)
     if torch_path(src) or (src.device.type == "cpu" and dtype == torch.bfloat16):

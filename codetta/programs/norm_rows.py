@@ -8,6 +8,7 @@ sums, exactly as the GEMM programs do (``norm.rms_scale_of``).
 import torch
 import triton
 import triton.language as tl
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels import device
 from ..kernels.settings import SETTINGS
@@ -20,6 +21,18 @@ def torch_path(x: torch.Tensor) -> bool:
     bf16 by truncation (twice the error of round-to-nearest)."""
     return x.device.type == "cpu" and (
         not device.interpreting() or SETTINGS.force_reference or x.dtype == torch.bfloat16
+    )
+
+
+def traced(x: torch.Tensor) -> bool:
+    """True while ``x`` is being traced (torch.compile, AOT autograd's backward, fake
+    tensors): a raw kernel launch would need its data. torch 2.13 reports AOT autograd's
+    trace of a custom op's backward as compiling; torch 2.11 does not (run 68), so the
+    dispatch mode and the tensor's type are checked too."""
+    return (
+        torch.compiler.is_compiling()
+        or _get_current_dispatch_mode() is not None
+        or type(x) not in (torch.Tensor, torch.nn.Parameter)
     )
 
 
