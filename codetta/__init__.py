@@ -10,6 +10,8 @@ from .kernels.program import (  # noqa: E402
     DType,
     HalfTile,
     Kind,
+    KPart,
+    PairedWeight,
     PerCol,
     PerRow,
     Program,
@@ -19,6 +21,7 @@ from .kernels.program import (  # noqa: E402
     RowTable,
     Scalar,
     Tile,
+    with_k_parts,
 )
 
 
@@ -75,6 +78,9 @@ __all__ = [
     "Scalar",
     "DType",
     "RowTable",
+    "PairedWeight",
+    "KPart",
+    "with_k_parts",
     "RowSum",
     "RowLogSumExp",
     "RowPick",

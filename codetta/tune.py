@@ -135,9 +135,13 @@ def call_inputs(call: RecordedCall, device="cuda") -> tuple:
     weight = _tensor((call.N, call.K), call.dtype, call.b_t, device) * call.K**-0.5
     operands = {}
     paired = {op.name for op in call.program.inputs if op.kind is Kind.PAIRED_WEIGHT}
+    part_a = {op.name for op in call.program.inputs if op.kind is Kind.K_PART_A}
+    part_w = {op.name for op in call.program.inputs if op.kind is Kind.K_PART_B}
     for name, shape, dt in call.operands:
-        if name in paired:  # a second weight, laid out as the first
-            operands[name] = _tensor(shape, dt, call.b_t, device) * call.K**-0.5
+        if name in paired or name in part_w:  # a second weight (or a K part's), laid out as the first
+            operands[name] = _tensor(shape, dt, call.b_t, device) * shape[1] ** -0.5
+        elif name in part_a:  # a K part's A, laid out as a
+            operands[name] = _tensor(shape, dt, call.a_t, device) * 0.5
         elif shape is None:
             operands[name] = 1e-5 if name == "eps" else 1.0 / call.N
         elif dt in (torch.int32, torch.int64):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A device call made of named steps, each with its own time limit; output under $OUT.
 # Usage (repo root, on the GPU machine): CODETTA_COMMIT=<sha> bash scripts/gpu_call.sh STEP...
-#   tests:<pytest args>   e.g. "tests:tests/test_gemm.py"   (limit TEST_TIMEOUT, default 240 s)
+#   tests:<pytest args>   e.g. "tests:tests/test_gemm.py -k 'parts or plain'" (quotes honoured; limit
+#                         TEST_TIMEOUT, default 240 s)
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
 #   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE;
 #                         TUNE_FORCE=0 tunes only keys the shipped table and cache lack)
@@ -27,8 +28,9 @@ for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case "$step" in
     tests:*)
-      # shellcheck disable=SC2086
-      timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -rf --tb=short -p no:cacheprovider ${step#tests:} \
+      # shell words, quotes honoured: "tests:tests/test_hf.py -k 'llama or qwen3'"
+      eval "targs=(${step#tests:})"
+      timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -rf --tb=short -p no:cacheprovider "${targs[@]}" \
         > "$OUT/tests-$(echo "${step#tests:}" | tr -c 'a-z0-9' '_' | cut -c1-40).txt" 2>&1
       tail -n 25 "$OUT"/tests-*.txt | grep -E "passed|failed|FAILED|^E |Error" | tail -30 ;;
     profile)

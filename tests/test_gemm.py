@@ -99,6 +99,46 @@ def test_empty_operands(device):
     assert all(torch.equal(v.grad, torch.zeros_like(v)) for v in ws)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_k_parts(layout, dtype, device):
+    """A sum of products in one launch (K parts: the q/k/v projections' dX): against float64,
+    PyTorch's own error being that of the one product over the concatenated K; parts of
+    different K (none a multiple of 64). On the GPU every candidate of both mainloops in the
+    layout the operators use (nt: dz @ W through W's transposed view), in bf16."""
+    from codetta.programs import STORE_K3
+
+    M, N = 64, 48
+    if layout[0] == "t" and (M * torch.finfo(dtype).bits // 8) % 16:
+        pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
+    (a, w), (a1, w1), (a2, w2) = (_make(M, N, k, dtype, device, layout, w_scale=0.5) for k in (48, 24, 40))
+    ref = a.double() @ w.double().t() + a1.double() @ w1.double().t() + a2.double() @ w2.double().t()
+    same = torch.cat([a, a1, a2], 1) @ torch.cat([w, w1, w2], 1).t()
+    parts = {"a1": a1, "w1": w1, "a2": a2, "w2": w2}
+    cfgs = [None]
+    if device == "cuda" and layout == "nt" and dtype == torch.bfloat16:
+        cfgs += engines.TRITON.candidates(STORE_K3) + engines.PINGPONG.candidates(STORE_K3)
+    for cfg in cfgs:
+        out = codetta.gemm(a, w, epilogue=STORE_K3, config=cfg, **parts)
+        assert out.shape == (M, N) and out.dtype == dtype
+        assert_within(f"out {cfg.short() if cfg else 'tuned'}", out, ref, same)
+
+
+def test_k_parts_bad_input(device):
+    """K parts that do not fit the GEMM are refused, naming the operand."""
+    from codetta.programs import STORE_K2
+
+    a, w = _make(32, 16, 24, torch.float16, device, "nn")
+    a1, w1 = _make(32, 16, 8, torch.float16, device, "nn")
+    with pytest.raises(ValueError, match="a1 is \\(32, 8\\) and w1 is \\(16, 16\\): their K must match"):
+        codetta.gemm(a, w, epilogue=STORE_K2, a1=a1, w1=torch.cat([w1, w1], 1))
+    with pytest.raises(ValueError, match="operand 'a1' must be \\[M, K_i\\] with M=32"):
+        codetta.gemm(a, w, epilogue=STORE_K2, a1=a1[:16], w1=w1)
+    with pytest.raises(TypeError, match="operand 'w1' must be torch.float16"):
+        codetta.gemm(a, w, epilogue=STORE_K2, a1=a1, w1=w1.float())
+    with pytest.raises(ValueError, match="a1 must be laid out as a"):
+        codetta.gemm(a, w, epilogue=STORE_K2, a1=a1.t().contiguous().t(), w1=w1)
+
+
 def test_reference_path_matches_kernel(device):
     """CPU without the interpreter runs the PyTorch reference; both agree."""
     M, N, K = SHAPES[1]

@@ -46,10 +46,15 @@ def _operands(prog, M, N, dtype, K=64):
     if prog in (ACTIVATIONS, SWIGLU_PAIRS):
         return {}
     ops = _program_operands(prog.name, M, N, "cuda", K)
-    return {
+    ops = {
         k: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v
         for k, v in ops.items()
     }
+    a_t, b_t = prog.layouts[0]
+    for op in prog.inputs:  # K parts laid out as the GEMM's A and weight
+        if (op.kind is codetta.Kind.K_PART_A and a_t) or (op.kind is codetta.Kind.K_PART_B and b_t):
+            ops[op.name] = ops[op.name].t().contiguous().t()
+    return ops
 
 
 def check_against_reference(prog, y, w, operands, outs):
@@ -63,6 +68,12 @@ def check_against_reference(prog, y, w, operands, outs):
     if seed is not None:
         acc64 = acc64 + operands[seed].double()
         acc_t = (acc_t + operands[seed].float()).to(y.dtype).float()
+    if prog.k_parts:  # K parts: their products summed into the accumulator; PyTorch's: one
+        # product over the concatenated K
+        ys = [y] + [operands[prog.slots[ia].name] for ia, _ in prog.k_parts]
+        ws = [w] + [operands[prog.slots[iw].name] for _, iw in prog.k_parts]
+        acc64 = sum(a.double() @ b.double().t() for a, b in zip(ys, ws))
+        acc_t = (torch.cat(ys, 1) @ torch.cat(ws, 1).t()).float()
     if pair is not None:  # the body's acc is the pair of products (e.g. SwiGLU's gate and up)
         acc64 = (acc64, y.double() @ operands[pair].double().t())
         acc_t = (acc_t, (y @ operands[pair].t()).float())

@@ -345,7 +345,17 @@ def _program_operands(name, M, N, device, K=64):
     norm = {"sumsq": torch.rand(M, **f32) * K + 1, "inv_d": 1.0 / K, "eps": 1e-6}
     rope = {**norm, "pos": torch.randint(0, 4096, (M,), device=device), "freq": torch.rand(N, **f32),
             "scaling": 0.9}  # fmt: skip
+
+    def parts(n):  # K parts: [M, K_i] and [N, K_i] pairs of their own K
+        ks = (24, 40, 16)[:n]
+        return {k: v for i, kk in enumerate(ks, 1) for k, v in (
+            (f"a{i}", rand(M, kk, dtype=dtype, device=device)),
+            (f"w{i}", rand(N, kk, dtype=dtype, device=device, scale=kk**-0.5)))}  # fmt: skip
+
     return {
+        "store_k2": parts(1),
+        "store_k3": parts(2),
+        "store_k4": parts(3),
         "swiglu": {"up": rand(N, K, dtype=dtype, device=device, scale=K**-0.5)},
         "swiglu_rms": {
             "up": rand(N, K, dtype=dtype, device=device, scale=K**-0.5),

@@ -74,13 +74,13 @@ def test_model_calls_cover_the_step():
     """The recorded plan of a layer, as the Hugging Face drop-in calls the operators: K1
     and the scaled next GEMMs forward (gate and up paired with SwiGLU, q and k with RoPE,
     v as separate weights); dX (dSwiGLU in the down projection's, summed over the next
-    GEMMs in their epilogues), dW, dy and dW_o backward; the LM head + loss per chunk of
+    GEMMs in one launch: K parts), dW, dy and dW_o backward; the LM head + loss per chunk of
     rows; the token count (or the chunk's rows) lands wherever the probe's did (M, or K
     of dW)."""
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "accumulate", "ce_logits", "store_f32",
+    assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits", "store_f32",
                      "accumulate_f32", "swiglu_rms", "dswiglu", "rms_rope_128"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
@@ -91,7 +91,8 @@ def test_model_calls_cover_the_step():
     assert ("ce_logits", False, False, 4096, 128256, 4096) in shapes  # LM head + loss, 4096-row chunks
     assert ("store_f32", True, True, 128256, 4096, 4096) in shapes  # its dW, the first chunk
     assert ("accumulate_f32", True, True, 128256, 4096, 4096) in shapes  # the others, summed in place
-    assert ("accumulate", False, True, 16384, 4096, 14336) in shapes  # dh += d(up) @ W_up
+    assert ("store_k2", False, True, 16384, 4096, 14336) in shapes  # dh = d(gate) W_gate + d(up) W_up
+    assert ("store_k3", False, True, 16384, 4096, 4096) in shapes  # dh = dq Wq + dk Wk + dv Wv
     assert ("store", True, True, 14336, 4096, 16384) in shapes  # dW of gate (and up)
     for c in calls.values():
         assert 104 not in (c.M, c.N, c.K), "a probe dimension was left unscaled"

@@ -29,6 +29,7 @@ from .settings import SETTINGS
 
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
        torch.int64: "i64"}  # fmt: skip
+_K_PARTS = (Kind.K_PART_A, Kind.K_PART_B)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 _GL_RING_DTYPES = {**_GL_DTYPES, torch.float32: gl.float32}
 
@@ -96,6 +97,16 @@ def _pair_desc(call: GemmCall, cfg: Config) -> tuple:
     return shape, block, call.b_t
 
 
+def _k_part_desc(op, value, call: GemmCall, cfg: Config) -> tuple:
+    """(shape, block, transposed) of a K part's descriptor: its A laid out as A, its
+    weight as B, with its own K."""
+    rows, k = value.shape
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    if op.kind is Kind.K_PART_A:
+        return ([k, rows], [bk, bm], True) if call.a_t else ([rows, k], [bm, bk], False)
+    return ([k, rows], [bk, bn], True) if call.b_t else ([rows, k], [bn, bk], False)
+
+
 def _tile_shape(op, call: GemmCall) -> list[int]:
     return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
 
@@ -104,13 +115,16 @@ def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
     """Per slot, (TMA shape, block) of a tile operand (a seed's block the whole tile with
     ``whole_seed``: the portable mainloop loads it at once), (shape, block, transposed) of
     a paired weight, or None."""
+    values = call.inputs + (None,) * len(call.program.outputs)
     return tuple(
         (_tile_shape(op, call), tile_block(op, cfg, whole=whole_seed and op.kind is Kind.SEED))
         if op.is_tile
         else _pair_desc(call, cfg)
         if op.kind is Kind.PAIRED_WEIGHT
+        else _k_part_desc(op, v, call, cfg)
+        if op.kind in _K_PARTS
         else None
-        for op in call.program.slots
+        for op, v in zip(call.program.slots, values)
     )  # fmt: skip
 
 
@@ -150,7 +164,7 @@ class TritonEngine:
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t, num_sms) -> dict:
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "BODY": program.body,
+            "KPARTS": program.k_parts, "BODY": program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "A_T": a_t, "B_T": b_t,
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
@@ -170,8 +184,10 @@ class TritonEngine:
         }  # fmt: skip
         for i, op in enumerate(program.slots):
             block = (
-                b_block if op.kind is Kind.PAIRED_WEIGHT else tile_block(op, cfg, whole=op.kind is Kind.SEED)
-            )
+                b_block if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B)
+                else a_block if op.kind is Kind.K_PART_A
+                else tile_block(op, cfg, whole=op.kind is Kind.SEED)
+            )  # fmt: skip
             sig[f"o{i}"] = _slot_type(op, dtype, block)
         for i in range(len(program.slots), MAX_OPERANDS):
             sig[f"o{i}"] = "constexpr"
@@ -274,7 +290,7 @@ def _in_tiles(program: Program) -> tuple:
 
 
 def _slot_type(op, dtype, block) -> str:
-    if op.is_tile or op.kind is Kind.PAIRED_WEIGHT:
+    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, *_K_PARTS):
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
     if op.kind is Kind.SCALAR:
         return "fp32"
@@ -388,7 +404,7 @@ class PingPongEngine:
         ring = self.ring_dtype(program, dtype)
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "BODY": program.sm90_body or program.body,
+            "KPARTS": program.k_parts, "BODY": program.sm90_body or program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
@@ -410,8 +426,10 @@ class PingPongEngine:
             "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
         }  # fmt: skip
         for i, op in enumerate(program.slots):
-            if op.kind is Kind.PAIRED_WEIGHT:
+            if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B):
                 sig[f"o{i}"] = desc([bk, bn] if b_t else [bn, bk])
+            elif op.kind is Kind.K_PART_A:
+                sig[f"o{i}"] = desc([bk, bm] if a_t else [bm, bk])
             elif op.is_tile:
                 sig[f"o{i}"] = desc(tile_block(op, cfg), slot_dtype(op, dtype))
             else:

@@ -206,6 +206,8 @@ def _reference(call: GemmCall, outs: list) -> None:
     for op in prog.inputs:
         if op.kind is Kind.DTYPE:
             kwargs[op.name] = call.dtype
+    for ia, iw in prog.k_parts:  # K parts: more products summed in
+        acc = acc + call.inputs[ia].double() @ call.inputs[iw].double().t()
     acc = acc.float()
     pair = next((op.name for op in prog.inputs if op.kind is Kind.PAIRED_WEIGHT), None)
     if pair is not None:  # the body's acc is the pair of products
@@ -252,6 +254,12 @@ class RecordedCall:
     K: int  # noqa: N815
     # per caller input, in order: (name, shape, dtype) of a tensor, or (name, None, None) of a float
     operands: tuple
+
+    @property
+    def k_total(self) -> int:
+        """K summed over the products (the first one's and every K part's)."""
+        parts = {op.name for op in self.program.inputs if op.kind is Kind.K_PART_A}
+        return self.K + sum(shape[1] for name, shape, _ in self.operands if name in parts)
 
 
 _RECORDS: list | None = None
@@ -314,7 +322,8 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     else:
         outs = alloc_outputs(call, given)
     if call.M > 0 and not dry:
-        if _uses_reference(call) or call.K == 0:  # (K = 0, an empty batch's dW: acc = 0, no kernel)
+        if _uses_reference(call) or call.K == 0:  # (K = 0, an empty batch's dW: acc = 0, no kernel;
+            # with K parts, the reference sums theirs)
             _reference(call, outs)
         else:
             cfg = config or CHOOSER.choose(call, _prepare_for_tuning(call))

@@ -18,6 +18,10 @@ the tile inputs are TMA-loaded at the sub-tile's coordinates, the body runs
 their workspaces (``epilogue.store_reductions``). A seeding tile input is read
 once per tile, before the K loop, into the accumulator.
 
+K parts (``KPARTS``, a program with ``KPart`` inputs): after the K loop over A and
+B, one more K loop per part over its own (A, B) descriptors, into the same
+accumulator: acc = A @ B^T + A_1 @ B_1^T + ... (no tail split).
+
 Tail split (``TAIL_SPLIT`` > 1): when the tile count is not a multiple of the
 grid, the last partial wave would leave most SMs idle. Those tail tiles are
 instead split along K into ``tail_splits`` parts run by different programs
@@ -63,6 +67,18 @@ def _accumulate(a_desc, b_desc, acc, off_am, off_bn, k_lo, k_hi, A_T, B_T, BLOCK
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _accumulate_parts(ops, KPARTS: tl.constexpr, acc, off_am, off_bn, A_T, B_T, BLOCK_K, IEEE):
+    """acc += a_i @ w_i^T for every K part (slots KPARTS[i] = (a_i, w_i)), one K loop
+    after another; each part's K is its descriptor's."""
+    for p in tl.static_range(len(KPARTS)):
+        pa = ops[KPARTS[p][0]]
+        k_part = pa.shape[0] if A_T else pa.shape[1]
+        acc = _accumulate(pa, ops[KPARTS[p][1]], acc, off_am, off_bn, 0, tl.cdiv(k_part, BLOCK_K), A_T, B_T,
+                          BLOCK_K, IEEE)  # fmt: skip
     return acc
 
 
@@ -185,7 +201,8 @@ def gemm_kernel(
     a_desc, b_desc, M, N, K,
     o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
     ws_ptr, counts_ptr, tail_splits,
-    NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
+    NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, KPARTS: tl.constexpr, BODY: tl.constexpr,
+    IN_KINDS: tl.constexpr,
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
@@ -225,6 +242,8 @@ def gemm_kernel(
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+            if len(KPARTS) > 0:  # more products summed in (K parts: no tail split)
+                acc = _accumulate_parts(ops, KPARTS, acc, off_am, off_bn, A_T, B_T, BLOCK_K, IEEE)
 
         tile_id_c += NUM_SMS
         pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)

@@ -106,6 +106,8 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
     where = f"program {program.name!r} operand {op.name!r}"
     if op.kind is Kind.PAIRED_WEIGHT:
         return _check_paired_weight(where, value, weight)
+    if op.kind in (Kind.K_PART_A, Kind.K_PART_B):
+        return _check_k_part(where, op.kind, value, weight, M, N)
     if op.kind is Kind.SCALAR:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
@@ -159,6 +161,23 @@ def _check_paired_weight(where: str, value, weight: torch.Tensor) -> torch.Tenso
     return value
 
 
+def _check_k_part(where: str, kind, value, weight: torch.Tensor, M: int, N: int) -> torch.Tensor:
+    """A K part's A ([M, K_i], laid out as a) or weight ([N, K_i], laid out as weight)."""
+    is_a = kind is Kind.K_PART_A
+    dims = "M, K_i" if is_a else "N, K_i"
+    transposed = check_matrix(where, value, dims)
+    if value.device != weight.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {weight.device}")
+    if value.dtype != weight.dtype:
+        raise TypeError(f"{where} must be {weight.dtype} (the GEMM's dtype), got {value.dtype}")
+    if value.shape[0] != (M if is_a else N) or value.shape[1] == 0:
+        raise ValueError(f"{where} must be [{dims}] with {'M' if is_a else 'N'}={M if is_a else N} and "
+                         f"K_i >= 1, got {tuple(value.shape)}")  # fmt: skip
+    if value.numel():
+        check_matrix_alignment(where, value, transposed, dims)
+    return value
+
+
 def check_tile_rows(where: str, t: torch.Tensor) -> None:
     """A tile operand or output: unit stride along its rows, rows that TMA can address."""
     if t.stride(1) != 1 and t.shape[1] > 1:
@@ -199,6 +218,11 @@ class GemmCall:
     @property
     def K(self) -> int:  # noqa: N802
         return self.a.shape[1]
+
+    @property
+    def k_total(self) -> int:
+        """K summed over the products (the first one's and every K part's)."""
+        return self.K + sum(self.inputs[a].shape[1] for a, _ in self.program.k_parts)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -272,6 +296,15 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     inputs = tuple(
         check_operand(program, op, operands[op.name], device, M, N, weight) for op in program.caller_inputs
     )
+    for ia, iw in program.k_parts:  # (the caller inputs come first among the slots)
+        pa, pw = inputs[ia], inputs[iw]
+        na, nw = program.slots[ia].name, program.slots[iw].name
+        if pa.shape[1] != pw.shape[1]:
+            raise ValueError(f"program {program.name!r}: {na} is {tuple(pa.shape)} and {nw} is "
+                             f"{tuple(pw.shape)}: their K must match")  # fmt: skip
+        if check_matrix(na, pa, "M, K_i") != a_t or check_matrix(nw, pw, "N, K_i") != b_t:
+            raise ValueError(f"program {program.name!r}: {na} must be laid out as a and {nw} as weight "
+                             "(each contiguous or each a transposed view, as those are)")  # fmt: skip
     return GemmCall(program, a, weight, a_t, b_t, inputs)
 
 

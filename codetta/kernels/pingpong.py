@@ -39,6 +39,8 @@ runs as it is. A paired weight (``PairedWeight``: SwiGLU's gate and up) is
 loaded into the same B stage below the first weight's rows, so one wgmma of
 twice the tile's width forms both products; the epilogue splits the
 accumulator into the two halves and hands the body their sub-tiles as a pair.
+K parts (``KPart``): the loader issues each part's stages after the tile's own, from
+the part's descriptors; the consumers see one longer K loop.
 
 No interpreter path: Gluon kernels run on sm_90 GPUs only; the CPU suite
 compiles them for sm_90a (``aot.py``), and the body they run is the one the
@@ -74,10 +76,46 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
 
 
 @gluon.jit
+def _part_k_tiles(ops, KPARTS: gl.constexpr, A_T: gl.constexpr, BLOCK_K: gl.constexpr):
+    """K blocks of every K part together (each part's K is its A descriptor's)."""
+    n = 0
+    for p in gl.static_range(len(KPARTS)):
+        pa = ops[KPARTS[p][0]]
+        n += gl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
+    return n
+
+
+@gluon.jit
+def _load_part(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, it,
+               A_T: gl.constexpr, B_T: gl.constexpr):  # fmt: skip
+    """The A and B stages of one K part's K loop (its own descriptors); returns the
+    stage counter after it."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
+    for kk in range(k_tiles):
+        s = it % STAGES
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        if A_T:
+            tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
+        if B_T:
+            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
+        it += 1
+    return it
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+            o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, KPARTS: gl.constexpr,
             A_T: gl.constexpr, B_T: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
     """With PAIRED (B not transposed), each B stage holds the tile rows of both weights,
-    b_desc's on top of b2_desc's: one wgmma then forms both products side by side."""
+    b_desc's on top of b2_desc's: one wgmma then forms both products side by side.
+    K parts (KPARTS): after each tile's A and B stages, each part's, from its descriptors."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[1] if A_T else a_bufs.shape[2]
@@ -111,6 +149,13 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
             else:
                 tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
             it += 1
+        if len(KPARTS) > 0:
+            ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
+            for p in gl.static_range(len(KPARTS)):
+                pa = ops[KPARTS[p][0]]
+                k_part = gl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
+                it = _load_part(pa, ops[KPARTS[p][1]], a_bufs, b_bufs, ready, empty, off_m, off_n, k_part, it,
+                                A_T, B_T)  # fmt: skip
 
 
 @gluon.jit
@@ -251,9 +296,9 @@ def _streamed_seed(block, seed, ring, seed_bar, sd_phase, off_m, next_n, j: gl.c
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
               o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
-              BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, A_T: gl.constexpr,
-              B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr,
-              PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
+              KPARTS: gl.constexpr, BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr,
+              A_T: gl.constexpr, B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr,
+              IN_TILES: gl.constexpr, PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
     SLOTS: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
@@ -269,6 +314,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
+    if len(KPARTS) > 0:  # the K parts' stages follow each tile's own (the loader's order)
+        k_tiles += _part_k_tiles(ops, KPARTS, A_T, BLOCK_K)
     nprog = gl.num_programs(0)
     # this consumer takes the CTA's tiles j = C, C + 2, C + 4, ...
     j = C
@@ -328,7 +375,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
 
 @gluon.jit
 def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                    NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, BODY: gl.constexpr,
+                    NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, KPARTS: gl.constexpr,
+                    BODY: gl.constexpr,
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
                     RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, IN_TILES: gl.constexpr,
@@ -371,15 +419,17 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
             (_consumer, (a_bufs, b_bufs, ready, empty, ring0, inb0, seed_bars.index(0), ld_bars.index(0),
                          go.index(0), go.index(1), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED, IN_TILES, PREFETCH,
+                         NUM_OPS, SEED, KPARTS, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0, PAIRED, IN_TILES,
+                         PREFETCH,
                          EPI_SPLIT)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED, IN_TILES, PREFETCH,
+                         NUM_OPS, SEED, KPARTS, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1, PAIRED, IN_TILES,
+                         PREFETCH,
                          EPI_SPLIT)),
-            (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, A_T, B_T,
-                       PAIRED)),
+            (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+                       o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS, KPARTS, A_T, B_T, PAIRED)),
         ],
         [4, 1],
         [CONSUMER_REGS, 24],

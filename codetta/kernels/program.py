@@ -30,6 +30,11 @@ Inputs (what the body receives for a [BM, BNs] sub-tile):
                  the weight itself). The portable mainloop keeps two accumulators
                  (no tail split); the ping-pong one stacks both weights' rows in one
                  B stage and forms both products with one wgmma (B not transposed)
+  ``KPart`` (a pair of inputs, ``KPart("a1", "w1")``)  one more product summed into the
+                 accumulator: ``acc = a @ weight.T + a1 @ w1.T + ...``, a1 [M, K_1] laid
+                 out as ``a``, w1 [N, K_1] laid out as ``weight`` (a sum over operands
+                 kept as their own tensors: the q/k/v projections' dX). Each part's K
+                 loop runs after the previous one's, on both mainloops (no tail split)
 Outputs (what the body returns -> what the caller gets):
   ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
@@ -46,6 +51,7 @@ do not depend on the tile configuration beyond fp32 summation order.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -78,17 +84,20 @@ class Kind(enum.IntEnum):
     ROW_PICK = 12
     COL_SUM = 13
     PAIRED_WEIGHT = 14
+    K_PART_A = 15
+    K_PART_B = 16
 
 
 INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
-               Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT}  # fmt: skip
+               Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT, Kind.K_PART_A, Kind.K_PART_B}  # fmt: skip
 OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as TMA descriptors
 # what the caller passes for each input kind (DType: nothing)
 _CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
                   Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]",
-                  Kind.PAIRED_WEIGHT: "[N, K]"}  # fmt: skip
+                  Kind.PAIRED_WEIGHT: "[N, K]", Kind.K_PART_A: "[M, K_i]",
+                  Kind.K_PART_B: "[N, K_i]"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,30 @@ def PairedWeight(name: str) -> Operand:  # noqa: N802
     pair ``(a @ weight.T, a @ second.T)`` (e.g. SwiGLU's gate and up projections, each
     kept as its own tensor: no concatenation)."""
     return Operand(name, Kind.PAIRED_WEIGHT)
+
+
+def KPart(a: str, w: str) -> tuple[Operand, Operand]:  # noqa: N802
+    """One more product ``a @ w.T`` summed into the accumulator (two inputs: [M, K_i]
+    laid out as the GEMM's A, [N, K_i] laid out as its weight); spread it into a
+    program's inputs: ``inputs=(*KPart("a1", "w1"), ...)``."""
+    return Operand(a, Kind.K_PART_A), Operand(w, Kind.K_PART_B)
+
+
+def with_k_parts(program: Program, parts: int) -> Program:
+    """``program`` over ``1 + parts`` products summed in its accumulator: the same body
+    and outputs, inputs ``a1, w1, ..., a<parts>, w<parts>`` added (``KPart``)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    extra = tuple(op for i in range(1, parts + 1) for op in KPart(f"a{i}", f"w{i}"))
+    ref = program.reference
+
+    def reference(acc, **kw):  # the parts' products were added to acc already (launch._reference)
+        return ref(acc, **{k: v for k, v in kw.items() if k not in {op.name for op in extra}})
+
+    return dataclasses.replace(
+        program, name=f"{program.name}_k{parts + 1}", inputs=program.inputs + extra,
+        reference=None if ref is None else reference, tail_split=False,
+    )  # fmt: skip
 
 
 def RowSum(name: str) -> Operand:  # noqa: N802
@@ -228,6 +261,14 @@ class Program:
         paired = sum(op.kind is Kind.PAIRED_WEIGHT for op in self.inputs)
         if paired > 1 or (paired and any(op.kind is Kind.SEED for op in self.inputs)):
             raise ValueError(f"{where}: at most one PairedWeight, and not with a seeded accumulator")
+        parts = [op for op in self.inputs if op.kind in (Kind.K_PART_A, Kind.K_PART_B)]
+        kinds = [op.kind for op in parts]
+        if kinds != [Kind.K_PART_A, Kind.K_PART_B] * (len(kinds) // 2):
+            raise ValueError(f"{where}: K parts come in (A, weight) pairs, made by KPart()")
+        if parts and paired:
+            raise ValueError(f"{where}: K parts and a PairedWeight do not mix")
+        if parts:
+            object.__setattr__(self, "tail_split", False)  # each part's K loop runs whole
         if paired:
             # two products of each tile: whole tiles on the portable mainloop (no K-split
             # tail); on the ping-pong mainloop one accumulator holds both side by side
@@ -274,6 +315,13 @@ class Program:
     def pair_slot(self) -> int:
         """Slot of the paired weight, or -1."""
         return next((i for i, op in enumerate(self.slots) if op.kind is Kind.PAIRED_WEIGHT), -1)
+
+    @functools.cached_property
+    def k_parts(self) -> tuple:
+        """Per extra K part, the slots of its (A, weight) pair."""
+        a = [i for i, op in enumerate(self.slots) if op.kind is Kind.K_PART_A]
+        w = [i for i, op in enumerate(self.slots) if op.kind is Kind.K_PART_B]
+        return tuple(zip(a, w))
 
     @functools.cached_property
     def in_kinds(self) -> tuple:

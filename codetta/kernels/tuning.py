@@ -173,7 +173,7 @@ def pingpong_pays(call) -> bool:
         any(op.kind in heavy_in for op in prog.caller_inputs)
         or any(op.kind in (Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM) for op in prog.outputs)
         or PINGPONG.ring_dtype(prog, call.dtype) == torch.float32
-        or call.K < LONG_K
+        or call.k_total < LONG_K
     )
 
 
@@ -289,7 +289,7 @@ class Chooser:
         # the body's source hash keeps two programs of one name (or an edited body) apart
         parts = [f"{prog.name}@{prog.source_key}", str(call.dtype).removeprefix("torch."),
                  ("t" if call.a_t else "n") + ("t" if call.b_t else "n")]  # fmt: skip
-        parts += [str(configs.shape_bucket(x)) for x in (call.M, call.N, call.K)]
+        parts += [str(configs.shape_bucket(x)) for x in (call.M, call.N, call.k_total)]
         return "|".join(parts) + ("" if pingpong else "|no-pingpong")
 
     def choose(self, call: GemmCall, prepare) -> Config:
@@ -297,7 +297,7 @@ class Chooser:
         if device.interpreting():
             return configs.interpreter_config(call.program.sub_tile_width)
         pp = pingpong_allowed(call)
-        memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K, call.device, pp)
+        memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.k_total, call.device, pp)
         cfg = self._chosen.get(memo)
         if cfg is None:
             cfg = self._chosen[memo] = self._pick(call, prepare, pp)

@@ -43,6 +43,9 @@ from ..programs import (
     RMS_BACKWARD,
     RMS_GRAD_PARTIALS,
     RMS_SCALE,
+    STORE_K2,
+    STORE_K3,
+    STORE_K4,
 )
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, qknorm_backward_rows, unrotate_half_rows
@@ -50,6 +53,7 @@ from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
+_SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: their sum, one launch
 
 
 def _forward_impl(
@@ -177,10 +181,14 @@ def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gam
         dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps)
         return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype)
     if len(ws) > 1:
-        # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i, each later
-        # product accumulated onto the earlier ones in its epilogue (no separate adds)
-        dh = gemm(dzs[0], ws[0].t())
-        for dz_i, w_i in zip(dzs[1:], ws[1:]):
+        # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i in one launch, one
+        # rounding (up to four products: K parts, kernels/program.py; q, k, v: three), any
+        # further product accumulated onto them in its epilogue (no separate adds)
+        parts = {}
+        for i, (dz_i, w_i) in enumerate(zip(dzs[1:4], ws[1:4]), 1):
+            parts[f"a{i}"], parts[f"w{i}"] = dz_i, w_i.t()
+        dh = gemm(dzs[0], ws[0].t(), epilogue=_SUMS[min(len(ws), 4)], **parts)
+        for dz_i, w_i in zip(dzs[4:], ws[4:]):
             dh = gemm(dz_i, w_i.t(), epilogue=ACCUMULATE, c=dh)
         dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
         dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)

@@ -7,8 +7,8 @@ tensors, or the two halves of one fused [2f, d] tensor; no copy) and its epilogu
 stores g, u and y (SWIGLU); the down GEMM adds the residual in its epilogue
 (ACCUMULATE seeded by it). Backward, given d_out: the down projection's dX GEMM
 forms dg and du in its epilogue (DSWIGLU: dy is never written), then
-dx = dg @ W_gate + du @ W_up (the second product accumulated onto the first in its
-epilogue), dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
+dx = dg @ W_gate + du @ W_up (one GEMM over both: K parts, rounded once),
+dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
 
 Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y).
 Registered as torch.library custom ops, so torch.compile(fullgraph=True) traces them.
@@ -20,7 +20,7 @@ import torch
 
 from ..kernels.launch import gemm
 from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
-from ..programs import ACCUMULATE, DSWIGLU, SWIGLU
+from ..programs import ACCUMULATE, DSWIGLU, STORE_K2, SWIGLU
 from ._eager import FastOp
 
 
@@ -62,7 +62,7 @@ def _backward_impl(
     # returns (dx, dW_gate, dW_up, dW_down)
     dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u)
     dw_down = gemm(dout.t(), y.t())
-    dx = gemm(du, w_up.t(), epilogue=ACCUMULATE, c=gemm(dg, w_gate.t()))
+    dx = gemm(dg, w_gate.t(), epilogue=STORE_K2, a1=du, w1=w_up.t())  # dg W_gate + du W_up, one launch
     return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
 
 

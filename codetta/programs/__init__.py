@@ -1,6 +1,16 @@
 """Epilogue programs: each a math-only body over its declared operands (kernels/program.py)."""
 
-from .basic import ACCUMULATE, ACCUMULATE_F32, MUL_COLSUM, ROW_SCALE, STORE, STORE_F32
+from .basic import (
+    ACCUMULATE,
+    ACCUMULATE_F32,
+    MUL_COLSUM,
+    ROW_SCALE,
+    STORE,
+    STORE_F32,
+    STORE_K2,
+    STORE_K3,
+    STORE_K4,
+)
 from .ce import CE_LOGITS, CE_LOGITS_EXT
 from .lse import ROW_LSE
 from .norm import (
@@ -19,6 +29,9 @@ __all__ = [
     "ACCUMULATE",
     "ACCUMULATE_F32",
     "STORE_F32",
+    "STORE_K2",
+    "STORE_K3",
+    "STORE_K4",
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",

@@ -1,14 +1,17 @@
 """Basic epilogue programs: plain store, accumulate into a tile, row scaling, a product's
 column sums."""
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
-from ..kernels.program import STORE, ColSum, PerRow, Program, Tile
+from ..kernels.program import STORE, ColSum, PerRow, Program, Tile, with_k_parts
 
-__all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM"]
+__all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM", "STORE_K2",
+           "STORE_K3", "STORE_K4"]  # fmt: skip
 
 
 @triton.jit
@@ -26,6 +29,13 @@ ACCUMULATE = Program(
     reference=lambda acc, c: {"out": acc},
     configs=tuple(SEEDED_CANDIDATES),
     layouts=((False, True),),
+)
+
+# the sum of 2-4 products in one launch, rounded once: gemm(a, w, epilogue=STORE_K3, a1=, w1=,
+# a2=, w2=) = a @ w.T + a1 @ w1.T + a2 @ w2.T, e.g. the dX of a norm that feeds the q, k and v
+# projections, dh = dq Wq + dk Wk + dv Wv, from the weights as they are (no concatenation)
+STORE_K2, STORE_K3, STORE_K4 = (
+    dataclasses.replace(with_k_parts(STORE, n), layouts=((False, True),)) for n in (1, 2, 3)
 )
 
 # the same into a float32 accumulator, e.g. gemm(..., epilogue=ACCUMULATE_F32, c=acc, out=acc)
