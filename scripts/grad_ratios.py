@@ -14,7 +14,13 @@ often two equally good PyTorch computations differ by more than the tests' facto
 On the CPU in bf16 (12 seeds, NOTES.md) Qwen3's q_norm / k_norm weight gradients did in
 1-2 seeds of 12: the bound on those 16-element gradients is noisy.
 
-Usage: python scripts/grad_ratios.py [family] [dtype] [seeds] [moved]   (qwen3 bfloat16 8)
+With ``test`` (or ``test-moved``) the model and inputs are test_hf's failing case
+(test_matches_unpatched[qwen3-True-none]: model seed 0, its ids and labels) and only the
+moved weights' noise changes with the seed: where that one draw sits among equally good
+computations; ``test-rowref`` runs that case with the q/k norm + RoPE backward pass in its
+PyTorch form instead of its kernel.
+
+Usage: python scripts/grad_ratios.py [family] [dtype] [seeds] [moved|test|test-moved|test-rowref]
 On a CPU, bfloat16 runs each program's PyTorch reference (the interpreter's bfloat16
 dot products are wrong); set TRITON_INTERPRET=1 with float16 for the kernels.
 """
@@ -43,10 +49,10 @@ def model_of(family: str, seed: int, dtype, device):
     return model
 
 
-def grads(model, ids):
+def grads(model, ids, labels=None):
     model.train()
     model.zero_grad(set_to_none=True)
-    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    model(input_ids=ids, labels=ids if labels is None else labels, use_cache=False).loss.backward()
     return {n: p.grad.detach().double() for n, p in model.named_parameters()}
 
 
@@ -64,19 +70,34 @@ def moved_copy(model, seed: int):
 def main(family="qwen3", dtype="bfloat16", seeds="8", mode="codetta"):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     worst: dict = {}
+    test = mode.startswith("test")  # test_hf's qwen3 case: model seed 0, its inputs, its labels
     for seed in range(int(seeds)):
-        model = model_of(family, seed, getattr(torch, dtype), device)
-        gen = torch.Generator(device).manual_seed(seed)
-        ids = torch.randint(0, 128, (2, 12), device=device, generator=gen)
-        want = grads(copy.deepcopy(model).double(), ids)
-        same = grads(copy.deepcopy(model), ids)
-        if mode == "moved":  # another equally good computation, against its own float64 twin
-            other = moved_copy(model, seed)
-            got = grads(other, ids)
-            other_want = grads(copy.deepcopy(other).double(), ids)
-            got = {n: got[n] - other_want[n] + want[n] for n in got}  # (its error, on want's values)
+        model = model_of(family, 0 if test else seed, getattr(torch, dtype), device)
+        labels = None
+        if test:
+            ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)).to(device)
+            labels = ids.clone()
+            labels[0, :3] = -100
         else:
-            got = grads(codetta.apply_codetta(copy.deepcopy(model)), ids)
+            gen = torch.Generator(device).manual_seed(seed)
+            ids = torch.randint(0, 128, (2, 12), device=device, generator=gen)
+        want = grads(copy.deepcopy(model).double(), ids, labels)
+        same = grads(copy.deepcopy(model), ids, labels)
+        if mode.endswith("moved"):  # another equally good computation, against its own float64 twin
+            other = moved_copy(model, seed)
+            got = grads(other, ids, labels)
+            other_want = grads(copy.deepcopy(other).double(), ids, labels)
+            got = {n: got[n] - other_want[n] + want[n] for n in got}  # (its error, on want's values)
+        elif mode.endswith("rowref"):  # the q/k norm + RoPE backward pass through its PyTorch form
+            from codetta.programs import rope
+
+            kernel_path, rope.torch_path = rope.torch_path, lambda x: True
+            try:
+                got = grads(codetta.apply_codetta(copy.deepcopy(model)), ids, labels)
+            finally:
+                rope.torch_path = kernel_path
+        else:
+            got = grads(codetta.apply_codetta(copy.deepcopy(model)), ids, labels)
         ratios = {}
         for n in want:
             e_ours = (got[n] - want[n]).abs().max().item()
