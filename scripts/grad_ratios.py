@@ -40,13 +40,13 @@ def model_of(family: str, seed: int, dtype, device):
                   tie_word_embeddings=True, attn_implementation="sdpa", rms_norm_eps=1e-5)  # fmt: skip
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]  # fmt: skip
-    torch.manual_seed(seed)
-    model = cls[1](cls[0](**common)).to(device, dtype)
+    torch.manual_seed(seed)  # built on the CPU, as test_hf builds it (the same weights on any device)
+    model = cls[1](cls[0](**common)).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(torch.rand_like(p) + 0.5)
-    return model
+    return model.to(device)
 
 
 def grads(model, ids, labels=None):
