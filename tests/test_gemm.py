@@ -139,6 +139,56 @@ def test_k_parts_bad_input(device):
         codetta.gemm(a, w, epilogue=STORE_K2, a1=a1.t().contiguous().t(), w1=w1)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_n_parts(layout, dtype, device):
+    """Weights side by side along N (N parts: q, k and v from one launch): each output its
+    own tensor, each against float64; the last weight's width not a multiple of the tile's.
+    On the GPU every candidate of both mainloops (nn, bf16); the CPU reference path too."""
+    from codetta.kernels.program import with_n_parts
+    from codetta.programs import STORE
+
+    prog = with_n_parts(STORE, 2)
+    M, K = 64, 48
+    if layout[0] == "t" and (M * torch.finfo(dtype).bits // 8) % 16:
+        pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
+    widths = (256, 128, 72) if device == "cuda" else (64, 32, 40)
+    a, w0 = _make(M, widths[0], K, dtype, device, layout)
+    w1, w2 = (_make(M, n, K, dtype, device, layout)[1] for n in widths[1:])
+    cfgs = [None]
+    if device == "cuda" and layout == "nn" and dtype == torch.bfloat16:
+        cfgs += [c for c in engines.TRITON.candidates(prog) + engines.PINGPONG.candidates(prog)
+                 if widths[0] % c.block_n == 0 and (widths[0] + widths[1]) % c.block_n == 0]  # fmt: skip
+    for cfg in cfgs:
+        outs = codetta.gemm(a, w0, epilogue=prog, config=cfg, w1=w1, w2=w2)
+        for name, out, w in zip(("out", "out1", "out2"), outs, (w0, w1, w2)):
+            assert out.shape == (M, w.shape[0]) and out.dtype == dtype
+            assert_within(
+                f"{name} {cfg.short() if cfg else 'tuned'}", out, a.double() @ w.double().t(), a @ w.t()
+            )
+    if device == "cpu":
+        with settings.override(force_reference=True):
+            ref = codetta.gemm(a, w0, epilogue=prog, w1=w1, w2=w2)
+        for out, r in zip(outs, ref):
+            torch.testing.assert_close(out, r, rtol=2e-3, atol=2e-3 * r.abs().max().item())
+
+
+def test_n_parts_bad_input(device):
+    """A boundary between weights inside a tile, a part of another K or layout: refused."""
+    from codetta.kernels.program import with_n_parts
+    from codetta.programs import STORE
+
+    prog = with_n_parts(STORE, 1)
+    a, w = _make(32, 64, 24, torch.float16, device, "nn")
+    w1 = _make(32, 32, 24, torch.float16, device, "nn")[1]
+    odd = configs.Config(32, 64, 32, 2, 2, 1, 4)  # BLOCK_N 64: the boundary at 48 falls inside a tile
+    with pytest.raises(ValueError, match="widths \\(48, 32\\) put a boundary inside a tile"):
+        codetta.gemm(a, w[:48], epilogue=prog, config=odd, w1=w1)
+    with pytest.raises(ValueError, match="'w1' must be \\[N_i, K\\] with K=24"):
+        codetta.gemm(a, w, epilogue=prog, w1=w1[:, :16].contiguous())
+    with pytest.raises(ValueError, match="'w1' must be laid out as weight"):
+        codetta.gemm(a, w, epilogue=prog, w1=w1.t().contiguous().t())
+
+
 def test_reference_path_matches_kernel(device):
     """CPU without the interpreter runs the PyTorch reference; both agree."""
     M, N, K = SHAPES[1]

@@ -77,17 +77,35 @@ def check_against_reference(prog, y, w, operands, outs):
     if pair is not None:  # the body's acc is the pair of products (e.g. SwiGLU's gate and up)
         acc64 = (acc64, y.double() @ operands[pair].double().t())
         acc_t = (acc_t, (y @ operands[pair].t()).float())
+    n_parts = [prog.slots[i].name for i in prog.n_parts]
+    wparts = [operands[n] for n in n_parts]
+    if n_parts:  # the weights side by side along N; each output's columns split back below
+        wide = torch.cat([w, *wparts])
+        acc64, acc_t = y.double() @ wide.double().t(), (y @ wide.t()).float()
     ops64 = {
         k: v.double() if isinstance(v, torch.Tensor) and torch.is_floating_point(v) else v
         for k, v in operands.items()
-        if k != pair
+        if k != pair and k not in n_parts
     }
-    operands = {k: v for k, v in operands.items() if k != pair}
+    operands = {k: v for k, v in operands.items() if k != pair and k not in n_parts}
     want = prog.reference(acc64, **ops64, **extra)
     same = prog.reference(acc_t, **operands, **extra)
+    if n_parts:
+        bounds = [0]
+        for t in [w, *wparts]:
+            bounds.append(bounds[-1] + t.shape[0])
+        for res in (want, same):
+            for op in prog.outputs:
+                if op.kind is codetta.Kind.TILE_PART:
+                    i = prog.part_number[op.name]
+                    res[op.name] = res[op.index][:, bounds[i] : bounds[i + 1]]
+            for op in prog.outputs:
+                if op.kind is codetta.Kind.TILE:
+                    res[op.name] = res[op.name][:, : bounds[1]]
     outs = outs if isinstance(outs, tuple) else (outs,)
     for op, out in zip(prog.outputs, outs):
-        assert out.dtype == (op.dtype or (y.dtype if op.is_tile else torch.float32)), op.name
+        tile = op.is_tile or op.kind is codetta.Kind.TILE_PART
+        assert out.dtype == (op.dtype or (y.dtype if tile else torch.float32)), op.name
         assert_within(op.name, out, want[op.name], same[op.name].to(out.dtype))
 
 

@@ -352,7 +352,12 @@ def _program_operands(name, M, N, device, K=64):
             (f"a{i}", rand(M, kk, dtype=dtype, device=device)),
             (f"w{i}", rand(N, kk, dtype=dtype, device=device, scale=kk**-0.5)))}  # fmt: skip
 
+    wide = {**rope, "freq": torch.rand(3 * N, **f32)}  # q, k, v side by side: 3 N columns
+    qkv = {"w1": rand(N, K, dtype=dtype, device=device, scale=K**-0.5),
+           "w2": rand(N, K, dtype=dtype, device=device, scale=K**-0.5)}  # fmt: skip
     return {
+        "rms_rope_64_n3": {**wide, **qkv},
+        "rms_rope_128_n3": {**wide, **qkv},
         "store_k2": parts(1),
         "store_k3": parts(2),
         "store_k4": parts(3),

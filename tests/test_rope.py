@@ -157,6 +157,42 @@ def test_rope_runs_in_the_epilogue():
     assert names == ["residual_rms", f"rms_rope_{hd}", f"rms_rope_{hd}", "rms_scale"], names
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=str)
+def test_qkv_one_launch(case, dtype, device):
+    """CODETTA_QKV_ONE_LAUNCH: q, k and v from one GEMM over the three weights (N parts, v's
+    columns rotated by angle 0), each its own tensor: the same bits as the three launches,
+    forward and backward; within 2x PyTorch's error of float64 (the Hugging Face chain)."""
+    from codetta.kernels import settings
+
+    B, S, d, hq, hkv, hd = case
+    y, res = rand(B, S, d, dtype=dtype, device=device), rand(B, S, d, dtype=dtype, device=device)
+    w_o = rand(d, d, dtype=dtype, device=device, scale=d**-0.5)
+    gamma = torch.rand(d, device=device) + 0.5
+    ws = [rand(h * hd, d, dtype=dtype, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
+    rope = RoPE(
+        _positions(B, S, True, device), 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device) / hd))
+    )
+    grads_in = [rand(B, S, n, dtype=dtype, device=device) for n in (d, *(w.shape[0] for w in ws))]
+
+    def run():
+        ts = [t.detach().clone().requires_grad_() for t in (y, w_o, res, gamma, *ws)]
+        x, zs = residual_rmsnorm_linear(*ts[:4], ts[4:], EPS, rope=rope)
+        sum((o.float() * g.float()).sum() for o, g in zip((x, *zs), grads_in)).backward()
+        return [x, *zs] + [t.grad for t in ts]
+
+    with settings.override(qkv_one_launch=True):
+        if device == "cuda" or dtype == torch.float16:
+            _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, True, False, dtype, device)
+        if device == "cuda":  # (other tile configs than the three launches': other bits)
+            return
+        got = run()
+        with recording(compute=True) as calls:
+            residual_rmsnorm_linear(y, w_o, res, gamma, ws, EPS, rope=rope)
+    assert [c.program.name for c in calls] == ["residual_rms", f"rms_rope_{hd}_n3"]
+    for i, (a, b) in enumerate(zip(got, run())):
+        assert torch.equal(a, b), i
+
+
 def test_attention_scaling_and_one_rotated_weight(device):
     """attention_scaling multiplies cos and sin; n_weights=1 rotates only the first output."""
     T, d, hd = 24, 32, 16

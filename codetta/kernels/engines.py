@@ -69,7 +69,7 @@ def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
 def _matrix_specs(call: GemmCall, cfg: Config):
     """(shape, strides, block) of the A and B descriptors."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    M, N, K = call.M, call.N, call.K
+    M, N, K = call.M, call.w.shape[0], call.K  # (B: the first weight's rows, without N parts)
     a_lead, w_lead = leading_stride(call.a, call.a_t), leading_stride(call.w, call.b_t)
     a = ([K, M], [a_lead, 1], [bk, bm]) if call.a_t else ([M, K], [a_lead, 1], [bm, bk])
     b = ([K, N], [w_lead, 1], [bk, bn]) if call.b_t else ([N, K], [w_lead, 1], [bn, bk])
@@ -108,7 +108,15 @@ def _k_part_desc(op, value, call: GemmCall, cfg: Config) -> tuple:
 
 
 def _tile_shape(op, call: GemmCall) -> list[int]:
-    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
+    width = call.out_width(op) if op.kind in (Kind.TILE, Kind.TILE_PART) else None
+    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N if width is None else width]
+
+
+def _n_part_desc(value, call: GemmCall, cfg: Config) -> tuple:
+    """(shape, block, transposed) of a further weight along N: laid out as B."""
+    n, k = value.shape
+    bn, bk = cfg.block_n, cfg.block_k
+    return ([k, n], [bk, bn], True) if call.b_t else ([n, k], [bn, bk], False)
 
 
 def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
@@ -118,11 +126,13 @@ def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
     values = call.inputs + (None,) * len(call.program.outputs)
     return tuple(
         (_tile_shape(op, call), tile_block(op, cfg, whole=whole_seed and op.kind is Kind.SEED))
-        if op.is_tile
+        if op.is_tile or op.kind is Kind.TILE_PART
         else _pair_desc(call, cfg)
         if op.kind is Kind.PAIRED_WEIGHT
         else _k_part_desc(op, v, call, cfg)
         if op.kind in _K_PARTS
+        else _n_part_desc(v, call, cfg)
+        if op.kind is Kind.N_PART
         else None
         for op, v in zip(call.program.slots, values)
     )  # fmt: skip
@@ -164,7 +174,8 @@ class TritonEngine:
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t, num_sms) -> dict:
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "KPARTS": program.k_parts, "BODY": program.body,
+            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "OUT_PARTS": program.out_parts,
+            "BODY": program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "A_T": a_t, "B_T": b_t,
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
@@ -184,7 +195,7 @@ class TritonEngine:
         }  # fmt: skip
         for i, op in enumerate(program.slots):
             block = (
-                b_block if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B)
+                b_block if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B, Kind.N_PART)
                 else a_block if op.kind is Kind.K_PART_A
                 else tile_block(op, cfg, whole=op.kind is Kind.SEED)
             )  # fmt: skip
@@ -290,7 +301,7 @@ def _in_tiles(program: Program) -> tuple:
 
 
 def _slot_type(op, dtype, block) -> str:
-    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, *_K_PARTS):
+    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, Kind.N_PART, Kind.TILE_PART, *_K_PARTS):
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
     if op.kind is Kind.SCALAR:
         return "fp32"
@@ -333,7 +344,8 @@ class PingPongEngine:
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
         loads = sum(op.kind is Kind.TILE for op in program.caller_inputs)
         # a gathered element (RowPick) adds its column match over the tile
-        held = loads + len(program.outputs) + sum(op.kind is Kind.ROW_PICK for op in program.outputs)
+        outs = [op for op in program.outputs if op.kind is not Kind.TILE_PART]  # (parts: one store per tile)
+        held = loads + len(outs) + sum(op.kind is Kind.ROW_PICK for op in outs)
         if loads >= 2 or held >= 4:
             cfgs = configs.PINGPONG_HEAVY_CANDIDATES
         elif held >= 3:
@@ -404,7 +416,8 @@ class PingPongEngine:
         ring = self.ring_dtype(program, dtype)
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "KPARTS": program.k_parts, "BODY": program.sm90_body or program.body,
+            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "OUT_PARTS": program.out_parts,
+            "BODY": program.sm90_body or program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
@@ -426,11 +439,11 @@ class PingPongEngine:
             "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
         }  # fmt: skip
         for i, op in enumerate(program.slots):
-            if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B):
+            if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B, Kind.N_PART):
                 sig[f"o{i}"] = desc([bk, bn] if b_t else [bn, bk])
             elif op.kind is Kind.K_PART_A:
                 sig[f"o{i}"] = desc([bk, bm] if a_t else [bm, bk])
-            elif op.is_tile:
+            elif op.is_tile or op.kind is Kind.TILE_PART:
                 sig[f"o{i}"] = desc(tile_block(op, cfg), slot_dtype(op, dtype))
             else:
                 sig[f"o{i}"] = _slot_type(op, dtype, None)

@@ -43,6 +43,33 @@ def pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.
 
 
 @triton.jit
+def segment_of(off_n, n0, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
+    """With N parts: which weight's columns a tile at column off_n holds (0: the first
+    weight's, n0 columns; then each further part's, its descriptor's extent along AXIS)
+    and the column where that weight's start. Tiles never straddle two weights (the
+    launcher keeps BLOCK_N dividing every boundary)."""
+    seg = off_n * 0
+    start = off_n * 0
+    bound = n0 + off_n * 0
+    for p in tl.static_range(len(PART_SLOTS)):
+        if off_n >= bound:
+            seg = seg * 0 + (p + 1)
+            start = bound
+        bound = bound + ops[PART_SLOTS[p]].shape[AXIS]
+    return seg, start
+
+
+@triton.jit
+def segment_in(off_n, N, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
+    """``segment_of`` given the GEMM's whole N: the first weight's columns are what the
+    parts leave of it."""
+    n0 = N
+    for p in tl.static_range(len(PART_SLOTS)):
+        n0 = n0 - ops[PART_SLOTS[p]].shape[AXIS]
+    return segment_of(off_n, n0, ops, PART_SLOTS, AXIS)
+
+
+@triton.jit
 def column_blocks(acc, EPI_SPLIT: tl.constexpr):
     """The tile as a tuple of EPI_SPLIT column sub-tiles, left to right."""
     if EPI_SPLIT == 1:

@@ -38,7 +38,10 @@ def _alloc(shape, dtype, dev):
 
 def _output_meta(call: GemmCall) -> list[_Meta]:
     """Shape, dtype and device of each of the program's outputs (independent of the config)."""
-    return [_Meta(*output_shape(op, call.M, call.N, call.dtype), call.device) for op in call.program.outputs]
+    return [
+        _Meta(*output_shape(op, call.M, call.N, call.dtype, call.out_width(op)), call.device)
+        for op in call.program.outputs
+    ]
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,21 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     ]  # fmt: skip
 
 
+def check_n_parts(call: GemmCall, cfg: Config) -> None:
+    """With N parts, every boundary between weights must fall on a tile edge."""
+    edges = [sum(call.widths[: i + 1]) for i in range(len(call.widths) - 1)]
+    if any(e % cfg.block_n for e in edges):
+        raise ValueError(
+            f"program {call.program.name!r}: the weights' widths {call.widths} put a boundary inside a "
+            f"tile of config {cfg.short()} (BLOCK_N {cfg.block_n} must divide every weight's rows but the "
+            "last's)"
+        )
+
+
 def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False):
     """Launch; returns the compiled GEMM kernel and, per output, the finishing kernel
     (None for a tile, or where nothing was compiled)."""
+    check_n_parts(call, cfg)
     kernel_outs = [w if w is not None else o for o, w in zip(outs, ws)]
     kernel = engine_of(cfg).launch(call, cfg, kernel_outs, warmup)
     if warmup:
@@ -198,8 +213,11 @@ def _reference(call: GemmCall, outs: list) -> None:
             "operands), nor on CPU tensors without the Triton interpreter: set TRITON_INTERPRET=1 before "
             "importing codetta, or give it reference="
         )
-    acc = call.a.double() @ call.w.double().t()
-    kwargs = {op.name: v for op, v in zip(prog.caller_inputs, call.inputs)}
+    w = call.w
+    if prog.n_parts:  # the weights side by side along N
+        w = torch.cat([w, *(call.inputs[i] for i in prog.n_parts)])
+    acc = call.a.double() @ w.double().t()
+    kwargs = {op.name: v for op, v in zip(prog.caller_inputs, call.inputs) if op.kind is not Kind.N_PART}
     seed = next((op.name for op in prog.inputs if op.kind is Kind.SEED), None)
     if seed is not None:
         acc = acc + kwargs[seed].double()
@@ -213,6 +231,15 @@ def _reference(call: GemmCall, outs: list) -> None:
     if pair is not None:  # the body's acc is the pair of products
         acc = (acc, (call.a.double() @ kwargs.pop(pair).double().t()).float())
     got = prog.reference(acc, **kwargs)
+    if prog.n_parts:  # each tile output's columns, split by weight
+        bounds = [sum(call.widths[:i]) for i in range(len(call.widths) + 1)]
+        for op in prog.outputs:
+            if op.kind is Kind.TILE_PART:
+                i = prog.part_number[op.name]
+                got[op.name] = got[op.index][:, bounds[i] : bounds[i + 1]]
+        for op in prog.outputs:
+            if op.kind is Kind.TILE:
+                got[op.name] = got[op.name][:, : bounds[1]]
     for op, out in zip(prog.outputs, outs):
         if op.name not in got:
             raise KeyError(

@@ -22,6 +22,11 @@ K parts (``KPARTS``, a program with ``KPart`` inputs): after the K loop over A a
 B, one more K loop per part over its own (A, B) descriptors, into the same
 accumulator: acc = A @ B^T + A_1 @ B_1^T + ... (no tail split).
 
+N parts (``NPARTS``, a program with ``NPart`` weights): a tile's columns lie within one
+weight (BLOCK_N divides every boundary): its K loop reads that weight's descriptor and
+its tile outputs go to that weight's output tensors (``OUT_PARTS``), at the weight's
+own columns (no tail split).
+
 Tail split (``TAIL_SPLIT`` > 1): when the tile count is not a multiple of the
 grid, the last partial wave would leave most SMs idle. Those tail tiles are
 instead split along K into ``tail_splits`` parts run by different programs
@@ -83,6 +88,20 @@ def _accumulate_parts(ops, KPARTS: tl.constexpr, acc, off_am, off_bn, A_T, B_T, 
 
 
 @triton.jit
+def _accumulate_n_parts(a_desc, b_desc, ops, NPARTS: tl.constexpr, seg, acc, off_am, off_local, k_tiles, A_T,
+                        B_T, BLOCK_K, IEEE):  # fmt: skip
+    """acc += A @ B_seg^T: the tile's columns belong to weight ``seg`` (0: b_desc, then the
+    N parts' descriptors), at column off_local of that weight."""
+    if seg == 0:
+        acc = _accumulate(a_desc, b_desc, acc, off_am, off_local, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+    for p in tl.static_range(len(NPARTS)):
+        if seg == p + 1:
+            acc = _accumulate(a_desc, ops[NPARTS[p]], acc, off_am, off_local, 0, k_tiles, A_T, B_T, BLOCK_K,
+                              IEEE)  # fmt: skip
+    return acc
+
+
+@triton.jit
 def _accumulate_pair(a_desc, b_desc, b2_desc, acc, acc2, off_am, off_bn, k_tiles, A_T, B_T, BLOCK_K, IEEE):
     """acc += A @ B^T and acc2 += A @ B2^T over all K blocks, one A tile for both (a
     program with a PairedWeight, e.g. SwiGLU's gate and up)."""
@@ -120,11 +139,22 @@ def _load_tiles(ops, IN_KINDS: tl.constexpr, off_m, off_n):
 
 
 @triton.jit
-def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n):
+def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.constexpr = (), seg=0,
+                 start=0):  # fmt: skip
+    """Each tile output's sub-tile at (off_m, off_n); with N parts (OUT_PARTS), into the
+    tensor of the tile's weight ``seg``, at its own column off_n - start."""
     for o in tl.static_range(len(OUT_KINDS)):
         desc = ops[OUT_KINDS[o][1]]
         if OUT_KINDS[o][0] == E.K_TILE:
-            desc.store([off_m, off_n], res[o].to(desc.dtype))
+            if len(OUT_PARTS) == 0:
+                desc.store([off_m, off_n], res[o].to(desc.dtype))
+            else:
+                if seg == 0:
+                    desc.store([off_m, off_n], res[o].to(desc.dtype))
+                for p in tl.static_range(len(OUT_PARTS[o])):
+                    if seg == p + 1:
+                        part = ops[OUT_PARTS[o][p]]
+                        part.store([off_m, off_n - start], res[o].to(part.dtype))
         elif OUT_KINDS[o][0] == E.K_HALF_TILE:
             desc.store([off_m, off_n // 2], res[o].to(desc.dtype))
 
@@ -133,7 +163,7 @@ def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n):
 def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
               OUT_KINDS: tl.constexpr, ELEM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False,
-              PAIRED: tl.constexpr = False):  # fmt: skip
+              PAIRED: tl.constexpr = False, OUT_PARTS: tl.constexpr = (), seg=0, start=0):  # fmt: skip
     """Run the program over the tile's EPI_SPLIT column sub-tiles.
 
     ``src`` is the fp32 accumulator tile, or, with FROM_PARTIALS (a split tail
@@ -163,7 +193,7 @@ def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.con
         # reductions first: they shrink their values to vectors before the tile stores
         E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, tl.cdiv(N, SUB_N),
                            off_m // BLOCK_M)  # fmt: skip
-        _store_tiles(res, ops, OUT_KINDS, off_m, sub_n)
+        _store_tiles(res, ops, OUT_KINDS, off_m, sub_n, OUT_PARTS, seg, start)
 
 
 @triton.jit
@@ -201,8 +231,8 @@ def gemm_kernel(
     a_desc, b_desc, M, N, K,
     o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
     ws_ptr, counts_ptr, tail_splits,
-    NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, KPARTS: tl.constexpr, BODY: tl.constexpr,
-    IN_KINDS: tl.constexpr,
+    NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, KPARTS: tl.constexpr, NPARTS: tl.constexpr,
+    OUT_PARTS: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
@@ -241,7 +271,13 @@ def gemm_kernel(
                 acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+            if len(NPARTS) > 0:  # the tile's columns are one weight's (N parts)
+                seg, start = E.segment_of(off_bn, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
+                                          1 if B_T else 0)  # fmt: skip
+                acc = _accumulate_n_parts(a_desc, b_desc, ops, NPARTS, seg, acc, off_am, off_bn - start,
+                                          k_tiles, A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
+            else:
+                acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
             if len(KPARTS) > 0:  # more products summed in (K parts: no tail split)
                 acc = _accumulate_parts(ops, KPARTS, acc, off_am, off_bn, A_T, B_T, BLOCK_K, IEEE)
 
@@ -249,8 +285,14 @@ def gemm_kernel(
         pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = (pid_m * BLOCK_M).to(tl.int32)
         off_n = (pid_n * BLOCK_N).to(tl.int32)
-        _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT,
-                  PAIRED=PAIR >= 0)  # fmt: skip
+        if len(NPARTS) > 0:
+            seg_c, start_c = E.segment_of(off_n, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
+                                          1 if B_T else 0)  # fmt: skip
+            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
+                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start=start_c)  # fmt: skip
+        else:
+            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
+                      EPI_SPLIT, PAIRED=PAIR >= 0)  # fmt: skip
 
     if TAIL_SPLIT > 1:
         if start_pid < tail * tail_splits:

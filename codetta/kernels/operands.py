@@ -108,6 +108,8 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
         return _check_paired_weight(where, value, weight)
     if op.kind in (Kind.K_PART_A, Kind.K_PART_B):
         return _check_k_part(where, op.kind, value, weight, M, N)
+    if op.kind is Kind.N_PART:
+        return _check_n_part(where, value, weight)
     if op.kind is Kind.SCALAR:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
@@ -178,6 +180,23 @@ def _check_k_part(where: str, kind, value, weight: torch.Tensor, M: int, N: int)
     return value
 
 
+def _check_n_part(where: str, value, weight: torch.Tensor) -> torch.Tensor:
+    """A further weight along N: [N_i, K] with the weight's K, dtype, device and layout."""
+    transposed = check_matrix(where, value, "N_i, K")
+    if value.device != weight.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {weight.device}")
+    if value.dtype != weight.dtype:
+        raise TypeError(f"{where} must be {weight.dtype} (the GEMM's dtype), got {value.dtype}")
+    if value.shape[1] != weight.shape[1] or value.shape[0] == 0:
+        raise ValueError(f"{where} must be [N_i, K] with K={weight.shape[1]} and N_i >= 1, got "
+                         f"{tuple(value.shape)}")  # fmt: skip
+    if transposed != check_matrix("weight", weight, "N, K"):
+        raise ValueError(f"{where} must be laid out as weight (both contiguous or both transposed views), "
+                         f"got strides {value.stride()} and {weight.stride()}")  # fmt: skip
+    check_matrix_alignment(where, value, transposed, "N_i, K")
+    return value
+
+
 def check_tile_rows(where: str, t: torch.Tensor) -> None:
     """A tile operand or output: unit stride along its rows, rows that TMA can address."""
     if t.stride(1) != 1 and t.shape[1] > 1:
@@ -187,10 +206,11 @@ def check_tile_rows(where: str, t: torch.Tensor) -> None:
         raise ValueError(f"{where} {list(t.shape)}: {why}")
 
 
-def output_shape(op, M: int, N: int, dtype: torch.dtype) -> tuple[tuple, torch.dtype]:
-    """(shape, dtype) of an output of a GEMM [M, N] in ``dtype``."""
-    if op.kind is Kind.TILE:
-        return (M, N), op.dtype or dtype
+def output_shape(op, M: int, N: int, dtype: torch.dtype, width: int | None = None) -> tuple:
+    """(shape, dtype) of an output of a GEMM [M, N] in ``dtype``; ``width``: the columns a
+    tile output (or its part) holds when the GEMM has N parts."""
+    if op.kind in (Kind.TILE, Kind.TILE_PART):
+        return (M, N if width is None else width), op.dtype or dtype
     if op.kind is Kind.HALF_TILE:
         return (M, N // 2), op.dtype or dtype
     return ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
@@ -213,7 +233,19 @@ class GemmCall:
 
     @property
     def N(self) -> int:  # noqa: N802
-        return self.w.shape[0]
+        """The output's columns: the weight's rows, and every N part's after them."""
+        return sum(self.widths)
+
+    @functools.cached_property
+    def widths(self) -> tuple:
+        """The output columns of the weight and of each N part (one entry without parts)."""
+        return (self.w.shape[0], *(self.inputs[i].shape[0] for i in self.program.n_parts))
+
+    def out_width(self, op) -> int | None:
+        """The columns of a tile output (or its part) under N parts; None without them."""
+        if len(self.widths) == 1:
+            return None
+        return self.widths[self.program.part_number[op.name]]
 
     @property
     def K(self) -> int:  # noqa: N802
@@ -259,6 +291,9 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     check_gemm_dtype("a", a)
     M, K = a.shape
     N, K2 = weight.shape
+    parts = [operands.get(op.name) for op in program.caller_inputs if op.kind is Kind.N_PART]
+    widths = (N, *(t.shape[0] for t in parts if isinstance(t, torch.Tensor)))
+    N = sum(widths)
     if K != K2:
         raise ValueError(f"a is [M={M}, K={K}] but weight is [N={N}, K={K2}]: K must match")
     if N == 0:
@@ -269,20 +304,22 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
         check_matrix_alignment("weight", weight, b_t, "N, K")
     if program.check is not None:
         program.check(M, N)
-    if program.sub_tile_width and N % program.sub_tile_width:
-        raise ValueError(
-            f"program {program.name!r} works on groups of {program.sub_tile_width} columns: "
-            f"N={N} must be a multiple of {program.sub_tile_width}"
-        )
+    for n in widths if len(widths) > 1 else (N,):
+        if program.sub_tile_width and n % program.sub_tile_width:
+            raise ValueError(
+                f"program {program.name!r} works on groups of {program.sub_tile_width} columns: "
+                f"N={n} must be a multiple of {program.sub_tile_width}"
+            )
     for i, op in enumerate(program.outputs):
-        if not op.is_tile or (i < len(provided) and provided[i]):
+        if not (op.is_tile or op.kind is Kind.TILE_PART) or (i < len(provided) and provided[i]):
             continue
         half = op.kind is Kind.HALF_TILE
         unit = (2 if half else 1) * 16 // (op.dtype or a.dtype).itemsize
-        if N % unit:
+        n = widths[program.part_number[op.name]] if len(widths) > 1 else N
+        if n % unit:
             raise ValueError(
-                f"program {program.name!r}: output {op.name!r} has rows of {N // 2 if half else N} elements, "
-                f"which TMA cannot store (rows move in 16-byte units): N={N} must be a multiple of {unit}"
+                f"program {program.name!r}: output {op.name!r} has rows of {n // 2 if half else n} elements, "
+                f"which TMA cannot store (rows move in 16-byte units): N={n} must be a multiple of {unit}"
             )
     names = {op.name for op in program.caller_inputs}
     unknown = set(operands) - names
@@ -331,10 +368,10 @@ def check_outputs(program: Program, out, call: GemmCall) -> tuple | None:
         check_tensor(where, t)
         if t.device != call.device:
             raise ValueError(f"{where} is on {t.device}, the GEMM inputs on {call.device}")
-        shape, dtype = output_shape(op, M, N, call.dtype)
+        shape, dtype = output_shape(op, M, N, call.dtype, call.out_width(op))
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise ValueError(f"{where} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
-        if op.is_tile:
+        if op.is_tile or op.kind is Kind.TILE_PART:
             check_tile_rows(where, t)
         elif not t.is_contiguous():
             raise ValueError(f"{where} must be contiguous")

@@ -35,6 +35,13 @@ Inputs (what the body receives for a [BM, BNs] sub-tile):
                  out as ``a``, w1 [N, K_1] laid out as ``weight`` (a sum over operands
                  kept as their own tensors: the q/k/v projections' dX). Each part's K
                  loop runs after the previous one's, on both mainloops (no tail split)
+  ``NPart``      a further [N_i, K] weight, laid out as ``weight``, whose output columns
+                 follow the weight's: the GEMM's N is N_0 + N_1 + ... (column vectors
+                 and reductions span it); each tile output comes back as one tensor per
+                 weight ([M, N_0], [M, N_1], ...: the q, k and v projections from one
+                 launch, each in its own tensor). Every boundary must be a multiple of
+                 the tile width BLOCK_N (configurations that do not divide it are left
+                 out); ``with_n_parts`` adds them (no tail split)
 Outputs (what the body returns -> what the caller gets):
   ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
@@ -86,18 +93,22 @@ class Kind(enum.IntEnum):
     PAIRED_WEIGHT = 14
     K_PART_A = 15
     K_PART_B = 16
+    N_PART = 17
+    TILE_PART = 18
 
 
 INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
-               Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT, Kind.K_PART_A, Kind.K_PART_B}  # fmt: skip
-OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
+               Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT, Kind.K_PART_A, Kind.K_PART_B,
+               Kind.N_PART}  # fmt: skip
+OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM,
+                Kind.TILE_PART}  # fmt: skip
 REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
 TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as TMA descriptors
 # what the caller passes for each input kind (DType: nothing)
 _CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
                   Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]",
                   Kind.PAIRED_WEIGHT: "[N, K]", Kind.K_PART_A: "[M, K_i]",
-                  Kind.K_PART_B: "[N, K_i]"}  # fmt: skip
+                  Kind.K_PART_B: "[N, K_i]", Kind.N_PART: "[N_i, K]"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,27 @@ def with_k_parts(program: Program, parts: int) -> Program:
     return dataclasses.replace(
         program, name=f"{program.name}_k{parts + 1}", inputs=program.inputs + extra,
         reference=None if ref is None else reference, tail_split=False,
+    )  # fmt: skip
+
+
+def with_n_parts(program: Program, parts: int) -> Program:
+    """``program`` over ``1 + parts`` weights side by side along N: inputs ``w1 ..
+    w<parts>`` ([N_i, K], ``NPart``) added, and per tile output ``o`` the outputs ``o1 ..
+    o<parts>`` (its columns of each further weight; ``o`` keeps the first weight's)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    if any(op.kind is Kind.HALF_TILE for op in program.outputs):
+        raise ValueError(f"program {program.name!r}: half-width outputs do not take N parts")
+    extra_in = tuple(Operand(f"w{i}", Kind.N_PART) for i in range(1, parts + 1))
+    extra_out = tuple(
+        Operand(f"{op.name}{i}", Kind.TILE_PART, op.dtype, index=op.name)
+        for op in program.outputs
+        if op.kind is Kind.TILE
+        for i in range(1, parts + 1)
+    )
+    return dataclasses.replace(
+        program, name=f"{program.name}_n{parts + 1}", inputs=program.inputs + extra_in,
+        outputs=program.outputs + extra_out, tail_split=False,
     )  # fmt: skip
 
 
@@ -269,6 +301,21 @@ class Program:
             raise ValueError(f"{where}: K parts and a PairedWeight do not mix")
         if parts:
             object.__setattr__(self, "tail_split", False)  # each part's K loop runs whole
+        n_parts = sum(op.kind is Kind.N_PART for op in self.inputs)
+        if n_parts and (paired or parts):
+            raise ValueError(f"{where}: N parts do not mix with K parts or a PairedWeight")
+        tiles = [op.name for op in self.outputs if op.kind is Kind.TILE]
+        for op in self.outputs:
+            if op.kind is Kind.TILE_PART and op.index not in tiles:
+                raise ValueError(f"{where}: {op.name!r} is a part of {op.index!r}, not a Tile output")
+        for name in tiles:
+            per = sum(op.index == name for op in self.outputs if op.kind is Kind.TILE_PART)
+            if n_parts and per != n_parts:
+                raise ValueError(f"{where}: tile output {name!r} needs one part per NPart input ({n_parts})")
+        if not n_parts and any(op.kind is Kind.TILE_PART for op in self.outputs):
+            raise ValueError(f"{where}: tile output parts without NPart inputs")
+        if n_parts:
+            object.__setattr__(self, "tail_split", False)
         if paired:
             # two products of each tile: whole tiles on the portable mainloop (no K-split
             # tail); on the ping-pong mainloop one accumulator holds both side by side
@@ -324,6 +371,37 @@ class Program:
         return tuple(zip(a, w))
 
     @functools.cached_property
+    def n_parts(self) -> tuple:
+        """Slots of the further weights along N (NPart), in order."""
+        return tuple(i for i, op in enumerate(self.slots) if op.kind is Kind.N_PART)
+
+    @functools.cached_property
+    def out_parts(self) -> tuple:
+        """Per output the body returns, the slots of its parts (one per NPart weight; ()
+        for a program without N parts)."""
+        if not self.n_parts:
+            return ()
+        names = [op.name for op in self.slots]
+        part = Kind.TILE_PART
+        return tuple(
+            tuple(names.index(p.name) for p in self.outputs if p.kind is part and p.index == op.name)
+            for op in self.outputs
+            if op.kind is not part
+        )
+
+    @functools.cached_property
+    def part_number(self) -> dict:
+        """Output name -> which weight's columns it holds (0: the first weight's)."""
+        out, seen = {}, {}
+        for op in self.outputs:
+            if op.kind is Kind.TILE_PART:
+                seen[op.index] = seen.get(op.index, 0) + 1
+                out[op.name] = seen[op.index]
+            else:
+                out[op.name] = 0
+        return out
+
+    @functools.cached_property
     def in_kinds(self) -> tuple:
         """Per declared input (DType included): (kind code, slot, index slot, 0); a
         RowTable's last field is its table width, filled in per call."""
@@ -340,8 +418,8 @@ class Program:
 
     @functools.cached_property
     def out_kinds(self) -> tuple:
-        """Per output: (kind code, slot, index slot, its place among the tile outputs,
-        their number)."""
+        """Per output the body returns (not the N parts' outputs: ``out_parts``): (kind
+        code, slot, index slot, its place among the tile outputs, their number)."""
         names = [op.name for op in self.slots]
         tiles = [op.name for op in self.outputs if op.is_tile]
         return tuple(
@@ -353,6 +431,7 @@ class Program:
                 len(tiles),
             )
             for op in self.outputs
+            if op.kind is not Kind.TILE_PART
         )
 
     def __hash__(self):

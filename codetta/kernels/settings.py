@@ -17,6 +17,9 @@
 | ``CODETTA_CE_VOCAB_CHUNK`` | 0 | > 0: ``linear_cross_entropy``'s low-memory mode by default (its |
 |  |  | ``vocab_chunk``: classes per vocabulary slice, a multiple of 8), the |
 |  |  | Hugging Face drop-in's loss included |
+| ``CODETTA_QKV_ONE_LAUNCH`` | 0 | 1: a norm's q, k and v projections with RoPE (no per-head q/k |
+|  |  | norm, attention scaling 1) as one GEMM over the three weights (N parts: |
+|  |  | each output its own tensor); CPU-tested, not yet run on a GPU (NOTES.md) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -45,6 +48,7 @@ class Settings:
     sm_margin: int = 0
     ce_chunk_mb: int = 1024
     ce_vocab_chunk: int = 0
+    qkv_one_launch: bool = False
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -81,6 +85,7 @@ class Settings:
             ce_vocab_chunk=_whole(
                 "CODETTA_CE_VOCAB_CHUNK", env.get("CODETTA_CE_VOCAB_CHUNK", "0"), multiple=8
             ),  # fmt: skip
+            qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
             cache_dir=Path(cache),
         )
 

@@ -35,6 +35,7 @@ import torch
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.reductions import col_sum
+from ..kernels.settings import SETTINGS
 from ..programs import (
     ACCUMULATE,
     GAMMA_WEIGHT_GRAD,
@@ -48,7 +49,7 @@ from ..programs import (
     STORE_K4,
 )
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
-from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, qknorm_backward_rows, unrotate_half_rows
+from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, RMS_ROPE_QKV, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp
 
@@ -101,6 +102,15 @@ def _forward_impl(
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = _k1(y, w_o, residual, gamma)
+    if n_rope == 2 and len(ws) == 3 and len(rope) == 2 and rope_scaling == 1.0 and SETTINGS.qkv_one_launch:
+        # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
+        # v's columns get RoPE frequency 0, an exact identity rotation (cos 1, sin 0)
+        pos, freq = rope
+        cols = torch.cat([_column_freq(freq, ws[0].shape[0]), _column_freq(freq, ws[1].shape[0]),
+                          freq.new_zeros(ws[2].shape[0])])  # fmt: skip
+        zs = gemm(k1.h, ws[0], epilogue=RMS_ROPE_QKV[freq.shape[0]], w1=ws[1], w2=ws[2], sumsq=k1.sumsq,
+                  inv_d=1.0 / d, eps=eps, pos=pos, freq=cols, scaling=rope_scaling)  # fmt: skip
+        return k1.x, list(zs), k1.sumsq, ws[0].new_empty(0)
     zs, pres = [], []
     for i, w in enumerate(ws):
         norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}

@@ -21,7 +21,17 @@ from .norm import (
     RMS_GRAD_PARTIALS,
     RMS_SCALE,
 )
-from .rope import RMS_QKNORM_ROPE, RMS_QKNORM_ROPE_128, RMS_ROPE, RMS_ROPE_64, RMS_ROPE_128, ROTATE_PAIRS  # noqa: F401 - RMS_ROPE: every head dim
+from .rope import (  # noqa: F401 - RMS_ROPE, RMS_ROPE_QKV: every head dim
+    RMS_QKNORM_ROPE,
+    RMS_QKNORM_ROPE_128,
+    RMS_ROPE,
+    RMS_ROPE_64,
+    RMS_ROPE_128,
+    RMS_ROPE_QKV,
+    RMS_ROPE_QKV_64,
+    RMS_ROPE_QKV_128,
+    ROTATE_PAIRS,
+)
 from .swiglu import DSWIGLU, SWIGLU, SWIGLU_RMS
 
 __all__ = [
@@ -47,6 +57,8 @@ __all__ = [
     "RMS_ROPE_64",
     "RMS_ROPE_128",
     "RMS_QKNORM_ROPE_128",
+    "RMS_ROPE_QKV_64",
+    "RMS_ROPE_QKV_128",
     "SWIGLU",
     "SWIGLU_RMS",
     "DSWIGLU",

@@ -9,7 +9,7 @@ from .. import reference as ref
 from ..kernels import device
 from ..kernels import primitives as P
 from ..kernels.configs import _grid
-from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile
+from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile, with_n_parts
 from .norm import rms_scale_of
 from .norm_rows import torch_path
 
@@ -206,6 +206,11 @@ RMS_QKNORM_ROPE = {
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]
+# q, k and v from one launch: the three weights side by side along N (N parts), each
+# output its own tensor; v's columns take frequency 0 (cos 1, sin 0: an exact identity
+# when the attention scaling is 1), so it comes out as RMS_SCALE would write it
+RMS_ROPE_QKV = {hd: with_n_parts(prog, 2) for hd, prog in RMS_ROPE.items()}
+RMS_ROPE_QKV_64, RMS_ROPE_QKV_128 = RMS_ROPE_QKV[64], RMS_ROPE_QKV[128]
 RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
 
 
