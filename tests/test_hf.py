@@ -149,6 +149,21 @@ def test_low_memory_loss_in_the_drop_in():
         test_matches_unpatched("llama", True, "padding", torch.float32)
 
 
+def test_qkv_one_launch_in_the_drop_in():
+    """CODETTA_QKV_ONE_LAUNCH: each layer's q, k and v from one GEMM (N parts): the same
+    checks against float64, packed positions (and the plan shows the one launch)."""
+    from codetta.kernels import settings
+    from codetta.kernels.launch import recording
+
+    with settings.override(qkv_one_launch=True):
+        test_matches_unpatched("llama", True, "packed", torch.float16)
+        model = codetta.apply_codetta(_model("llama", False))
+        with recording(compute=True) as calls:
+            _step(model, _inputs("none"))
+    names = [c.program.name for c in calls]
+    assert names.count("rms_rope_16_n3") == model.config.num_hidden_layers and "rms_scale" not in names
+
+
 def test_generation_state_dict_and_revert():
     """Greedy generation (a KV cache: the model's own forward) equals the unpatched
     model's; the state_dict is the same tensors; revert restores the original forward."""
