@@ -181,12 +181,61 @@ def test_n_parts_bad_input(device):
     a, w = _make(32, 64, 24, torch.float16, device, "nn")
     w1 = _make(32, 32, 24, torch.float16, device, "nn")[1]
     odd = configs.Config(32, 64, 32, 2, 2, 1, 4)  # BLOCK_N 64: the boundary at 48 falls inside a tile
-    with pytest.raises(ValueError, match="widths \\(48, 32\\) put a boundary inside a tile"):
+    with pytest.raises(ValueError, match="\\(48, 32\\) put a boundary inside a tile"):
         codetta.gemm(a, w[:48], epilogue=prog, config=odd, w1=w1)
     with pytest.raises(ValueError, match="'w1' must be \\[N_i, K\\] with K=24"):
         codetta.gemm(a, w, epilogue=prog, w1=w1[:, :16].contiguous())
     with pytest.raises(ValueError, match="'w1' must be laid out as weight"):
         codetta.gemm(a, w, epilogue=prog, w1=w1.t().contiguous().t())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_m_parts(layout, dtype, device):
+    """A operands stacked along M (M parts: the q, k and v weight gradients from one launch):
+    each output its own tensor, each against float64; the last part's height not a multiple
+    of the tile's. On the GPU every candidate of both mainloops (tt, bf16); the CPU
+    reference path too."""
+    from codetta.programs import STORE_M3
+
+    N, K = 48, 64
+    heights = (256, 128, 72) if device == "cuda" else (64, 32, 40)
+    if layout[0] == "t" and any((m * torch.finfo(dtype).bits // 8) % 16 for m in heights):
+        pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
+    a0, w = _make(heights[0], N, K, dtype, device, layout)
+    a1, a2 = (_make(m, N, K, dtype, device, layout)[0] for m in heights[1:])
+    cfgs = [None]
+    if device == "cuda" and layout == "tt" and dtype == torch.bfloat16:
+        cfgs += [c for c in engines.TRITON.candidates(STORE_M3) + engines.PINGPONG.candidates(STORE_M3)
+                 if heights[0] % c.block_m == 0 and (heights[0] + heights[1]) % c.block_m == 0]  # fmt: skip
+    for cfg in cfgs:
+        outs = codetta.gemm(a0, w, epilogue=STORE_M3, config=cfg, a1=a1, a2=a2)
+        for name, out, a in zip(("out", "out1", "out2"), outs, (a0, a1, a2)):
+            assert out.shape == (a.shape[0], N) and out.dtype == dtype
+            assert_within(
+                f"{name} {cfg.short() if cfg else 'tuned'}", out, a.double() @ w.double().t(), a @ w.t()
+            )
+    if device == "cpu":
+        with settings.override(force_reference=True):
+            ref = codetta.gemm(a0, w, epilogue=STORE_M3, a1=a1, a2=a2)
+        for out, r in zip(outs, ref):
+            torch.testing.assert_close(out, r, rtol=2e-3, atol=2e-3 * r.abs().max().item())
+
+
+def test_m_parts_bad_input(device):
+    """A boundary between A operands inside a tile, a part of another K or layout: refused."""
+    from codetta.kernels.program import with_m_parts
+    from codetta.programs import STORE
+
+    prog = with_m_parts(STORE, 1)
+    a, w = _make(48, 32, 24, torch.float16, device, "nn")
+    a1 = _make(32, 32, 24, torch.float16, device, "nn")[0]
+    odd = configs.Config(64, 32, 32, 2, 2, 1, 4)  # BLOCK_M 64: the boundary at 48 falls inside a tile
+    with pytest.raises(ValueError, match="A rows \\(48, 32\\) put a boundary inside a tile"):
+        codetta.gemm(a, w, epilogue=prog, config=odd, a1=a1)
+    with pytest.raises(ValueError, match="'a1' must be \\[M_i, K\\] with K=24"):
+        codetta.gemm(a, w, epilogue=prog, a1=a1[:, :16].contiguous())
+    with pytest.raises(ValueError, match="'a1' must be laid out as a"):
+        codetta.gemm(a, w, epilogue=prog, a1=a1.t().contiguous().t())
 
 
 def test_reference_path_matches_kernel(device):

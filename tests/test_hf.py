@@ -161,7 +161,9 @@ def test_qkv_one_launch_in_the_drop_in():
         with recording(compute=True) as calls:
             _step(model, _inputs("none"))
     names = [c.program.name for c in calls]
-    assert names.count("rms_rope_16_n3") == model.config.num_hidden_layers and "rms_scale" not in names
+    layers = model.config.num_hidden_layers
+    assert names.count("rms_rope_16_n3") == layers and "rms_scale" not in names  # q, k, v: one launch
+    assert names.count("store_m3") == layers  # and their weight gradients
 
 
 def test_generation_state_dict_and_revert():

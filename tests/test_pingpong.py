@@ -51,8 +51,10 @@ def _operands(prog, M, N, dtype, K=64):
         for k, v in ops.items()
     }
     a_t, b_t = prog.layouts[0]
-    for op in prog.inputs:  # K parts laid out as the GEMM's A and weight
-        if (op.kind is codetta.Kind.K_PART_A and a_t) or (op.kind is codetta.Kind.K_PART_B and b_t):
+    as_a = (codetta.Kind.K_PART_A, codetta.Kind.M_PART)
+    as_w = (codetta.Kind.K_PART_B, codetta.Kind.N_PART)
+    for op in prog.inputs:  # parts laid out as the GEMM's A and weight
+        if (op.kind in as_a and a_t) or (op.kind in as_w and b_t):
             ops[op.name] = ops[op.name].t().contiguous().t()
     return ops
 
@@ -82,6 +84,12 @@ def check_against_reference(prog, y, w, operands, outs):
     if n_parts:  # the weights side by side along N; each output's columns split back below
         wide = torch.cat([w, *wparts])
         acc64, acc_t = y.double() @ wide.double().t(), (y @ wide.t()).float()
+    m_parts = [prog.slots[i].name for i in prog.m_parts]
+    aparts = [operands[n] for n in m_parts]
+    if m_parts:  # the A operands stacked along M; each output's rows split back below
+        tall = torch.cat([y, *aparts])
+        acc64, acc_t = tall.double() @ w.double().t(), (tall @ w.t()).float()
+    n_parts += m_parts
     ops64 = {
         k: v.double() if isinstance(v, torch.Tensor) and torch.is_floating_point(v) else v
         for k, v in operands.items()
@@ -92,16 +100,19 @@ def check_against_reference(prog, y, w, operands, outs):
     same = prog.reference(acc_t, **operands, **extra)
     if n_parts:
         bounds = [0]
-        for t in [w, *wparts]:
+        for t in [y, *aparts] if m_parts else [w, *wparts]:
             bounds.append(bounds[-1] + t.shape[0])
+
+        def cut(t, i):
+            return t[bounds[i] : bounds[i + 1]] if m_parts else t[:, bounds[i] : bounds[i + 1]]
+
         for res in (want, same):
             for op in prog.outputs:
                 if op.kind is codetta.Kind.TILE_PART:
-                    i = prog.part_number[op.name]
-                    res[op.name] = res[op.index][:, bounds[i] : bounds[i + 1]]
+                    res[op.name] = cut(res[op.index], prog.part_number[op.name])
             for op in prog.outputs:
                 if op.kind is codetta.Kind.TILE:
-                    res[op.name] = res[op.name][:, : bounds[1]]
+                    res[op.name] = cut(res[op.name], 0)
     outs = outs if isinstance(outs, tuple) else (outs,)
     for op, out in zip(prog.outputs, outs):
         tile = op.is_tile or op.kind is codetta.Kind.TILE_PART
@@ -119,6 +130,8 @@ def test_program(prog, M, N, K):
     a_t, b_t = prog.layouts[0]
     if a_t:
         M = -(-M // 8) * 8  # a transposed A's rows are M long: 16-byte multiples for TMA
+    if prog.m_parts:
+        M = 256  # the first A's rows end on a tile edge (the parts: test_programs' 128 and 40 rows)
     y, w = _make(M, N, K, dtype, ("t" if a_t else "n") + ("t" if b_t else "n"))
     operands = _operands(prog, M, N, dtype, K)
     call = make_call(prog, y, w, operands)

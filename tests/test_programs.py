@@ -355,7 +355,11 @@ def _program_operands(name, M, N, device, K=64):
     wide = {**rope, "freq": torch.rand(3 * N, **f32)}  # q, k, v side by side: 3 N columns
     qkv = {"w1": rand(N, K, dtype=dtype, device=device, scale=K**-0.5),
            "w2": rand(N, K, dtype=dtype, device=device, scale=K**-0.5)}  # fmt: skip
+    rows1 = 128 if device == "cuda" else 32  # (boundaries on the tiles' edges: 128 rows on the GPU)
+    stacked = {"a1": rand(rows1, K, dtype=dtype, device=device),
+               "a2": rand(40, K, dtype=dtype, device=device)}  # fmt: skip
     return {
+        "store_m3": stacked,
         "rms_rope_64_n3": {**wide, **qkv},
         "rms_rope_128_n3": {**wide, **qkv},
         "store_k2": parts(1),
@@ -414,6 +418,8 @@ def test_reference_path_matches_kernel(name, device):
     computes what its kernel computes."""
     prog = next(getattr(pg, n) for n in pg.__all__ if getattr(pg, n).name == name)
     M, N, K = 77, 128 if prog.sub_tile_width else 96, 64  # RoPE: whole heads of 64 or 128
+    if prog.m_parts:
+        M = 64  # (the first A's rows end on a tile edge)
     y, w = _inputs(M, N, K, torch.float16, device)
     ops = _program_operands(name, M, N, device, K)
     kernel = codetta.gemm(y, w, epilogue=prog, **ops)

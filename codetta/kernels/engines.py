@@ -69,7 +69,7 @@ def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
 def _matrix_specs(call: GemmCall, cfg: Config):
     """(shape, strides, block) of the A and B descriptors."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    M, N, K = call.M, call.w.shape[0], call.K  # (B: the first weight's rows, without N parts)
+    M, N, K = call.a.shape[0], call.w.shape[0], call.K  # (a's and the weight's own, not the parts')
     a_lead, w_lead = leading_stride(call.a, call.a_t), leading_stride(call.w, call.b_t)
     a = ([K, M], [a_lead, 1], [bk, bm]) if call.a_t else ([M, K], [a_lead, 1], [bm, bk])
     b = ([K, N], [w_lead, 1], [bk, bn]) if call.b_t else ([N, K], [w_lead, 1], [bn, bk])
@@ -108,8 +108,17 @@ def _k_part_desc(op, value, call: GemmCall, cfg: Config) -> tuple:
 
 
 def _tile_shape(op, call: GemmCall) -> list[int]:
-    width = call.out_width(op) if op.kind in (Kind.TILE, Kind.TILE_PART) else None
-    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N if width is None else width]
+    dims = call.out_dims(op) if op.kind in (Kind.TILE, Kind.TILE_PART) else None
+    if dims is not None:
+        return list(dims)
+    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
+
+
+def _m_part_desc(value, call: GemmCall, cfg: Config) -> tuple:
+    """(shape, block, transposed) of a further A along M: laid out as A."""
+    m, k = value.shape
+    bm, bk = cfg.block_m, cfg.block_k
+    return ([k, m], [bk, bm], True) if call.a_t else ([m, k], [bm, bk], False)
 
 
 def _n_part_desc(value, call: GemmCall, cfg: Config) -> tuple:
@@ -133,6 +142,8 @@ def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
         if op.kind in _K_PARTS
         else _n_part_desc(v, call, cfg)
         if op.kind is Kind.N_PART
+        else _m_part_desc(v, call, cfg)
+        if op.kind is Kind.M_PART
         else None
         for op, v in zip(call.program.slots, values)
     )  # fmt: skip
@@ -174,8 +185,8 @@ class TritonEngine:
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t, num_sms) -> dict:
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "OUT_PARTS": program.out_parts,
-            "BODY": program.body,
+            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "MPARTS": program.m_parts,
+            "OUT_PARTS": program.out_parts, "BODY": program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "A_T": a_t, "B_T": b_t,
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
@@ -196,7 +207,7 @@ class TritonEngine:
         for i, op in enumerate(program.slots):
             block = (
                 b_block if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B, Kind.N_PART)
-                else a_block if op.kind is Kind.K_PART_A
+                else a_block if op.kind in (Kind.K_PART_A, Kind.M_PART)
                 else tile_block(op, cfg, whole=op.kind is Kind.SEED)
             )  # fmt: skip
             sig[f"o{i}"] = _slot_type(op, dtype, block)
@@ -301,7 +312,7 @@ def _in_tiles(program: Program) -> tuple:
 
 
 def _slot_type(op, dtype, block) -> str:
-    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, Kind.N_PART, Kind.TILE_PART, *_K_PARTS):
+    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, Kind.N_PART, Kind.M_PART, Kind.TILE_PART, *_K_PARTS):
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
     if op.kind is Kind.SCALAR:
         return "fp32"
@@ -416,8 +427,8 @@ class PingPongEngine:
         ring = self.ring_dtype(program, dtype)
         return {
             "NUM_OPS": len(program.slots), "SEED": program.seed_slot, "PAIR": program.pair_slot,
-            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "OUT_PARTS": program.out_parts,
-            "BODY": program.sm90_body or program.body,
+            "KPARTS": program.k_parts, "NPARTS": program.n_parts, "MPARTS": program.m_parts,
+            "OUT_PARTS": program.out_parts, "BODY": program.sm90_body or program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
@@ -441,7 +452,7 @@ class PingPongEngine:
         for i, op in enumerate(program.slots):
             if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B, Kind.N_PART):
                 sig[f"o{i}"] = desc([bk, bn] if b_t else [bn, bk])
-            elif op.kind is Kind.K_PART_A:
+            elif op.kind in (Kind.K_PART_A, Kind.M_PART):
                 sig[f"o{i}"] = desc([bk, bm] if a_t else [bm, bk])
             elif op.is_tile or op.kind is Kind.TILE_PART:
                 sig[f"o{i}"] = desc(tile_block(op, cfg), slot_dtype(op, dtype))

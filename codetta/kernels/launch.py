@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from . import device, direct, reductions
-from .configs import Config
-from .engines import engine_of
+from .configs import Config, interpreter_config
+from .engines import PINGPONG, TRITON, engine_of
 from .operands import GemmCall, check_outputs, make_call, output_shape
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
@@ -39,7 +39,7 @@ def _alloc(shape, dtype, dev):
 def _output_meta(call: GemmCall) -> list[_Meta]:
     """Shape, dtype and device of each of the program's outputs (independent of the config)."""
     return [
-        _Meta(*output_shape(op, call.M, call.N, call.dtype, call.out_width(op)), call.device)
+        _Meta(*output_shape(op, call.M, call.N, call.dtype, call.out_dims(op)), call.device)
         for op in call.program.outputs
     ]
 
@@ -71,15 +71,34 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     ]  # fmt: skip
 
 
+def part_edges(sizes: tuple) -> list[int]:
+    """Where one part ends and the next begins (M or N parts' boundaries)."""
+    return [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
+
+
+def parts_fit(program: Program, dev: torch.device, widths: tuple = (), heights: tuple = ()) -> bool:
+    """Whether some configuration of ``program`` on ``dev`` puts every boundary between
+    N parts (``widths``) and M parts (``heights``) on a tile edge (operators fall back to
+    separate GEMMs where none does, e.g. heads too narrow for the GPU's tiles)."""
+    if dev.type == "cpu" and not device.interpreting():
+        return True  # the PyTorch reference takes any sizes
+    if device.interpreting():
+        cfgs = [interpreter_config(program.sub_tile_width)]
+    else:
+        cfgs = TRITON.candidates(program) + PINGPONG.candidates(program)
+    ew, eh = part_edges(widths), part_edges(heights)
+    return any(not any(e % c.block_n for e in ew) and not any(e % c.block_m for e in eh) for c in cfgs)
+
+
 def check_n_parts(call: GemmCall, cfg: Config) -> None:
-    """With N parts, every boundary between weights must fall on a tile edge."""
-    edges = [sum(call.widths[: i + 1]) for i in range(len(call.widths) - 1)]
-    if any(e % cfg.block_n for e in edges):
-        raise ValueError(
-            f"program {call.program.name!r}: the weights' widths {call.widths} put a boundary inside a "
-            f"tile of config {cfg.short()} (BLOCK_N {cfg.block_n} must divide every weight's rows but the "
-            "last's)"
-        )
+    """With M or N parts, every boundary between parts must fall on a tile edge."""
+    checks = ((call.widths, cfg.block_n, "weights' rows"), (call.heights, cfg.block_m, "A rows"))
+    for sizes, block, what in checks:
+        if any(e % block for e in part_edges(sizes)):
+            raise ValueError(
+                f"program {call.program.name!r}: the parts' {what} {sizes} put a boundary inside a tile of "
+                f"config {cfg.short()} (its tile size {block} must divide every part but the last)"
+            )
 
 
 def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False):
@@ -213,11 +232,14 @@ def _reference(call: GemmCall, outs: list) -> None:
             "operands), nor on CPU tensors without the Triton interpreter: set TRITON_INTERPRET=1 before "
             "importing codetta, or give it reference="
         )
-    w = call.w
+    a, w = call.a, call.w
     if prog.n_parts:  # the weights side by side along N
         w = torch.cat([w, *(call.inputs[i] for i in prog.n_parts)])
-    acc = call.a.double() @ w.double().t()
-    kwargs = {op.name: v for op, v in zip(prog.caller_inputs, call.inputs) if op.kind is not Kind.N_PART}
+    if prog.m_parts:  # the A operands stacked along M
+        a = torch.cat([a, *(call.inputs[i] for i in prog.m_parts)])
+    acc = a.double() @ w.double().t()
+    parts = (Kind.N_PART, Kind.M_PART)
+    kwargs = {op.name: v for op, v in zip(prog.caller_inputs, call.inputs) if op.kind not in parts}
     seed = next((op.name for op in prog.inputs if op.kind is Kind.SEED), None)
     if seed is not None:
         acc = acc + kwargs[seed].double()
@@ -231,15 +253,19 @@ def _reference(call: GemmCall, outs: list) -> None:
     if pair is not None:  # the body's acc is the pair of products
         acc = (acc, (call.a.double() @ kwargs.pop(pair).double().t()).float())
     got = prog.reference(acc, **kwargs)
-    if prog.n_parts:  # each tile output's columns, split by weight
-        bounds = [sum(call.widths[:i]) for i in range(len(call.widths) + 1)]
+    if prog.n_parts or prog.m_parts:  # each tile output's columns (rows), split by part
+        sizes = call.widths if prog.n_parts else call.heights
+        bounds = [0, *part_edges(sizes), sum(sizes)]
+
+        def cut(t, i):
+            return t[:, bounds[i] : bounds[i + 1]] if prog.n_parts else t[bounds[i] : bounds[i + 1]]
+
         for op in prog.outputs:
             if op.kind is Kind.TILE_PART:
-                i = prog.part_number[op.name]
-                got[op.name] = got[op.index][:, bounds[i] : bounds[i + 1]]
+                got[op.name] = cut(got[op.index], prog.part_number[op.name])
         for op in prog.outputs:
             if op.kind is Kind.TILE:
-                got[op.name] = got[op.name][:, : bounds[1]]
+                got[op.name] = cut(got[op.name], 0)
     for op, out in zip(prog.outputs, outs):
         if op.name not in got:
             raise KeyError(

@@ -25,7 +25,8 @@ accumulator: acc = A @ B^T + A_1 @ B_1^T + ... (no tail split).
 N parts (``NPARTS``, a program with ``NPart`` weights): a tile's columns lie within one
 weight (BLOCK_N divides every boundary): its K loop reads that weight's descriptor and
 its tile outputs go to that weight's output tensors (``OUT_PARTS``), at the weight's
-own columns (no tail split).
+own columns (no tail split). M parts (``MPARTS``, ``MPart`` A operands) likewise along
+the rows: a tile's K loop reads its A's descriptor, its outputs go to that A's tensors.
 
 Tail split (``TAIL_SPLIT`` > 1): when the tile count is not a multiple of the
 grid, the last partial wave would leave most SMs idle. Those tail tiles are
@@ -102,6 +103,20 @@ def _accumulate_n_parts(a_desc, b_desc, ops, NPARTS: tl.constexpr, seg, acc, off
 
 
 @triton.jit
+def _accumulate_m_parts(a_desc, b_desc, ops, MPARTS: tl.constexpr, seg, acc, off_local, off_bn, k_tiles, A_T,
+                        B_T, BLOCK_K, IEEE):  # fmt: skip
+    """acc += A_seg @ B^T: the tile's rows belong to A ``seg`` (0: a_desc, then the M
+    parts' descriptors), at row off_local of that A."""
+    if seg == 0:
+        acc = _accumulate(a_desc, b_desc, acc, off_local, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+    for p in tl.static_range(len(MPARTS)):
+        if seg == p + 1:
+            acc = _accumulate(ops[MPARTS[p]], b_desc, acc, off_local, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K,
+                              IEEE)  # fmt: skip
+    return acc
+
+
+@triton.jit
 def _accumulate_pair(a_desc, b_desc, b2_desc, acc, acc2, off_am, off_bn, k_tiles, A_T, B_T, BLOCK_K, IEEE):
     """acc += A @ B^T and acc2 += A @ B2^T over all K blocks, one A tile for both (a
     program with a PairedWeight, e.g. SwiGLU's gate and up)."""
@@ -140,9 +155,9 @@ def _load_tiles(ops, IN_KINDS: tl.constexpr, off_m, off_n):
 
 @triton.jit
 def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.constexpr = (), seg=0,
-                 start=0):  # fmt: skip
-    """Each tile output's sub-tile at (off_m, off_n); with N parts (OUT_PARTS), into the
-    tensor of the tile's weight ``seg``, at its own column off_n - start."""
+                 start_m=0, start_n=0):  # fmt: skip
+    """Each tile output's sub-tile at (off_m, off_n); with M or N parts (OUT_PARTS), into
+    the tensor of the tile's part ``seg``, at its own (off_m - start_m, off_n - start_n)."""
     for o in tl.static_range(len(OUT_KINDS)):
         desc = ops[OUT_KINDS[o][1]]
         if OUT_KINDS[o][0] == E.K_TILE:
@@ -154,7 +169,7 @@ def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.
                 for p in tl.static_range(len(OUT_PARTS[o])):
                     if seg == p + 1:
                         part = ops[OUT_PARTS[o][p]]
-                        part.store([off_m, off_n - start], res[o].to(part.dtype))
+                        part.store([off_m - start_m, off_n - start_n], res[o].to(part.dtype))
         elif OUT_KINDS[o][0] == E.K_HALF_TILE:
             desc.store([off_m, off_n // 2], res[o].to(desc.dtype))
 
@@ -163,7 +178,8 @@ def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.
 def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
               OUT_KINDS: tl.constexpr, ELEM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False,
-              PAIRED: tl.constexpr = False, OUT_PARTS: tl.constexpr = (), seg=0, start=0):  # fmt: skip
+              PAIRED: tl.constexpr = False, OUT_PARTS: tl.constexpr = (), seg=0, start_m=0,
+              start_n=0):  # fmt: skip
     """Run the program over the tile's EPI_SPLIT column sub-tiles.
 
     ``src`` is the fp32 accumulator tile, or, with FROM_PARTIALS (a split tail
@@ -193,7 +209,7 @@ def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.con
         # reductions first: they shrink their values to vectors before the tile stores
         E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, tl.cdiv(N, SUB_N),
                            off_m // BLOCK_M)  # fmt: skip
-        _store_tiles(res, ops, OUT_KINDS, off_m, sub_n, OUT_PARTS, seg, start)
+        _store_tiles(res, ops, OUT_KINDS, off_m, sub_n, OUT_PARTS, seg, start_m, start_n)
 
 
 @triton.jit
@@ -232,7 +248,7 @@ def gemm_kernel(
     o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
     ws_ptr, counts_ptr, tail_splits,
     NUM_OPS: tl.constexpr, SEED: tl.constexpr, PAIR: tl.constexpr, KPARTS: tl.constexpr, NPARTS: tl.constexpr,
-    OUT_PARTS: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
+    MPARTS: tl.constexpr, OUT_PARTS: tl.constexpr, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
@@ -271,7 +287,12 @@ def gemm_kernel(
                 acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if len(NPARTS) > 0:  # the tile's columns are one weight's (N parts)
+            if len(MPARTS) > 0:  # the tile's rows are one A's (M parts)
+                seg, start = E.segment_of(off_am, a_desc.shape[1] if A_T else a_desc.shape[0], ops, MPARTS,
+                                          1 if A_T else 0)  # fmt: skip
+                acc = _accumulate_m_parts(a_desc, b_desc, ops, MPARTS, seg, acc, off_am - start, off_bn,
+                                          k_tiles, A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
+            elif len(NPARTS) > 0:  # the tile's columns are one weight's (N parts)
                 seg, start = E.segment_of(off_bn, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
                                           1 if B_T else 0)  # fmt: skip
                 acc = _accumulate_n_parts(a_desc, b_desc, ops, NPARTS, seg, acc, off_am, off_bn - start,
@@ -289,7 +310,12 @@ def gemm_kernel(
             seg_c, start_c = E.segment_of(off_n, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
                                           1 if B_T else 0)  # fmt: skip
             _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
-                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start=start_c)  # fmt: skip
+                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start_n=start_c)  # fmt: skip
+        elif len(MPARTS) > 0:
+            seg_c, start_c = E.segment_of(off_m, a_desc.shape[1] if A_T else a_desc.shape[0], ops, MPARTS,
+                                          1 if A_T else 0)  # fmt: skip
+            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
+                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start_m=start_c)  # fmt: skip
         else:
             _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
                       EPI_SPLIT, PAIRED=PAIR >= 0)  # fmt: skip

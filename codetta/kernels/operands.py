@@ -100,9 +100,10 @@ def check_matrix_alignment(name: str, t: torch.Tensor, transposed: bool, dims: s
         raise ValueError(f"{name} [{dims}] = {tuple(t.shape)}, strides {t.stride()}: {why}")
 
 
-def check_operand(program: Program, op, value, device: torch.device, M: int, N: int, weight=None):
-    """One caller-passed operand of ``program``; returns it. ``weight``: the GEMM's B
-    (a PairedWeight must match its shape, dtype and layout)."""
+def check_operand(program: Program, op, value, device: torch.device, M: int, N: int, weight=None,
+                  a=None):  # fmt: skip
+    """One caller-passed operand of ``program``; returns it. ``weight``, ``a``: the GEMM's B
+    and A (a PairedWeight must match B's shape, dtype and layout, parts their layouts)."""
     where = f"program {program.name!r} operand {op.name!r}"
     if op.kind is Kind.PAIRED_WEIGHT:
         return _check_paired_weight(where, value, weight)
@@ -110,6 +111,8 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
         return _check_k_part(where, op.kind, value, weight, M, N)
     if op.kind is Kind.N_PART:
         return _check_n_part(where, value, weight)
+    if op.kind is Kind.M_PART:
+        return _check_m_part(where, value, a)
     if op.kind is Kind.SCALAR:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
@@ -197,6 +200,24 @@ def _check_n_part(where: str, value, weight: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def _check_m_part(where: str, value, a: torch.Tensor) -> torch.Tensor:
+    """A further A along M: [M_i, K] with a's K, dtype, device and layout."""
+    transposed = check_matrix(where, value, "M_i, K")
+    if value.device != a.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {a.device}")
+    if value.dtype != a.dtype:
+        raise TypeError(f"{where} must be {a.dtype} (the GEMM's dtype), got {value.dtype}")
+    if value.shape[1] != a.shape[1] or value.shape[0] == 0:
+        raise ValueError(
+            f"{where} must be [M_i, K] with K={a.shape[1]} and M_i >= 1, got {tuple(value.shape)}"
+        )
+    if transposed != check_matrix("a", a, "M, K"):
+        raise ValueError(f"{where} must be laid out as a (both contiguous or both transposed views), "
+                         f"got strides {value.stride()} and {a.stride()}")  # fmt: skip
+    check_matrix_alignment(where, value, transposed, "M_i, K")
+    return value
+
+
 def check_tile_rows(where: str, t: torch.Tensor) -> None:
     """A tile operand or output: unit stride along its rows, rows that TMA can address."""
     if t.stride(1) != 1 and t.shape[1] > 1:
@@ -206,11 +227,11 @@ def check_tile_rows(where: str, t: torch.Tensor) -> None:
         raise ValueError(f"{where} {list(t.shape)}: {why}")
 
 
-def output_shape(op, M: int, N: int, dtype: torch.dtype, width: int | None = None) -> tuple:
-    """(shape, dtype) of an output of a GEMM [M, N] in ``dtype``; ``width``: the columns a
-    tile output (or its part) holds when the GEMM has N parts."""
+def output_shape(op, M: int, N: int, dtype: torch.dtype, dims: tuple | None = None) -> tuple:
+    """(shape, dtype) of an output of a GEMM [M, N] in ``dtype``; ``dims``: the (rows,
+    columns) a tile output (or its part) holds when the GEMM has M or N parts."""
     if op.kind in (Kind.TILE, Kind.TILE_PART):
-        return (M, N if width is None else width), op.dtype or dtype
+        return ((M, N) if dims is None else tuple(dims)), op.dtype or dtype
     if op.kind is Kind.HALF_TILE:
         return (M, N // 2), op.dtype or dtype
     return ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
@@ -229,7 +250,13 @@ class GemmCall:
 
     @property
     def M(self) -> int:  # noqa: N802
-        return self.a.shape[0]
+        """The output's rows: a's, and every M part's after them."""
+        return sum(self.heights)
+
+    @functools.cached_property
+    def heights(self) -> tuple:
+        """The output rows of a and of each M part (one entry without parts)."""
+        return (self.a.shape[0], *(self.inputs[i].shape[0] for i in self.program.m_parts))
 
     @property
     def N(self) -> int:  # noqa: N802
@@ -241,11 +268,14 @@ class GemmCall:
         """The output columns of the weight and of each N part (one entry without parts)."""
         return (self.w.shape[0], *(self.inputs[i].shape[0] for i in self.program.n_parts))
 
-    def out_width(self, op) -> int | None:
-        """The columns of a tile output (or its part) under N parts; None without them."""
-        if len(self.widths) == 1:
-            return None
-        return self.widths[self.program.part_number[op.name]]
+    def out_dims(self, op) -> tuple | None:
+        """(rows, columns) of a tile output (or its part) under M or N parts; None without."""
+        i = self.program.part_number.get(op.name, 0)
+        if len(self.widths) > 1:
+            return self.M, self.widths[i]
+        if len(self.heights) > 1:
+            return self.heights[i], self.N
+        return None
 
     @property
     def K(self) -> int:  # noqa: N802
@@ -294,6 +324,8 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     parts = [operands.get(op.name) for op in program.caller_inputs if op.kind is Kind.N_PART]
     widths = (N, *(t.shape[0] for t in parts if isinstance(t, torch.Tensor)))
     N = sum(widths)
+    parts = [operands.get(op.name) for op in program.caller_inputs if op.kind is Kind.M_PART]
+    M += sum(t.shape[0] for t in parts if isinstance(t, torch.Tensor))
     if K != K2:
         raise ValueError(f"a is [M={M}, K={K}] but weight is [N={N}, K={K2}]: K must match")
     if N == 0:
@@ -331,7 +363,7 @@ def make_call(program: Program, a, weight, operands: dict, provided: tuple = ())
     if missing:
         raise TypeError(f"program {program.name!r} needs operand(s) {missing}")
     inputs = tuple(
-        check_operand(program, op, operands[op.name], device, M, N, weight) for op in program.caller_inputs
+        check_operand(program, op, operands[op.name], device, M, N, weight, a) for op in program.caller_inputs
     )
     for ia, iw in program.k_parts:  # (the caller inputs come first among the slots)
         pa, pw = inputs[ia], inputs[iw]
@@ -368,7 +400,7 @@ def check_outputs(program: Program, out, call: GemmCall) -> tuple | None:
         check_tensor(where, t)
         if t.device != call.device:
             raise ValueError(f"{where} is on {t.device}, the GEMM inputs on {call.device}")
-        shape, dtype = output_shape(op, M, N, call.dtype, call.out_width(op))
+        shape, dtype = output_shape(op, M, N, call.dtype, call.out_dims(op))
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise ValueError(f"{where} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
         if op.is_tile or op.kind is Kind.TILE_PART:

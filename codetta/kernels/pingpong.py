@@ -114,7 +114,8 @@ def _load_part(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_til
 @gluon.jit
 def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
             o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, KPARTS: gl.constexpr,
-            NPARTS: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr, PAIRED: gl.constexpr):  # fmt: skip
+            NPARTS: gl.constexpr, MPARTS: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
+            PAIRED: gl.constexpr):  # fmt: skip
     """With PAIRED (B not transposed), each B stage holds the tile rows of both weights,
     b_desc's on top of b2_desc's: one wgmma then forms both products side by side.
     K parts (KPARTS): after each tile's A and B stages, each part's, from its descriptors."""
@@ -131,7 +132,20 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if len(NPARTS) > 0:  # the tile's columns are one weight's: its descriptor, its own columns
+        if len(MPARTS) > 0:  # the tile's rows are one A's: its descriptor, its own rows
+            ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
+            seg, start = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
+            off_a = off_m - start
+            if seg == 0:
+                it = _load_part(
+                    a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_n, k_tiles, it, A_T, B_T
+                )
+            for p in gl.static_range(len(MPARTS)):
+                if seg == p + 1:
+                    a_p = ops[MPARTS[p]]
+                    it = _load_part(a_p, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_n, k_tiles, it, A_T,
+                                    B_T)  # fmt: skip
+        elif len(NPARTS) > 0:  # the tile's columns are one weight's: its descriptor, its own columns
             ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
             seg, start = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
             off_w = off_n - start
@@ -229,11 +243,11 @@ def _take_inputs(ops, IN_KINDS: gl.constexpr, IN_TILES: gl.constexpr, inb, ld_ba
 
 @gluon.jit
 def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m, off_n,
-                 OUT_PARTS: gl.constexpr, seg, start):  # fmt: skip
+                 OUT_PARTS: gl.constexpr, seg, start_m, start_n):  # fmt: skip
     """TMA-store sub-tile j's tile outputs through the ring, round robin over the tile's
     stores (OUT_KINDS[o][3]: the output's place among the tile outputs, [4]: their number);
-    with N parts (OUT_PARTS), into the tensor of the tile's weight ``seg``, at its own
-    column off_n - start."""
+    with M or N parts (OUT_PARTS), into the tensor of the tile's part ``seg``, at its own
+    (off_m - start_m, off_n - start_n)."""
     SLOTS: gl.constexpr = ring.shape[0]
     for o in gl.static_range(len(OUT_KINDS)):
         if OUT_KINDS[o][0] == E.K_TILE or OUT_KINDS[o][0] == E.K_HALF_TILE:
@@ -254,14 +268,15 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
                     tma.async_copy_shared_to_global(desc, [off_m, off], buf)
                 for p in gl.static_range(len(OUT_PARTS[o])):
                     if seg == p + 1:
-                        tma.async_copy_shared_to_global(ops[OUT_PARTS[o][p]], [off_m, off - start], buf)
+                        part = ops[OUT_PARTS[o][p]]
+                        tma.async_copy_shared_to_global(part, [off_m - start_m, off - start_n], buf)
 
 
 @gluon.jit
 def _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M, N, ops,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
               ELEM: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
-              EPI_SPLIT: gl.constexpr, OUT_PARTS: gl.constexpr, seg, start):  # fmt: skip
+              EPI_SPLIT: gl.constexpr, OUT_PARTS: gl.constexpr, seg, start_m, start_n):  # fmt: skip
     """The program over the tile's EPI_SPLIT column sub-tiles; returns the load and seed
     barriers' next phases. With PAIRED, acc holds the two products side by side and the
     body gets each sub-tile as their pair. A ring of fewer slots than sub-tiles streams
@@ -300,7 +315,7 @@ def _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n
         # reductions first: they shrink their values to vectors before the tile stores
         E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, gl.cdiv(N, SUB_N),
                            off_m // BLOCK_M)  # fmt: skip
-        _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n, OUT_PARTS, seg, start)
+        _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n, OUT_PARTS, seg, start_m, start_n)
     return ld_phase, sd_phase
 
 
@@ -324,8 +339,8 @@ def _streamed_seed(block, seed, ring, seed_bar, sd_phase, off_m, next_n, j: gl.c
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
               o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
-              KPARTS: gl.constexpr, NPARTS: gl.constexpr, OUT_PARTS: gl.constexpr, BODY: gl.constexpr,
-              IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr,
+              KPARTS: gl.constexpr, NPARTS: gl.constexpr, MPARTS: gl.constexpr, OUT_PARTS: gl.constexpr,
+              BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr,
               A_T: gl.constexpr, B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr,
               IN_TILES: gl.constexpr, PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
@@ -395,12 +410,15 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
             mbarrier.wait(seed_bar, sd_phase)
             sd_phase = sd_phase ^ 1
         seg = off_n * 0
-        start = off_n * 0
+        start_m = off_n * 0
+        start_n = off_n * 0
         if len(NPARTS) > 0:
-            seg, start = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
+            seg, start_n = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
+        if len(MPARTS) > 0:
+            seg, start_m = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
         ld_phase, sd_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M,
                                        N, ops, BODY, IN_KINDS, OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES,
-                                       PREFETCH, EPI_SPLIT, OUT_PARTS, seg, start)  # fmt: skip
+                                       PREFETCH, EPI_SPLIT, OUT_PARTS, seg, start_m, start_n)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
@@ -409,7 +427,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
 @gluon.jit
 def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
                     NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, KPARTS: gl.constexpr,
-                    NPARTS: gl.constexpr, OUT_PARTS: gl.constexpr, BODY: gl.constexpr,
+                    NPARTS: gl.constexpr, MPARTS: gl.constexpr, OUT_PARTS: gl.constexpr, BODY: gl.constexpr,
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
                     RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, IN_TILES: gl.constexpr,
@@ -452,20 +470,20 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
             (_consumer, (a_bufs, b_bufs, ready, empty, ring0, inb0, seed_bars.index(0), ld_bars.index(0),
                          go.index(0), go.index(1), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, KPARTS, NPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 0,
-                         PAIRED, IN_TILES,
+                         NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
+                         B_T, 0, PAIRED, IN_TILES,
                          PREFETCH,
                          EPI_SPLIT)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
-                         NUM_OPS, SEED, KPARTS, NPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T, B_T, 1,
-                         PAIRED, IN_TILES,
+                         NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
+                         B_T, 1, PAIRED, IN_TILES,
                          PREFETCH,
                          EPI_SPLIT)),
             (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
-                       o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS, KPARTS, NPARTS, A_T, B_T,
-                       PAIRED)),
+                       o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS, KPARTS, NPARTS, MPARTS, A_T,
+                       B_T, PAIRED)),
         ],
         [4, 1],
         [CONSUMER_REGS, 24],

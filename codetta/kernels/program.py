@@ -42,6 +42,11 @@ Inputs (what the body receives for a [BM, BNs] sub-tile):
                  launch, each in its own tensor). Every boundary must be a multiple of
                  the tile width BLOCK_N (configurations that do not divide it are left
                  out); ``with_n_parts`` adds them (no tail split)
+  ``MPart``      a further [M_i, K] A, laid out as ``a``, whose output rows follow a's:
+                 the GEMM's M is M_0 + M_1 + ... (row vectors and tile inputs span it);
+                 each tile output comes back as one tensor per A ([M_0, N], [M_1, N],
+                 ...: the q, k and v weight gradients from one launch). Boundaries on
+                 multiples of BLOCK_M; ``with_m_parts`` adds them (no tail split)
 Outputs (what the body returns -> what the caller gets):
   ``Tile``       fp32 [BM, BNs] -> [M, N] (the GEMM's dtype unless ``dtype=``)
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
@@ -95,11 +100,12 @@ class Kind(enum.IntEnum):
     K_PART_B = 16
     N_PART = 17
     TILE_PART = 18
+    M_PART = 19
 
 
 INPUT_KINDS = {Kind.TILE, Kind.SEED, Kind.PER_ROW, Kind.PER_ROW_INDEX, Kind.PER_COL, Kind.SCALAR,
                Kind.DTYPE, Kind.ROW_TABLE, Kind.PAIRED_WEIGHT, Kind.K_PART_A, Kind.K_PART_B,
-               Kind.N_PART}  # fmt: skip
+               Kind.N_PART, Kind.M_PART}  # fmt: skip
 OUTPUT_KINDS = {Kind.TILE, Kind.HALF_TILE, Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM,
                 Kind.TILE_PART}  # fmt: skip
 REDUCTIONS = {Kind.ROW_SUM, Kind.ROW_LSE, Kind.ROW_PICK, Kind.COL_SUM}
@@ -108,7 +114,7 @@ TILE_KINDS = {Kind.TILE, Kind.SEED, Kind.HALF_TILE}  # passed to the kernels as 
 _CALLER_PASSES = {Kind.TILE: "[M, N]", Kind.SEED: "[M, N]", Kind.PER_ROW: "[M]", Kind.PER_ROW_INDEX: "[M]",
                   Kind.PER_COL: "[N]", Kind.SCALAR: "float", Kind.ROW_TABLE: "[P, W]",
                   Kind.PAIRED_WEIGHT: "[N, K]", Kind.K_PART_A: "[M, K_i]",
-                  Kind.K_PART_B: "[N, K_i]", Kind.N_PART: "[N_i, K]"}  # fmt: skip
+                  Kind.K_PART_B: "[N, K_i]", Kind.N_PART: "[N_i, K]", Kind.M_PART: "[M_i, K]"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -197,11 +203,22 @@ def with_n_parts(program: Program, parts: int) -> Program:
     """``program`` over ``1 + parts`` weights side by side along N: inputs ``w1 ..
     w<parts>`` ([N_i, K], ``NPart``) added, and per tile output ``o`` the outputs ``o1 ..
     o<parts>`` (its columns of each further weight; ``o`` keeps the first weight's)."""
+    return _with_parts(program, parts, Kind.N_PART, "w", "n")
+
+
+def with_m_parts(program: Program, parts: int) -> Program:
+    """``program`` over ``1 + parts`` A operands stacked along M: inputs ``a1 ..
+    a<parts>`` ([M_i, K], ``MPart``) added, and per tile output ``o`` the outputs ``o1 ..
+    o<parts>`` (its rows of each further A; ``o`` keeps the first A's)."""
+    return _with_parts(program, parts, Kind.M_PART, "a", "m")
+
+
+def _with_parts(program: Program, parts: int, kind, prefix: str, tag: str) -> Program:
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     if any(op.kind is Kind.HALF_TILE for op in program.outputs):
-        raise ValueError(f"program {program.name!r}: half-width outputs do not take N parts")
-    extra_in = tuple(Operand(f"w{i}", Kind.N_PART) for i in range(1, parts + 1))
+        raise ValueError(f"program {program.name!r}: half-width outputs do not take M or N parts")
+    extra_in = tuple(Operand(f"{prefix}{i}", kind) for i in range(1, parts + 1))
     extra_out = tuple(
         Operand(f"{op.name}{i}", Kind.TILE_PART, op.dtype, index=op.name)
         for op in program.outputs
@@ -209,7 +226,7 @@ def with_n_parts(program: Program, parts: int) -> Program:
         for i in range(1, parts + 1)
     )
     return dataclasses.replace(
-        program, name=f"{program.name}_n{parts + 1}", inputs=program.inputs + extra_in,
+        program, name=f"{program.name}_{tag}{parts + 1}", inputs=program.inputs + extra_in,
         outputs=program.outputs + extra_out, tail_split=False,
     )  # fmt: skip
 
@@ -301,9 +318,11 @@ class Program:
             raise ValueError(f"{where}: K parts and a PairedWeight do not mix")
         if parts:
             object.__setattr__(self, "tail_split", False)  # each part's K loop runs whole
-        n_parts = sum(op.kind is Kind.N_PART for op in self.inputs)
-        if n_parts and (paired or parts):
-            raise ValueError(f"{where}: N parts do not mix with K parts or a PairedWeight")
+        n_only = sum(op.kind is Kind.N_PART for op in self.inputs)
+        m_only = sum(op.kind is Kind.M_PART for op in self.inputs)
+        if (n_only or m_only) and (paired or parts or (n_only and m_only)):
+            raise ValueError(f"{where}: M or N parts mix with no other parts and no PairedWeight")
+        n_parts = n_only + m_only
         tiles = [op.name for op in self.outputs if op.kind is Kind.TILE]
         for op in self.outputs:
             if op.kind is Kind.TILE_PART and op.index not in tiles:
@@ -311,9 +330,9 @@ class Program:
         for name in tiles:
             per = sum(op.index == name for op in self.outputs if op.kind is Kind.TILE_PART)
             if n_parts and per != n_parts:
-                raise ValueError(f"{where}: tile output {name!r} needs one part per NPart input ({n_parts})")
+                raise ValueError(f"{where}: tile output {name!r} needs one part per M or N part ({n_parts})")
         if not n_parts and any(op.kind is Kind.TILE_PART for op in self.outputs):
-            raise ValueError(f"{where}: tile output parts without NPart inputs")
+            raise ValueError(f"{where}: tile output parts without MPart or NPart inputs")
         if n_parts:
             object.__setattr__(self, "tail_split", False)
         if paired:
@@ -376,10 +395,15 @@ class Program:
         return tuple(i for i, op in enumerate(self.slots) if op.kind is Kind.N_PART)
 
     @functools.cached_property
+    def m_parts(self) -> tuple:
+        """Slots of the further A operands along M (MPart), in order."""
+        return tuple(i for i, op in enumerate(self.slots) if op.kind is Kind.M_PART)
+
+    @functools.cached_property
     def out_parts(self) -> tuple:
         """Per output the body returns, the slots of its parts (one per NPart weight; ()
         for a program without N parts)."""
-        if not self.n_parts:
+        if not self.n_parts and not self.m_parts:
             return ()
         names = [op.name for op in self.slots]
         part = Kind.TILE_PART

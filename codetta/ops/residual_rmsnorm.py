@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..kernels.launch import gemm
+from ..kernels.launch import gemm, parts_fit
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.reductions import col_sum
 from ..kernels.settings import SETTINGS
@@ -47,6 +47,7 @@ from ..programs import (
     STORE_K2,
     STORE_K3,
     STORE_K4,
+    STORE_M3,
 )
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, RMS_ROPE_QKV, qknorm_backward_rows, unrotate_half_rows
@@ -102,7 +103,9 @@ def _forward_impl(
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = _k1(y, w_o, residual, gamma)
-    if n_rope == 2 and len(ws) == 3 and len(rope) == 2 and rope_scaling == 1.0 and SETTINGS.qkv_one_launch:
+    widths = tuple(w.shape[0] for w in ws)
+    if (n_rope == 2 and len(ws) == 3 and len(rope) == 2 and rope_scaling == 1.0 and SETTINGS.qkv_one_launch
+            and parts_fit(RMS_ROPE_QKV[rope[1].shape[0]], k1.h.device, widths=widths)):  # fmt: skip
         # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
         # v's columns get RoPE frequency 0, an exact identity rotation (cos 1, sin 0)
         pos, freq = rope
@@ -202,6 +205,14 @@ def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gam
             dh = gemm(dz_i, w_i.t(), epilogue=ACCUMULATE, c=dh)
         dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
         dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
+        heights = tuple(dz_i.shape[1] for dz_i in dzs)
+        if len(dzs) == 3 and SETTINGS.qkv_one_launch and parts_fit(STORE_M3, x.device, heights=heights):
+            # the three weight gradients from one launch (M parts: dq^T, dk^T, dv^T stacked)
+            return (
+                dx_total,
+                list(gemm(dzs[0].t(), n.t(), epilogue=STORE_M3, a1=dzs[1].t(), a2=dzs[2].t())),
+                dgamma,
+            )
         return dx_total, [gemm(dz_i.t(), n.t()) for dz_i in dzs], dgamma
     dz, w = dzs[0], ws[0]
     if fold_gamma:

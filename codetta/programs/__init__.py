@@ -10,6 +10,7 @@ from .basic import (
     STORE_K2,
     STORE_K3,
     STORE_K4,
+    STORE_M3,
 )
 from .ce import CE_LOGITS, CE_LOGITS_EXT
 from .lse import ROW_LSE
@@ -42,6 +43,7 @@ __all__ = [
     "STORE_K2",
     "STORE_K3",
     "STORE_K4",
+    "STORE_M3",
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",

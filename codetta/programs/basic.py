@@ -8,10 +8,10 @@ import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
-from ..kernels.program import STORE, ColSum, PerRow, Program, Tile, with_k_parts
+from ..kernels.program import STORE, ColSum, PerRow, Program, Tile, with_k_parts, with_m_parts
 
 __all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM", "STORE_K2",
-           "STORE_K3", "STORE_K4"]  # fmt: skip
+           "STORE_K3", "STORE_K4", "STORE_M3"]  # fmt: skip
 
 
 @triton.jit
@@ -37,6 +37,11 @@ ACCUMULATE = Program(
 STORE_K2, STORE_K3, STORE_K4 = (
     dataclasses.replace(with_k_parts(STORE, n), layouts=((False, True),)) for n in (1, 2, 3)
 )
+
+# the weight gradients of several projections of one input in one launch: gemm(dq.t(),
+# n.t(), epilogue=STORE_M3, a1=dk.t(), a2=dv.t()) -> (dWq, dWk, dWv), the three A operands
+# stacked along M (M parts), each output its own tensor
+STORE_M3 = dataclasses.replace(with_m_parts(STORE, 2), layouts=((True, True),))
 
 # the same into a float32 accumulator, e.g. gemm(..., epilogue=ACCUMULATE_F32, c=acc, out=acc)
 # summing a weight gradient over chunks of rows in place (on the ping-pong mainloop its
