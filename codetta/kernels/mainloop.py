@@ -154,8 +154,8 @@ def _load_tiles(ops, IN_KINDS: tl.constexpr, off_m, off_n):
 
 
 @triton.jit
-def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.constexpr = (), seg=0,
-                 start_m=0, start_n=0):  # fmt: skip
+def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.constexpr, seg, start_m,
+                 start_n):  # fmt: skip
     """Each tile output's sub-tile at (off_m, off_n); with M or N parts (OUT_PARTS), into
     the tensor of the tile's part ``seg``, at its own (off_m - start_m, off_n - start_n)."""
     for o in tl.static_range(len(OUT_KINDS)):
@@ -178,7 +178,7 @@ def _store_tiles(res, ops, OUT_KINDS: tl.constexpr, off_m, off_n, OUT_PARTS: tl.
 def _epilogue(src, off_m, off_n, M, N, ops, BODY: tl.constexpr, IN_KINDS: tl.constexpr,
               OUT_KINDS: tl.constexpr, ELEM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               EPI_SPLIT: tl.constexpr, FROM_PARTIALS: tl.constexpr = False,
-              PAIRED: tl.constexpr = False, OUT_PARTS: tl.constexpr = (), seg=0, start_m=0,
+              PAIRED: tl.constexpr = False, OUT_PARTS: tl.constexpr = None, seg=0, start_m=0,
               start_n=0):  # fmt: skip
     """Run the program over the tile's EPI_SPLIT column sub-tiles.
 
@@ -318,7 +318,7 @@ def gemm_kernel(
                       EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start_m=start_c)  # fmt: skip
         else:
             _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
-                      EPI_SPLIT, PAIRED=PAIR >= 0)  # fmt: skip
+                      EPI_SPLIT, PAIRED=PAIR >= 0, OUT_PARTS=OUT_PARTS)  # fmt: skip
 
     if TAIL_SPLIT > 1:
         if start_pid < tail * tail_splits:
@@ -344,5 +344,5 @@ def gemm_kernel(
                 tl.store(counts_ptr + t, 0)  # ready for the next launch
                 _epilogue(
                     (ws_ptr, slot, tail_splits), off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS,
-                    ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT, FROM_PARTIALS=True,
+                    ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT, FROM_PARTIALS=True, OUT_PARTS=OUT_PARTS,
                 )  # fmt: skip

@@ -110,9 +110,9 @@ def check_operand(program: Program, op, value, device: torch.device, M: int, N: 
     if op.kind in (Kind.K_PART_A, Kind.K_PART_B):
         return _check_k_part(where, op.kind, value, weight, M, N)
     if op.kind is Kind.N_PART:
-        return _check_n_part(where, value, weight)
+        return _check_mn_part(where, value, weight, "weight", "N")
     if op.kind is Kind.M_PART:
-        return _check_m_part(where, value, a)
+        return _check_mn_part(where, value, a, "a", "M")
     if op.kind is Kind.SCALAR:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where} must be a Python float, got {type(value).__name__}")
@@ -183,38 +183,23 @@ def _check_k_part(where: str, kind, value, weight: torch.Tensor, M: int, N: int)
     return value
 
 
-def _check_n_part(where: str, value, weight: torch.Tensor) -> torch.Tensor:
-    """A further weight along N: [N_i, K] with the weight's K, dtype, device and layout."""
-    transposed = check_matrix(where, value, "N_i, K")
-    if value.device != weight.device:
-        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {weight.device}")
-    if value.dtype != weight.dtype:
-        raise TypeError(f"{where} must be {weight.dtype} (the GEMM's dtype), got {value.dtype}")
-    if value.shape[1] != weight.shape[1] or value.shape[0] == 0:
-        raise ValueError(f"{where} must be [N_i, K] with K={weight.shape[1]} and N_i >= 1, got "
-                         f"{tuple(value.shape)}")  # fmt: skip
-    if transposed != check_matrix("weight", weight, "N, K"):
-        raise ValueError(f"{where} must be laid out as weight (both contiguous or both transposed views), "
-                         f"got strides {value.stride()} and {weight.stride()}")  # fmt: skip
-    check_matrix_alignment(where, value, transposed, "N_i, K")
-    return value
-
-
-def _check_m_part(where: str, value, a: torch.Tensor) -> torch.Tensor:
-    """A further A along M: [M_i, K] with a's K, dtype, device and layout."""
-    transposed = check_matrix(where, value, "M_i, K")
-    if value.device != a.device:
-        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {a.device}")
-    if value.dtype != a.dtype:
-        raise TypeError(f"{where} must be {a.dtype} (the GEMM's dtype), got {value.dtype}")
-    if value.shape[1] != a.shape[1] or value.shape[0] == 0:
+def _check_mn_part(where: str, value, ref: torch.Tensor, ref_name: str, rows: str) -> torch.Tensor:
+    """A further weight along N ([N_i, K], ``ref`` the weight) or A along M ([M_i, K],
+    ``ref`` a): the reference's K, dtype, device and layout."""
+    dims = f"{rows}_i, K"
+    transposed = check_matrix(where, value, dims)
+    if value.device != ref.device:
+        raise ValueError(f"{where} is on {value.device}, the GEMM inputs on {ref.device}")
+    if value.dtype != ref.dtype:
+        raise TypeError(f"{where} must be {ref.dtype} (the GEMM's dtype), got {value.dtype}")
+    if value.shape[1] != ref.shape[1] or value.shape[0] == 0:
         raise ValueError(
-            f"{where} must be [M_i, K] with K={a.shape[1]} and M_i >= 1, got {tuple(value.shape)}"
+            f"{where} must be [{dims}] with K={ref.shape[1]} and {rows}_i >= 1, got {tuple(value.shape)}"
         )
-    if transposed != check_matrix("a", a, "M, K"):
-        raise ValueError(f"{where} must be laid out as a (both contiguous or both transposed views), "
-                         f"got strides {value.stride()} and {a.stride()}")  # fmt: skip
-    check_matrix_alignment(where, value, transposed, "M_i, K")
+    if transposed != check_matrix(ref_name, ref, f"{rows}, K"):
+        raise ValueError(f"{where} must be laid out as {ref_name} (both contiguous or both transposed "
+                         f"views), got strides {value.stride()} and {ref.stride()}")  # fmt: skip
+    check_matrix_alignment(where, value, transposed, dims)
     return value
 
 

@@ -132,32 +132,25 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if len(MPARTS) > 0:  # the tile's rows are one A's: its descriptor, its own rows
+        if len(MPARTS) + len(NPARTS) > 0:  # the tile's rows (columns) are one A's (weight's)
             ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
-            seg, start = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
-            off_a = off_m - start
+            if len(MPARTS) > 0:
+                seg, start = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
+                off_a, off_b = off_m - start, off_n
+            else:
+                seg, start = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
+                off_a, off_b = off_m, off_n - start
             if seg == 0:
                 it = _load_part(
-                    a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_n, k_tiles, it, A_T, B_T
+                    a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_b, k_tiles, it, A_T, B_T
                 )
-            for p in gl.static_range(len(MPARTS)):
+            for p in gl.static_range(len(MPARTS) + len(NPARTS)):
                 if seg == p + 1:
-                    a_p = ops[MPARTS[p]]
-                    it = _load_part(a_p, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_n, k_tiles, it, A_T,
-                                    B_T)  # fmt: skip
-        elif len(NPARTS) > 0:  # the tile's columns are one weight's: its descriptor, its own columns
-            ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
-            seg, start = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
-            off_w = off_n - start
-            if seg == 0:
-                it = _load_part(
-                    a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_w, k_tiles, it, A_T, B_T
-                )
-            for p in gl.static_range(len(NPARTS)):
-                if seg == p + 1:
-                    w_p = ops[NPARTS[p]]
-                    it = _load_part(a_desc, w_p, a_bufs, b_bufs, ready, empty, off_m, off_w, k_tiles, it, A_T,
-                                    B_T)  # fmt: skip
+                    a_p = ops[MPARTS[p]] if len(MPARTS) > 0 else a_desc
+                    b_p = ops[NPARTS[p]] if len(NPARTS) > 0 else b_desc
+                    it = _load_part(
+                        a_p, b_p, a_bufs, b_bufs, ready, empty, off_a, off_b, k_tiles, it, A_T, B_T
+                    )
         else:
             for kk in range(k_tiles):
                 s = it % STAGES
