@@ -139,6 +139,28 @@ def test_k_parts_bad_input(device):
         codetta.gemm(a, w, epilogue=STORE_K2, a1=a1.t().contiguous().t(), w1=w1)
 
 
+def _check_parts(prog, a, w, parts, pieces, fits, device, dtype, wanted_layout):
+    """gemm(a, w, prog, **parts): each output against float64 (``pieces``: per output its
+    (A, weight)); on the GPU in ``wanted_layout`` and bf16 every candidate of both mainloops
+    that ``fits``; on the CPU the reference path too."""
+    layout = ("t" if a.stride(0) == 1 else "n") + ("t" if w.stride(0) == 1 else "n")
+    cfgs = [None]
+    if device == "cuda" and layout == wanted_layout and dtype == torch.bfloat16:
+        cfgs += [c for c in engines.TRITON.candidates(prog) + engines.PINGPONG.candidates(prog) if fits(c)]
+    for cfg in cfgs:
+        outs = codetta.gemm(a, w, epilogue=prog, config=cfg, **parts)
+        for name, out, (x, y) in zip(("out", "out1", "out2"), outs, pieces):
+            assert out.shape == (x.shape[0], y.shape[0]) and out.dtype == dtype
+            assert_within(
+                f"{name} {cfg.short() if cfg else 'tuned'}", out, x.double() @ y.double().t(), x @ y.t()
+            )
+    if device == "cpu":
+        with settings.override(force_reference=True):
+            ref = codetta.gemm(a, w, epilogue=prog, **parts)
+        for out, r in zip(outs, ref):
+            torch.testing.assert_close(out, r, rtol=2e-3, atol=2e-3 * r.abs().max().item())
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_n_parts(layout, dtype, device):
     """Weights side by side along N (N parts: q, k and v from one launch): each output its
@@ -147,46 +169,15 @@ def test_n_parts(layout, dtype, device):
     from codetta.kernels.program import with_n_parts
     from codetta.programs import STORE
 
-    prog = with_n_parts(STORE, 2)
     M, K = 64, 48
     if layout[0] == "t" and (M * torch.finfo(dtype).bits // 8) % 16:
         pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
-    widths = (256, 128, 72) if device == "cuda" else (64, 32, 40)
-    a, w0 = _make(M, widths[0], K, dtype, device, layout)
-    w1, w2 = (_make(M, n, K, dtype, device, layout)[1] for n in widths[1:])
-    cfgs = [None]
-    if device == "cuda" and layout == "nn" and dtype == torch.bfloat16:
-        cfgs += [c for c in engines.TRITON.candidates(prog) + engines.PINGPONG.candidates(prog)
-                 if widths[0] % c.block_n == 0 and (widths[0] + widths[1]) % c.block_n == 0]  # fmt: skip
-    for cfg in cfgs:
-        outs = codetta.gemm(a, w0, epilogue=prog, config=cfg, w1=w1, w2=w2)
-        for name, out, w in zip(("out", "out1", "out2"), outs, (w0, w1, w2)):
-            assert out.shape == (M, w.shape[0]) and out.dtype == dtype
-            assert_within(
-                f"{name} {cfg.short() if cfg else 'tuned'}", out, a.double() @ w.double().t(), a @ w.t()
-            )
-    if device == "cpu":
-        with settings.override(force_reference=True):
-            ref = codetta.gemm(a, w0, epilogue=prog, w1=w1, w2=w2)
-        for out, r in zip(outs, ref):
-            torch.testing.assert_close(out, r, rtol=2e-3, atol=2e-3 * r.abs().max().item())
-
-
-def test_n_parts_bad_input(device):
-    """A boundary between weights inside a tile, a part of another K or layout: refused."""
-    from codetta.kernels.program import with_n_parts
-    from codetta.programs import STORE
-
-    prog = with_n_parts(STORE, 1)
-    a, w = _make(32, 64, 24, torch.float16, device, "nn")
-    w1 = _make(32, 32, 24, torch.float16, device, "nn")[1]
-    odd = configs.Config(32, 64, 32, 2, 2, 1, 4)  # BLOCK_N 64: the boundary at 48 falls inside a tile
-    with pytest.raises(ValueError, match="\\(48, 32\\) put a boundary inside a tile"):
-        codetta.gemm(a, w[:48], epilogue=prog, config=odd, w1=w1)
-    with pytest.raises(ValueError, match="'w1' must be \\[N_i, K\\] with K=24"):
-        codetta.gemm(a, w, epilogue=prog, w1=w1[:, :16].contiguous())
-    with pytest.raises(ValueError, match="'w1' must be laid out as weight"):
-        codetta.gemm(a, w, epilogue=prog, w1=w1.t().contiguous().t())
+    n0, n1, n2 = (256, 128, 72) if device == "cuda" else (64, 32, 40)
+    a, w0 = _make(M, n0, K, dtype, device, layout)
+    w1, w2 = (_make(M, n, K, dtype, device, layout)[1] for n in (n1, n2))
+    pieces = [(a, w0), (a, w1), (a, w2)]
+    fits = lambda c: n0 % c.block_n == 0 and (n0 + n1) % c.block_n == 0  # noqa: E731
+    _check_parts(with_n_parts(STORE, 2), a, w0, {"w1": w1, "w2": w2}, pieces, fits, device, dtype, "nn")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -198,44 +189,34 @@ def test_m_parts(layout, dtype, device):
     from codetta.programs import STORE_M3
 
     N, K = 48, 64
-    heights = (256, 128, 72) if device == "cuda" else (64, 32, 40)
-    if layout[0] == "t" and any((m * torch.finfo(dtype).bits // 8) % 16 for m in heights):
+    m0, m1, m2 = (256, 128, 72) if device == "cuda" else (64, 32, 40)
+    if layout[0] == "t" and any((m * torch.finfo(dtype).bits // 8) % 16 for m in (m0, m1, m2)):
         pytest.skip("a transposed view needs M * itemsize to be a multiple of 16")
-    a0, w = _make(heights[0], N, K, dtype, device, layout)
-    a1, a2 = (_make(m, N, K, dtype, device, layout)[0] for m in heights[1:])
-    cfgs = [None]
-    if device == "cuda" and layout == "tt" and dtype == torch.bfloat16:
-        cfgs += [c for c in engines.TRITON.candidates(STORE_M3) + engines.PINGPONG.candidates(STORE_M3)
-                 if heights[0] % c.block_m == 0 and (heights[0] + heights[1]) % c.block_m == 0]  # fmt: skip
-    for cfg in cfgs:
-        outs = codetta.gemm(a0, w, epilogue=STORE_M3, config=cfg, a1=a1, a2=a2)
-        for name, out, a in zip(("out", "out1", "out2"), outs, (a0, a1, a2)):
-            assert out.shape == (a.shape[0], N) and out.dtype == dtype
-            assert_within(
-                f"{name} {cfg.short() if cfg else 'tuned'}", out, a.double() @ w.double().t(), a @ w.t()
-            )
-    if device == "cpu":
-        with settings.override(force_reference=True):
-            ref = codetta.gemm(a0, w, epilogue=STORE_M3, a1=a1, a2=a2)
-        for out, r in zip(outs, ref):
-            torch.testing.assert_close(out, r, rtol=2e-3, atol=2e-3 * r.abs().max().item())
+    a0, w = _make(m0, N, K, dtype, device, layout)
+    a1, a2 = (_make(m, N, K, dtype, device, layout)[0] for m in (m1, m2))
+    fits = lambda c: m0 % c.block_m == 0 and (m0 + m1) % c.block_m == 0  # noqa: E731
+    _check_parts(
+        STORE_M3, a0, w, {"a1": a1, "a2": a2}, [(a0, w), (a1, w), (a2, w)], fits, device, dtype, "tt"
+    )
 
 
-def test_m_parts_bad_input(device):
-    """A boundary between A operands inside a tile, a part of another K or layout: refused."""
-    from codetta.kernels.program import with_m_parts
-    from codetta.programs import STORE
+@pytest.mark.parametrize("axis", ["m", "n"])
+def test_mn_parts_bad_input(axis, device):
+    """A boundary between parts inside a tile, a part of another K or layout: refused."""
+    from codetta.kernels.program import with_m_parts, with_n_parts
 
-    prog = with_m_parts(STORE, 1)
-    a, w = _make(48, 32, 24, torch.float16, device, "nn")
-    a1 = _make(32, 32, 24, torch.float16, device, "nn")[0]
-    odd = configs.Config(64, 32, 32, 2, 2, 1, 4)  # BLOCK_M 64: the boundary at 48 falls inside a tile
-    with pytest.raises(ValueError, match="A rows \\(48, 32\\) put a boundary inside a tile"):
-        codetta.gemm(a, w, epilogue=prog, config=odd, a1=a1)
-    with pytest.raises(ValueError, match="'a1' must be \\[M_i, K\\] with K=24"):
-        codetta.gemm(a, w, epilogue=prog, a1=a1[:, :16].contiguous())
-    with pytest.raises(ValueError, match="'a1' must be laid out as a"):
-        codetta.gemm(a, w, epilogue=prog, a1=a1.t().contiguous().t())
+    m = axis == "m"
+    prog = (with_m_parts if m else with_n_parts)(codetta.programs.STORE, 1)
+    a, w = _make(48 if m else 32, 32 if m else 48, 24, torch.float16, device, "nn")
+    part = _make(32, 32, 24, torch.float16, device, "nn")[0 if m else 1]
+    name, ref, dims = ("a1", "a", "M_i") if m else ("w1", "weight", "N_i")
+    odd = configs.Config(64, 32, 32, 2, 2, 1, 4) if m else configs.Config(32, 64, 32, 2, 2, 1, 4)
+    with pytest.raises(ValueError, match="\\(48, 32\\) put a boundary inside a tile"):  # 48: inside a 64 tile
+        codetta.gemm(a, w, epilogue=prog, config=odd, **{name: part})
+    with pytest.raises(ValueError, match=f"'{name}' must be \\[{dims}, K\\] with K=24"):
+        codetta.gemm(a, w, epilogue=prog, **{name: part[:, :16].contiguous()})
+    with pytest.raises(ValueError, match=f"'{name}' must be laid out as {ref}"):
+        codetta.gemm(a, w, epilogue=prog, **{name: part.t().contiguous().t()})
 
 
 def test_reference_path_matches_kernel(device):
