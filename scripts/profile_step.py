@@ -13,7 +13,8 @@ where isolated timing (scripts/call_ratios.py) may not show it.
 Usage: python scripts/profile_step.py [case[@BxS]] [variants...]   (B sequences of S tokens;
 default 4 x 4096)
 (a variant ``codetta:no-pingpong`` runs codetta with the portable mainloop only,
-``codetta:epilogue-bound`` with ``CODETTA_PINGPONG_POLICY=epilogue-bound``)
+``codetta:epilogue-bound`` with ``CODETTA_PINGPONG_POLICY=epilogue-bound``,
+``codetta:qkv-one-launch`` with ``CODETTA_QKV_ONE_LAUNCH=1``)
 """
 
 import collections

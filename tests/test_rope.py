@@ -157,7 +157,7 @@ def test_rope_runs_in_the_epilogue():
     assert names == ["residual_rms", f"rms_rope_{hd}", f"rms_rope_{hd}", "rms_scale"], names
 
 
-@pytest.mark.parametrize("case", CASES[:2], ids=str)
+@pytest.mark.parametrize("case", CASES[:2] if ON_GPU else CASES[1:2], ids=str)
 def test_qkv_one_launch(case, dtype, device):
     """CODETTA_QKV_ONE_LAUNCH: q, k and v from one GEMM over the three weights (N parts, v's
     columns rotated by angle 0), each its own tensor: the same bits as the three launches,

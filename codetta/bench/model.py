@@ -43,6 +43,7 @@ VARIANTS = ("eager", "liger", "torch.compile", "codetta", "codetta+compile")
 SETTING_VARIANTS = {
     "no-pingpong": {"pingpong": False},
     "epilogue-bound": {"pingpong_policy": "epilogue-bound"},
+    "qkv-one-launch": {"qkv_one_launch": True},
 }
 ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 

@@ -11,6 +11,8 @@ cos and sin are made once outside the timed region for the peers (a model makes 
 once per forward); codetta forms its angles in the epilogue. The incoming gradients have
 the memory layout of each variant's own outputs (as SDPA's backward returns them).
 The floor: the three projections' GEMMs (forward), plus their dX and dW (backward).
+``codetta:qkv-one-launch``: codetta with ``CODETTA_QKV_ONE_LAUNCH=1`` (q, k, v and their
+weight gradients from one launch each where the case allows; Qwen3's keeps three).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import RoPE, rmsnorm_linear
-from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases, triton_only
+from .harness import (
+    Results,
+    add_rows,
+    compare,
+    peak_memory_gb,
+    rel_error,
+    run_fwd_bwd_cases,
+    triton_only,
+    with_settings,
+)
 
 BATCH, SEQ = 4, 4096
 EPS = 1e-5
@@ -182,9 +193,11 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
     flops = sum(2 * M * N * K for M, N, K in gemm_shapes(p))
     fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
+    fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
     add_rows(res_fwd, f"{case} fwd", flops, compare(fns))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
+    fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
     mem = {k: peak_memory_gb(fn) for k, fn in fns.items() if k != "cublas"}
     add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, compare(fns), mem)
 
