@@ -92,9 +92,11 @@ def main(argv=None) -> int:
             "codetta+compile",
             "codetta:no-pingpong",
             "codetta:epilogue-bound",
+            "codetta:qkv-one-launch",
         ],
         help="model part: which variants (the floor is always timed); codetta:<how> runs codetta "
-        "with the portable mainloop only (no-pingpong) or ping-pong only where it pays (epilogue-bound)",
+        "with the portable mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) "
+        "or q, k, v and their dW in one launch each (qkv-one-launch)",
     )
     b.add_argument(
         "--widths",
