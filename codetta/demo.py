@@ -18,13 +18,17 @@ ROLES = {
     ("dswiglu", "nt"): "down_proj's dX with the SwiGLU backward: dg, du",
     ("accumulate_f32", "tt"): "LM head weight gradient, summed over row chunks in fp32",
     ("store", "nt"): "input gradient dX = dY @ W",
-    ("accumulate", "nt"): "input gradient of a second/third next GEMM, added in the epilogue",
+    ("accumulate", "nt"): "input gradient of a fifth or later next GEMM, added in the epilogue",
+    ("store_k2", "nt"): "input gradient over two next GEMMs (gate, up) in one GEMM: dg Wg + du Wu",
+    ("store_k3", "nt"): "input gradient over three next GEMMs (q, k, v) in one GEMM: dq Wq + dk Wk + dv Wv",
+    ("store_m3", "tt"): "q, k and v weight gradients in one GEMM (CODETTA_QKV_ONE_LAUNCH=1)",
     ("store", "tt"): "weight gradient dW = dY^T @ X",
     ("ce_logits", "nn"): "LM head: a chunk of logits and its rows' log-sum-exp",
 }
 for _hd in (16, 32, 64, 128, 256):
     ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
     ROLES[(f"rms_qknorm_rope_{_hd}", "nn")] = "q, k x 1/rms(x), per-head q/k norm, RoPE (Qwen3)"
+    ROLES[(f"rms_rope_{_hd}_n3", "nn")] = "q, k, v in one GEMM x 1/rms(x), RoPE on q and k (QKV_ONE_LAUNCH)"
 
 
 def _err(x, ref) -> float:
