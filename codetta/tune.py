@@ -131,12 +131,16 @@ def _tensor(shape, dtype, transposed: bool, device):
 
 def call_inputs(call: RecordedCall, device="cuda") -> tuple:
     """``(a, weight, operands)``: fresh random data of a recorded call's shapes and layout."""
-    a = _tensor((call.M, call.K), call.dtype, call.a_t, device) * 0.5
-    weight = _tensor((call.N, call.K), call.dtype, call.b_t, device) * call.K**-0.5
-    operands = {}
     paired = {op.name for op in call.program.inputs if op.kind is Kind.PAIRED_WEIGHT}
-    part_a = {op.name for op in call.program.inputs if op.kind is Kind.K_PART_A}
-    part_w = {op.name for op in call.program.inputs if op.kind is Kind.K_PART_B}
+    part_a = {op.name for op in call.program.inputs if op.kind in (Kind.K_PART_A, Kind.M_PART)}
+    part_w = {op.name for op in call.program.inputs if op.kind in (Kind.K_PART_B, Kind.N_PART)}
+    # (M and N are the output's: with M or N parts, a and the weight hold what the parts leave)
+    kinds = {op.name: op.kind for op in call.program.inputs}
+    rows = {kind: sum(shape[0] for name, shape, _ in call.operands if kinds.get(name) is kind)
+            for kind in (Kind.M_PART, Kind.N_PART)}  # fmt: skip
+    a = _tensor((call.M - rows[Kind.M_PART], call.K), call.dtype, call.a_t, device) * 0.5
+    weight = _tensor((call.N - rows[Kind.N_PART], call.K), call.dtype, call.b_t, device) * call.K**-0.5
+    operands = {}
     for name, shape, dt in call.operands:
         if name in paired or name in part_w:  # a second weight (or a K part's), laid out as the first
             operands[name] = _tensor(shape, dt, call.b_t, device) * shape[1] ** -0.5

@@ -98,6 +98,27 @@ def test_model_calls_cover_the_step():
         assert 104 not in (c.M, c.N, c.K), "a probe dimension was left unscaled"
 
 
+def test_one_launch_calls_recreate():
+    """Under CODETTA_QKV_ONE_LAUNCH the recorded plan has the one-launch programs (q, k, v:
+    N parts; their dW: M parts), and the tuner's fresh inputs make the same calls (a and the
+    weight hold what the parts leave of M and N)."""
+    from codetta.kernels import settings
+    from codetta.kernels.operands import make_call
+
+    with settings.override(qkv_one_launch=True):
+        calls = tune.model_calls(models.KNOWN["llama3-1b"], (4096,))
+    parts = [c for c in calls.values() if c.program.name in ("rms_rope_64_n3", "store_m3")]
+    assert sorted(c.program.name for c in parts) == ["rms_rope_64_n3", "store_m3"]
+    for rec in parts:
+        a, w, ops = tune.call_inputs(rec, device="cpu")
+        call = make_call(rec.program, a, w, ops)
+        assert (
+            (call.M, call.N, call.k_total)
+            == (rec.M, rec.N, rec.k_total)
+            == ((4096, 3072, 2048) if rec.program.name == "rms_rope_64_n3" else (3072, 2048, 4096))
+        )
+
+
 def test_widths_from_hf_config(tmp_path):
     cfg = {"hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": True}  # fmt: skip
