@@ -42,11 +42,21 @@ def measure(rec, tune: bool) -> dict:
     pair = next((op.name for op in prog.inputs if op.kind is Kind.PAIRED_WEIGHT), None)
     call = make_call(prog, a, w, ops)
     cfg = CHOOSER.choose(call, launch._prepare_for_tuning(call))
-    wc = torch.cat([w, ops[pair]]) if pair else w
+    # the same products as one plain GEMM: the weights (paired, N parts) or A operands (M
+    # parts) concatenated, or (K parts) both along K
+    slot = {op.name: op.kind for op in prog.inputs}
+    of = lambda kind: [v for k, v in ops.items() if slot.get(k) is kind]  # noqa: E731
+    ac, wc = a, w
+    if pair or of(Kind.N_PART):
+        wc = torch.cat([w, *([ops[pair]] if pair else of(Kind.N_PART))])
+    if of(Kind.M_PART):
+        ac = torch.cat([a, *of(Kind.M_PART)])
+    if of(Kind.K_PART_A):
+        ac, wc = torch.cat([a, *of(Kind.K_PART_A)], 1), torch.cat([w, *of(Kind.K_PART_B)], 1)
     fns = {
         "codetta": lambda: gemm(a, w, epilogue=prog, **ops),
-        "plain": lambda: gemm(a, wc),
-        "cublas": lambda: a @ wc.t(),
+        "plain": lambda: gemm(ac, wc),
+        "cublas": lambda: ac @ wc.t(),
     }
     row = dict(program=prog.name, layout=("t" if rec.a_t else "n") + ("t" if rec.b_t else "n"),
                M=rec.M, N=rec.N, K=rec.K, config=cfg.short(), source=_source(call))  # fmt: skip
