@@ -103,6 +103,19 @@ SMEM_PER_SM = 233472  # bytes per SM; each resident block also reserves 1 KB
 REGS_PER_SM = 65536
 
 
+def part_edges(sizes) -> list[int]:
+    """Where one M or N part ends and the next begins (``sizes``: the parts' extents)."""
+    return [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
+
+
+def tiles_fit_parts(cfg: Config, widths=(), heights=()) -> bool:
+    """Whether every boundary between N parts (``widths``) and M parts (``heights``) falls
+    on an edge of this configuration's tiles (a tile must lie within one part)."""
+    return not any(e % cfg.block_n for e in part_edges(widths)) and not any(
+        e % cfg.block_m for e in part_edges(heights)
+    )
+
+
 def fits(cfg: Config, shared: int, regs: int) -> bool:
     """Whether ``cfg.occupancy`` blocks of this kernel fit on one SM together."""
     occ = cfg.occupancy

@@ -43,30 +43,37 @@ def pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.
 
 
 @triton.jit
-def segment_of(off_n, n0, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
-    """With N parts: which weight's columns a tile at column off_n holds (0: the first
-    weight's, n0 columns; then each further part's, its descriptor's extent along AXIS)
-    and the column where that weight's start. Tiles never straddle two weights (the
-    launcher keeps BLOCK_N dividing every boundary)."""
-    seg = off_n * 0
-    start = off_n * 0
-    bound = n0 + off_n * 0
+def _segment(off, total, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
+    """(part, its first index) of the tile at ``off`` along an axis of ``total`` that the
+    GEMM's own operand begins and each part (its descriptor's extent along AXIS) follows."""
+    bound = total
     for p in tl.static_range(len(PART_SLOTS)):
-        if off_n >= bound:
+        bound = bound - ops[PART_SLOTS[p]].shape[AXIS]  # where the first part begins
+    seg = off * 0
+    start = off * 0
+    for p in tl.static_range(len(PART_SLOTS)):
+        if off >= bound:
             seg = seg * 0 + (p + 1)
-            start = bound
+            start = bound + off * 0
         bound = bound + ops[PART_SLOTS[p]].shape[AXIS]
     return seg, start
 
 
 @triton.jit
-def segment_in(off_n, N, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
-    """``segment_of`` given the GEMM's whole N: the first weight's columns are what the
-    parts leave of it."""
-    n0 = N
-    for p in tl.static_range(len(PART_SLOTS)):
-        n0 = n0 - ops[PART_SLOTS[p]].shape[AXIS]
-    return segment_of(off_n, n0, ops, PART_SLOTS, AXIS)
+def part_of(off_m, off_n, M, N, ops, MPARTS: tl.constexpr, NPARTS: tl.constexpr, A_T: tl.constexpr,
+            B_T: tl.constexpr):  # fmt: skip
+    """With M or N parts: which part holds the tile at (off_m, off_n) (0: a and the weight
+    themselves, then each part in order) and where that part starts, (seg, start_m,
+    start_n); zeros without parts. A tile never straddles two parts: the launcher keeps
+    BLOCK_M / BLOCK_N dividing every boundary (``launch.check_parts``)."""
+    seg = off_m * 0
+    start_m = off_m * 0
+    start_n = off_m * 0
+    if len(MPARTS) > 0:
+        seg, start_m = _segment(off_m, M, ops, MPARTS, 1 if A_T else 0)
+    if len(NPARTS) > 0:
+        seg, start_n = _segment(off_n, N, ops, NPARTS, 1 if B_T else 0)
+    return seg, start_m, start_n
 
 
 @triton.jit

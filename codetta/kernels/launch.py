@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from . import device, direct, reductions
-from .configs import Config, interpreter_config
+from .configs import Config, interpreter_config, part_edges, tiles_fit_parts
 from .engines import PINGPONG, TRITON, engine_of
 from .operands import GemmCall, check_outputs, make_call, output_shape
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
@@ -71,11 +71,6 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     ]  # fmt: skip
 
 
-def part_edges(sizes: tuple) -> list[int]:
-    """Where one part ends and the next begins (M or N parts' boundaries)."""
-    return [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
-
-
 def parts_fit(program: Program, dev: torch.device, widths: tuple = (), heights: tuple = ()) -> bool:
     """Whether some configuration of ``program`` on ``dev`` puts every boundary between
     N parts (``widths``) and M parts (``heights``) on a tile edge (operators fall back to
@@ -86,25 +81,28 @@ def parts_fit(program: Program, dev: torch.device, widths: tuple = (), heights: 
         cfgs = [interpreter_config(program.sub_tile_width)]
     else:
         cfgs = TRITON.candidates(program) + PINGPONG.candidates(program)
-    ew, eh = part_edges(widths), part_edges(heights)
-    return any(not any(e % c.block_n for e in ew) and not any(e % c.block_m for e in eh) for c in cfgs)
+    return any(tiles_fit_parts(c, widths, heights) for c in cfgs)
 
 
-def check_n_parts(call: GemmCall, cfg: Config) -> None:
+def check_parts(call: GemmCall, cfg: Config) -> None:
     """With M or N parts, every boundary between parts must fall on a tile edge."""
-    checks = ((call.widths, cfg.block_n, "weights' rows"), (call.heights, cfg.block_m, "A rows"))
-    for sizes, block, what in checks:
-        if any(e % block for e in part_edges(sizes)):
-            raise ValueError(
-                f"program {call.program.name!r}: the parts' {what} {sizes} put a boundary inside a tile of "
-                f"config {cfg.short()} (its tile size {block} must divide every part but the last)"
-            )
+    if tiles_fit_parts(cfg, call.widths, call.heights):
+        return
+    what, sizes, block = (
+        ("weights' rows", call.widths, cfg.block_n)
+        if any(e % cfg.block_n for e in part_edges(call.widths))
+        else ("A rows", call.heights, cfg.block_m)
+    )
+    raise ValueError(
+        f"program {call.program.name!r}: the parts' {what} {sizes} put a boundary inside a tile of "
+        f"config {cfg.short()} (its tile size {block} must divide every part but the last)"
+    )
 
 
 def _run(call: GemmCall, cfg: Config, outs: list, ws: list, warmup: bool = False):
     """Launch; returns the compiled GEMM kernel and, per output, the finishing kernel
     (None for a tile, or where nothing was compiled)."""
-    check_n_parts(call, cfg)
+    check_parts(call, cfg)
     kernel_outs = [w if w is not None else o for o, w in zip(outs, ws)]
     kernel = engine_of(cfg).launch(call, cfg, kernel_outs, warmup)
     if warmup:

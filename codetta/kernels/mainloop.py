@@ -89,30 +89,17 @@ def _accumulate_parts(ops, KPARTS: tl.constexpr, acc, off_am, off_bn, A_T, B_T, 
 
 
 @triton.jit
-def _accumulate_n_parts(a_desc, b_desc, ops, NPARTS: tl.constexpr, seg, acc, off_am, off_local, k_tiles, A_T,
-                        B_T, BLOCK_K, IEEE):  # fmt: skip
-    """acc += A @ B_seg^T: the tile's columns belong to weight ``seg`` (0: b_desc, then the
-    N parts' descriptors), at column off_local of that weight."""
+def _accumulate_mn_part(a_desc, b_desc, ops, MPARTS: tl.constexpr, NPARTS: tl.constexpr, seg, acc, off_a,
+                        off_b, k_tiles, A_T, B_T, BLOCK_K, IEEE):  # fmt: skip
+    """acc += A_seg @ B_seg^T: the tile's rows (M parts) or columns (N parts) belong to part
+    ``seg`` (0: a_desc and b_desc themselves), at (off_a, off_b) of that part's operands."""
     if seg == 0:
-        acc = _accumulate(a_desc, b_desc, acc, off_am, off_local, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
-    for p in tl.static_range(len(NPARTS)):
+        acc = _accumulate(a_desc, b_desc, acc, off_a, off_b, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
+    for p in tl.static_range(len(MPARTS) + len(NPARTS)):
         if seg == p + 1:
-            acc = _accumulate(a_desc, ops[NPARTS[p]], acc, off_am, off_local, 0, k_tiles, A_T, B_T, BLOCK_K,
-                              IEEE)  # fmt: skip
-    return acc
-
-
-@triton.jit
-def _accumulate_m_parts(a_desc, b_desc, ops, MPARTS: tl.constexpr, seg, acc, off_local, off_bn, k_tiles, A_T,
-                        B_T, BLOCK_K, IEEE):  # fmt: skip
-    """acc += A_seg @ B^T: the tile's rows belong to A ``seg`` (0: a_desc, then the M
-    parts' descriptors), at row off_local of that A."""
-    if seg == 0:
-        acc = _accumulate(a_desc, b_desc, acc, off_local, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
-    for p in tl.static_range(len(MPARTS)):
-        if seg == p + 1:
-            acc = _accumulate(ops[MPARTS[p]], b_desc, acc, off_local, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K,
-                              IEEE)  # fmt: skip
+            a_p = ops[MPARTS[p]] if len(MPARTS) > 0 else a_desc
+            b_p = ops[NPARTS[p]] if len(NPARTS) > 0 else b_desc
+            acc = _accumulate(a_p, b_p, acc, off_a, off_b, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
     return acc
 
 
@@ -287,16 +274,10 @@ def gemm_kernel(
                 acc = ops[SEED].load([off_am, off_bn]).to(tl.float32)
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if len(MPARTS) > 0:  # the tile's rows are one A's (M parts)
-                seg, start = E.segment_of(off_am, a_desc.shape[1] if A_T else a_desc.shape[0], ops, MPARTS,
-                                          1 if A_T else 0)  # fmt: skip
-                acc = _accumulate_m_parts(a_desc, b_desc, ops, MPARTS, seg, acc, off_am - start, off_bn,
-                                          k_tiles, A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
-            elif len(NPARTS) > 0:  # the tile's columns are one weight's (N parts)
-                seg, start = E.segment_of(off_bn, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
-                                          1 if B_T else 0)  # fmt: skip
-                acc = _accumulate_n_parts(a_desc, b_desc, ops, NPARTS, seg, acc, off_am, off_bn - start,
-                                          k_tiles, A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
+            if len(MPARTS) + len(NPARTS) > 0:  # the tile's rows (columns) are one part's
+                seg, start_m, start_n = E.part_of(off_am, off_bn, M, N, ops, MPARTS, NPARTS, A_T, B_T)
+                acc = _accumulate_mn_part(a_desc, b_desc, ops, MPARTS, NPARTS, seg, acc, off_am - start_m,
+                                          off_bn - start_n, k_tiles, A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
             else:
                 acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, 0, k_tiles, A_T, B_T, BLOCK_K, IEEE)
             if len(KPARTS) > 0:  # more products summed in (K parts: no tail split)
@@ -306,19 +287,10 @@ def gemm_kernel(
         pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = (pid_m * BLOCK_M).to(tl.int32)
         off_n = (pid_n * BLOCK_N).to(tl.int32)
-        if len(NPARTS) > 0:
-            seg_c, start_c = E.segment_of(off_n, b_desc.shape[1] if B_T else b_desc.shape[0], ops, NPARTS,
-                                          1 if B_T else 0)  # fmt: skip
-            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
-                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start_n=start_c)  # fmt: skip
-        elif len(MPARTS) > 0:
-            seg_c, start_c = E.segment_of(off_m, a_desc.shape[1] if A_T else a_desc.shape[0], ops, MPARTS,
-                                          1 if A_T else 0)  # fmt: skip
-            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
-                      EPI_SPLIT, OUT_PARTS=OUT_PARTS, seg=seg_c, start_m=start_c)  # fmt: skip
-        else:
-            _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N,
-                      EPI_SPLIT, PAIRED=PAIR >= 0, OUT_PARTS=OUT_PARTS)  # fmt: skip
+        seg, start_m, start_n = E.part_of(off_m, off_n, M, N, ops, MPARTS, NPARTS, A_T, B_T)
+        _epilogue(acc, off_m, off_n, M, N, ops, BODY, IN_KINDS, OUT_KINDS, ELEM, BLOCK_M, BLOCK_N, EPI_SPLIT,
+                  PAIRED=PAIR >= 0, OUT_PARTS=OUT_PARTS, seg=seg, start_m=start_m,
+                  start_n=start_n)  # fmt: skip
 
     if TAIL_SPLIT > 1:
         if start_pid < tail * tail_splits:

@@ -134,12 +134,8 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
         off_n = pid_n * BLOCK_N
         if len(MPARTS) + len(NPARTS) > 0:  # the tile's rows (columns) are one A's (weight's)
             ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
-            if len(MPARTS) > 0:
-                seg, start = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
-                off_a, off_b = off_m - start, off_n
-            else:
-                seg, start = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
-                off_a, off_b = off_m, off_n - start
+            seg, start_m, start_n = E.part_of(off_m, off_n, M, N, ops, MPARTS, NPARTS, A_T, B_T)
+            off_a, off_b = off_m - start_m, off_n - start_n
             if seg == 0:
                 it = _load_part(
                     a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_a, off_b, k_tiles, it, A_T, B_T
@@ -402,13 +398,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
         if SEED >= 0 and SLOTS == EPI_SPLIT:
             mbarrier.wait(seed_bar, sd_phase)
             sd_phase = sd_phase ^ 1
-        seg = off_n * 0
-        start_m = off_n * 0
-        start_n = off_n * 0
-        if len(NPARTS) > 0:
-            seg, start_n = E.segment_in(off_n, N, ops, NPARTS, 1 if B_T else 0)
-        if len(MPARTS) > 0:
-            seg, start_m = E.segment_in(off_m, M, ops, MPARTS, 1 if A_T else 0)
+        seg, start_m, start_n = E.part_of(off_m, off_n, M, N, ops, MPARTS, NPARTS, A_T, B_T)
         ld_phase, sd_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M,
                                        N, ops, BODY, IN_KINDS, OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES,
                                        PREFETCH, EPI_SPLIT, OUT_PARTS, seg, start_m, start_n)  # fmt: skip

@@ -198,13 +198,8 @@ def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
     cands = TRITON.candidates(call.program)
     if allow:
         cands += PINGPONG.candidates(call.program)
-    if len(getattr(call, "widths", ())) > 1:  # N parts: tiles within one weight (launch.check_n_parts)
-        edges = [sum(call.widths[: i + 1]) for i in range(len(call.widths) - 1)]
-        cands = [c for c in cands if not any(e % c.block_n for e in edges)]
-    if len(getattr(call, "heights", ())) > 1:  # M parts: tiles within one A
-        edges = [sum(call.heights[: i + 1]) for i in range(len(call.heights) - 1)]
-        cands = [c for c in cands if not any(e % c.block_m for e in edges)]
-    return cands
+    # M or N parts: each tile within one part (launch.check_parts)
+    return [c for c in cands if configs.tiles_fit_parts(c, call.widths, call.heights)]
 
 
 def rule_config(call: GemmCall, cands: list[Config]) -> Config:
