@@ -80,7 +80,12 @@ def _key(a, w, prog, kw) -> tuple:
     # over the concatenated K (fewer launches and roundings than PyTorch's own sum)
     parts = [op.name for op in (prog.inputs if prog else ()) if op.kind is Kind.K_PART_A]
     k = a.shape[1] + sum(kw[name].shape[1] for name in parts)
-    return (prog.name if prog is not None else "store", lay, a.shape[0], n, k, a.dtype)
+    # N / M parts (several weights' or A's rows in one launch): cuBLAS's time that of one
+    # product over the concatenated rows
+    ins = prog.inputs if prog else ()
+    n += sum(kw[op.name].shape[0] for op in ins if op.kind is Kind.N_PART)
+    m = a.shape[0] + sum(kw[op.name].shape[0] for op in ins if op.kind is Kind.M_PART)
+    return (prog.name if prog is not None else "store", lay, m, n, k, a.dtype)
 
 
 def _operand(rows, cols, transposed, dtype):
