@@ -31,6 +31,7 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels.launch import gemm, parts_fit
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
@@ -52,7 +53,7 @@ from ..programs import (
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, RMS_ROPE_QKV, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
-from ._eager import FastOp
+from ._eager import FastOp, _eager_ok
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
 _SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: their sum, one launch
@@ -109,8 +110,8 @@ def _forward_impl(
         # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
         # v's columns get RoPE frequency 0, an exact identity rotation (cos 1, sin 0)
         pos, freq = rope
-        cols = torch.cat([_column_freq(freq, ws[0].shape[0]), _column_freq(freq, ws[1].shape[0]),
-                          freq.new_zeros(ws[2].shape[0])])  # fmt: skip
+        cols = _derived(freq, widths, lambda: torch.cat([_column_freq(freq, widths[0]),
+                        _column_freq(freq, widths[1]), freq.new_zeros(widths[2])]))  # fmt: skip
         zs = gemm(k1.h, ws[0], epilogue=RMS_ROPE_QKV[freq.shape[0]], w1=ws[1], w2=ws[2], sumsq=k1.sumsq,
                   inv_d=1.0 / d, eps=eps, pos=pos, freq=cols, scaling=rope_scaling)  # fmt: skip
         return k1.x, list(zs), k1.sumsq, ws[0].new_empty(0)
@@ -122,8 +123,8 @@ def _forward_impl(
             rot = {"pos": pos, "freq": _column_freq(freq, w.shape[0]), "scaling": rope_scaling}
             if qk_ws:
                 prog = RMS_QKNORM_ROPE[freq.shape[0]]
-                out = gemm(k1.h, w, epilogue=prog, **norm, **rot, qk_w=_column_freq(qk_ws[i], w.shape[0]),
-                           qk_eps=qk_eps)  # fmt: skip
+                qk_w = _column_freq(qk_ws[i], w.shape[0], keep=False)  # a trained weight: made per call
+                out = gemm(k1.h, w, epilogue=prog, **norm, **rot, qk_w=qk_w, qk_eps=qk_eps)
                 zs.append(out.out)
                 pres.append(out.pre)
             else:
@@ -148,9 +149,33 @@ def _k1(y, w_o, residual, gamma) -> _K1:
     return _K1(*gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma))
 
 
-def _column_freq(freq: torch.Tensor, n: int) -> torch.Tensor:
-    """The per-head frequencies [head_dim] repeated over the n columns of a projection."""
-    return freq.repeat(n // freq.shape[0])
+# RoPE's column tables, derived from a model's inv_freq buffer (the same tensor every layer
+# and step): made once per source tensor and version, not per call (each made table is a
+# kernel launch and ~70-80 us of host time on the H200 machine; scripts/host_qkv.py)
+_DERIVED = WeakIdKeyDictionary()
+
+
+def _derived(src: torch.Tensor, key, make) -> torch.Tensor:
+    """``make()``, a table derived from ``src`` alone, kept with ``src`` (weakly, keyed by
+    ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
+    made afresh while tracing, for a tensor subclass or an inference tensor (no version
+    counter)."""
+    if src.requires_grad or src.is_inference() or not _eager_ok((src,)):
+        return make()
+    entry = _DERIVED.get(src)
+    if entry is None or entry[0] != src._version:
+        entry = _DERIVED[src] = (src._version, {})
+    table = entry[1].get(key)
+    if table is None:
+        table = entry[1][key] = make()
+    return table
+
+
+def _column_freq(freq: torch.Tensor, n: int, keep: bool = True) -> torch.Tensor:
+    """The per-head frequencies [head_dim] repeated over the n columns of a projection
+    (``keep``: the table is kept with ``freq``, see ``_derived``)."""
+    make = lambda: freq.repeat(n // freq.shape[0])  # noqa: E731
+    return _derived(freq, n, make) if keep else make()
 
 
 _forward = torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())(_forward_impl)
@@ -631,7 +656,7 @@ def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
         raise ValueError(
             f"rope.position_ids {tuple(pos.shape)} must broadcast to the tokens' shape {tuple(lead)}"
         ) from None
-    freq = inv_freq.repeat(2)  # both halves of a head rotate by the same angles
+    freq = _derived(inv_freq, "halves", lambda: inv_freq.repeat(2))  # both halves rotate alike
     qk = list(rope.qk_norm_weights)
     if qk:
         if len(qk) != n:

@@ -1,0 +1,96 @@
+"""The host's time per forward + backward of the norm + q/k/v (+ RoPE) operator, and where
+it goes (GPU machine).
+
+bench qkv at 1B width ran codetta 2.4x slower back to back (sustained) than interleaved
+with other variants (paired), while its GPU work is ~1 ms (NOTES.md, run 73): the host
+issues the work slower than the GPU runs it. This prints, per variant of
+``codetta.bench.qkv``: the host's time per fwd+bwd at a tiny token count (the GPU never
+the bottleneck), the GPU's time per fwd+bwd back to back at the benchmark's 16384 tokens,
+whether a fwd+bwd synchronizes with the GPU (CUDA sync debug mode), and a cProfile of
+codetta's fwd+bwd (the host's hot spots).
+
+Usage: python scripts/host_qkv.py [case] (default 1B)
+"""
+
+import cProfile
+import io
+import pstats
+import sys
+import warnings
+
+import torch
+
+from codetta.bench import qkv
+from codetta.bench.harness import cpu_overhead_us, with_settings
+
+
+def fwd_bwd(p, fn):
+    leaves = p["leaves"]
+    outs = fn(p, *leaves)
+    grads = qkv._grads_like(outs, p["grads"])
+    return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
+
+
+def gpu_ms(run, n: int = 20) -> float:
+    run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def syncs(run) -> int:
+    """How many host-GPU synchronizations one call makes (CUDA sync debug mode warnings)."""
+    run()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught[:3]:
+        print(f"    sync: {str(w.message)[:160]}")
+    return len(caught)
+
+
+def main() -> None:
+    case = sys.argv[1] if len(sys.argv) > 1 else "1B"
+    variants = {"eager": qkv.eager, "codetta": qkv.codetta}
+    liger = qkv.liger_fn()
+    if liger is not None:
+        variants["liger"] = liger
+    variants["codetta:qkv-one-launch"] = with_settings(qkv.codetta, qkv_one_launch=True)
+    tiny = qkv.problem(case, batch=1, seq=128)
+    full = qkv.problem(case)
+    for name, fn in variants.items():
+        small, big = fwd_bwd(tiny, fn), fwd_bwd(full, fn)
+        host = cpu_overhead_us(small, calls=100) / 1e3
+        print(f"== {case} {name}: host {host:.3f} ms per fwd+bwd (128 tokens), GPU {gpu_ms(big):.3f} ms "
+              f"per fwd+bwd back to back (16384 tokens), syncs per call {syncs(small)}")  # fmt: skip
+    for name in ("codetta", "codetta:qkv-one-launch"):
+        run = fwd_bwd(tiny, variants[name])
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            run()
+        torch.cuda.synchronize()
+        prof.disable()
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(35)
+            text = buf.getvalue()
+            print(f"== {name}: cProfile of 50 fwd+bwd (128 tokens), by {key}")
+            print(text[text.find("ncalls") :])
+
+
+if __name__ == "__main__":
+    main()
