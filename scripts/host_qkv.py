@@ -59,6 +59,68 @@ def syncs(run) -> int:
     return len(caught)
 
 
+def pieces(p) -> None:
+    """Host us per call of the pieces a fwd+bwd is made of (128 tokens): one PyTorch launch,
+    one codetta GEMM, one row kernel, the operator's forward with and without autograd."""
+    import codetta
+    from codetta.programs.norm_rows import gamma_sumsq
+    from codetta.programs.rope import unrotate_half_rows
+
+    x, gamma, wq = (t.detach() for t in p["leaves"][:3])
+    rows = x.reshape(-1, x.shape[-1])
+    dq = torch.randn(rows.shape[0], wq.shape[0], device="cuda", dtype=x.dtype)
+    leaves = p["leaves"]
+
+    def fwd_grad():
+        return qkv.codetta(p, *leaves)
+
+    def fwd_nograd():
+        with torch.no_grad():
+            return qkv.codetta(p, *leaves)
+
+    def eager_grad():
+        return qkv.eager(p, *leaves)
+
+    items = {
+        "torch add (1 launch)": lambda: rows.add(1.0),
+        "torch empty": lambda: torch.empty(rows.shape, device="cuda", dtype=x.dtype),
+        "codetta.gemm (store)": lambda: codetta.gemm(rows, wq),
+        "gamma_sumsq (row kernel)": lambda: gamma_sumsq(rows, gamma),
+        "unrotate_half_rows": lambda: unrotate_half_rows(dq, p["positions"].reshape(-1), p["inv_freq"], 1.0),
+        "codetta fwd, no grad": fwd_nograd,
+        "codetta fwd, grad": fwd_grad,
+        "eager fwd, grad": eager_grad,
+        "autograd.grad of x.sum()": lambda: torch.autograd.grad(leaves[0].sum(), leaves[0]),
+    }
+    for name, fn in items.items():
+        print(f"  piece {name:28s} {cpu_overhead_us(fn, calls=200):8.1f} us host per call")
+    for name, fn in (("codetta", qkv.codetta), ("eager", qkv.eager)):
+        backward_alone(p, name, fn)
+
+
+def backward_alone(p, name, fn, n: int = 50) -> None:
+    """The backward's host time apart from the forward's: n graphs built first, then n
+    ``autograd.grad`` calls timed (host, and GPU by events), at the tiny shape."""
+    import time
+
+    leaves = p["leaves"]
+    outs = [fn(p, *leaves) for _ in range(n + 5)]
+    grads = qkv._grads_like(outs[0], p["grads"])
+    for o in outs[:5]:
+        torch.autograd.grad(o, leaves, grads)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for o in outs[5:]:
+        torch.autograd.grad(o, leaves, grads)
+    end.record()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    print(f"  piece {name} backward alone: host {(t1 - t0) / n * 1e6:8.1f} us, GPU "
+          f"{start.elapsed_time(end) / n * 1e3:8.1f} us per call (128 tokens)")  # fmt: skip
+
+
 def main() -> None:
     case = sys.argv[1] if len(sys.argv) > 1 else "1B"
     variants = {"eager": qkv.eager, "codetta": qkv.codetta}
@@ -71,9 +133,11 @@ def main() -> None:
     for name, fn in variants.items():
         small, big = fwd_bwd(tiny, fn), fwd_bwd(full, fn)
         host = cpu_overhead_us(small, calls=100) / 1e3
-        print(f"== {case} {name}: host {host:.3f} ms per fwd+bwd (128 tokens), GPU {gpu_ms(big):.3f} ms "
-              f"per fwd+bwd back to back (16384 tokens), syncs per call {syncs(small)}")  # fmt: skip
-    for name in ("codetta", "codetta:qkv-one-launch"):
+        print(f"== {case} {name}: host {host:.3f} ms per fwd+bwd (128 tokens; {gpu_ms(small):.3f} ms back to "
+              f"back by events), GPU {gpu_ms(big):.3f} ms per fwd+bwd back to back (16384 tokens), syncs per "
+              f"call {syncs(small)}")  # fmt: skip
+    pieces(tiny)
+    for name in ("codetta",):
         run = fwd_bwd(tiny, variants[name])
         for _ in range(5):
             run()

@@ -3,8 +3,9 @@ wgmma (HGMMA) and TMA must be there, nothing may spill, shared memory must fit.
 
 Runs in a subprocess: the tests themselves run the kernels through the
 interpreter, and the sm_90a compiler needs the real JIT functions. conftest.py
-starts it when the test is collected (``start``), with one compile worker, so it
-runs beside the interpreter tests instead of after them; the test waits for it.
+starts it when the test is collected (``start``), with two compile workers, so it
+runs beside the interpreter tests instead of after them, and moves this test to the
+end of the session, where it waits for the check.
 """
 
 import os

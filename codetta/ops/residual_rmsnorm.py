@@ -160,7 +160,7 @@ def _derived(src: torch.Tensor, key, make) -> torch.Tensor:
     ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
     made afresh while tracing, for a tensor subclass or an inference tensor (no version
     counter)."""
-    if src.requires_grad or src.is_inference() or not _eager_ok((src,)):
+    if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: first)
         return make()
     entry = _DERIVED.get(src)
     if entry is None or entry[0] != src._version:
