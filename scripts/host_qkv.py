@@ -9,19 +9,17 @@ the bottleneck), the GPU's time per fwd+bwd back to back at the benchmark's 1638
 whether a fwd+bwd synchronizes with the GPU (CUDA sync debug mode), and a cProfile of
 codetta's fwd+bwd (the host's hot spots).
 
-Usage: python scripts/host_qkv.py [case] (default 1B)
+Usage: python scripts/host_qkv.py [case] [trace] (default 1B; trace: torch.profiler of the backward)
 """
 
 import cProfile
-import io
-import pstats
 import sys
 import warnings
 
 import torch
 
 from codetta.bench import qkv
-from codetta.bench.harness import cpu_overhead_us, with_settings
+from codetta.bench.harness import cpu_overhead_us, print_profile, with_settings
 
 
 def fwd_bwd(p, fn):
@@ -98,21 +96,28 @@ def pieces(p) -> None:
         backward_alone(p, name, fn)
 
 
+def prebuilt(p, fn, n: int, warm: int = 3):
+    """(leaves, n forward graphs of ``fn`` not yet backpropagated, their incoming
+    gradients), after ``warm`` forward + backward calls."""
+    leaves = p["leaves"]
+    outs = [fn(p, *leaves) for _ in range(n + warm)]
+    grads = qkv._grads_like(outs[0], p["grads"])
+    for o in outs[:warm]:
+        torch.autograd.grad(o, leaves, grads)
+    torch.cuda.synchronize()
+    return leaves, outs[warm:], grads
+
+
 def backward_alone(p, name, fn, n: int = 50) -> None:
     """The backward's host time apart from the forward's: n graphs built first, then n
     ``autograd.grad`` calls timed (host, and GPU by events), at the tiny shape."""
     import time
 
-    leaves = p["leaves"]
-    outs = [fn(p, *leaves) for _ in range(n + 5)]
-    grads = qkv._grads_like(outs[0], p["grads"])
-    for o in outs[:5]:
-        torch.autograd.grad(o, leaves, grads)
-    torch.cuda.synchronize()
+    leaves, outs, grads = prebuilt(p, fn, n)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.perf_counter()
     start.record()
-    for o in outs[5:]:
+    for o in outs:
         torch.autograd.grad(o, leaves, grads)
     end.record()
     t1 = time.perf_counter()
@@ -121,8 +126,27 @@ def backward_alone(p, name, fn, n: int = 50) -> None:
           f"{start.elapsed_time(end) / n * 1e3:8.1f} us per call (128 tokens)")  # fmt: skip
 
 
+def trace(p, name, fn, n: int = 5) -> None:
+    """torch.profiler's CPU and CUDA time per op of ``n`` backward calls (prebuilt graphs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    leaves, outs, grads = prebuilt(p, fn, n)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for o in outs:
+            torch.autograd.grad(o, leaves, grads)
+        torch.cuda.synchronize()
+    for key in ("self_cpu_time_total", "self_device_time_total"):
+        print(f"== {name}: {n} backward calls (128 tokens), torch.profiler by {key}")
+        print(prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60))
+
+
 def main() -> None:
     case = sys.argv[1] if len(sys.argv) > 1 else "1B"
+    if len(sys.argv) > 2 and sys.argv[2] == "trace":
+        tiny = qkv.problem(case, batch=1, seq=128)
+        for name, fn in (("codetta", qkv.codetta), ("eager", qkv.eager)):
+            trace(tiny, name, fn)
+        return
     variants = {"eager": qkv.eager, "codetta": qkv.codetta}
     liger = qkv.liger_fn()
     if liger is not None:
@@ -148,12 +172,7 @@ def main() -> None:
             run()
         torch.cuda.synchronize()
         prof.disable()
-        for key in ("tottime", "cumulative"):
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(35)
-            text = buf.getvalue()
-            print(f"== {name}: cProfile of 50 fwd+bwd (128 tokens), by {key}")
-            print(text[text.find("ncalls") :])
+        print_profile(prof, f"{name}: cProfile of 50 fwd+bwd (128 tokens)", rows=35)
 
 
 if __name__ == "__main__":

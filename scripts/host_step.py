@@ -12,13 +12,12 @@ Usage: python scripts/host_step.py [case] [batch] [variants...]
 """
 
 import cProfile
-import io
-import pstats
 import sys
 
 import torch
 
 from codetta.bench import model as mb
+from codetta.bench.harness import print_profile
 
 SEQ = 2048
 
@@ -59,12 +58,7 @@ def main() -> None:
             step()
             torch.cuda.synchronize()
         prof.disable()
-        for key in ("tottime", "cumulative"):
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
-            text = buf.getvalue()
-            print(f"== {name}: cProfile of 3 steps, by {key}")
-            print(text[text.find("ncalls") :])
+        print_profile(prof, f"{name}: cProfile of 3 steps")
 
 
 if __name__ == "__main__":

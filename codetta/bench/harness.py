@@ -181,6 +181,19 @@ def cpu_overhead_us(fn, calls: int = 300) -> float:
     return (t1 - t0) / calls * 1e6
 
 
+def print_profile(prof, title: str, rows: int = 30) -> None:
+    """A cProfile ``prof``'s top ``rows`` functions, by own time then by cumulative time."""
+    import io
+    import pstats
+
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(rows)
+        text = buf.getvalue()
+        print(f"== {title}, by {key}")
+        print(text[text.find("ncalls") :])
+
+
 def peak_memory_gb(fn) -> float:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
