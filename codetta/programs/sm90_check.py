@@ -1,6 +1,6 @@
 """``python -m codetta.programs.sm90_check``: compile every shipped program with every
 candidate configuration of both mainloops for sm_90a, without a GPU, and read the
-SASS (wgmma, TMA, no spills, shared memory fits). CI runs it (tests/test_sass.py).
+PTX and resource use (wgmma, TMA, no spills, shared memory fits). CI runs it (tests/test_sass.py).
 """
 
 import os
