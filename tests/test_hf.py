@@ -428,3 +428,23 @@ def test_kernel_plan_of_a_step(family):
     assert names.count("swiglu_rms") == layers and names.count("dswiglu") == layers, names
     rope = names.count("rms_qknorm_rope_16" if family == "qwen3" else "rms_rope_16")
     assert rope == 2 * layers, names
+
+
+def test_rope_frequencies_of_a_cast_model_made_once():
+    """A model cast to bf16 has a bf16 inv_freq buffer: the drop-in's float32 copy of it is
+    made once and reused by every layer and step (no copy and table launches per layer),
+    and made again once the buffer changes in place."""
+    from codetta.integrations import hf
+
+    model = _model("llama", False, dtype=torch.bfloat16)
+    base = model.model
+    attn = base.layers[0].self_attn
+    pos = torch.arange(8)[None]
+    first = hf._fused_rope(base, attn, pos).inv_freq
+    assert first.dtype == torch.float32
+    assert torch.equal(first, base.rotary_emb.inv_freq.float())
+    assert hf._fused_rope(base, attn, pos).inv_freq is first
+    with torch.no_grad():
+        base.rotary_emb.inv_freq.mul_(2)
+    moved = hf._fused_rope(base, attn, pos).inv_freq
+    assert moved is not first and torch.equal(moved, base.rotary_emb.inv_freq.float())

@@ -13,12 +13,16 @@ not while torch.compile traces, no torch function or dispatch mode active, no
 functorch transform, every tensor argument a plain tensor (not a DTensor, a fake or
 another subclass). Otherwise it calls the custom op. Arguments and results may hold
 lists of tensors one level deep (the operators' schemas).
+
+``derived`` keeps a small table made from a long-lived tensor (RoPE's frequency tables
+from a model's inv_freq buffer) with that tensor, under the same conditions.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.weak import WeakIdKeyDictionary
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -109,3 +113,25 @@ class FastOp:
         box = [None]
         out = _Call.apply(self, lens, box, *flat)
         return tuple(_unflatten(out, box[0]))
+
+
+# Tables derived from a tensor that stays the same call after call (a model's RoPE
+# inv_freq buffer): made once per source tensor and version, not per call (each made
+# table is a kernel launch and ~70-80 us of host time on the H200 machine, NOTES.md)
+_DERIVED = WeakIdKeyDictionary()
+
+
+def derived(src: torch.Tensor, key, make) -> torch.Tensor:
+    """``make()``, a table derived from ``src`` alone, kept with ``src`` (weakly, keyed by
+    ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
+    made afresh while tracing, under a dispatch mode, for a tensor subclass, a tensor
+    that requires grad or an inference tensor (no version counter)."""
+    if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: checked first)
+        return make()
+    entry = _DERIVED.get(src)
+    if entry is None or entry[0] != src._version:
+        entry = _DERIVED[src] = (src._version, {})
+    table = entry[1].get(key)
+    if table is None:
+        table = entry[1][key] = make()
+    return table

@@ -31,7 +31,6 @@ import math
 from typing import NamedTuple
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels.launch import gemm, parts_fit
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
@@ -53,7 +52,7 @@ from ..programs import (
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
 from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, RMS_ROPE_QKV, qknorm_backward_rows, unrotate_half_rows
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
-from ._eager import FastOp, _eager_ok
+from ._eager import FastOp, derived
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
 _SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: their sum, one launch
@@ -110,7 +109,7 @@ def _forward_impl(
         # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
         # v's columns get RoPE frequency 0, an exact identity rotation (cos 1, sin 0)
         pos, freq = rope
-        cols = _derived(freq, widths, lambda: torch.cat([_column_freq(freq, widths[0]),
+        cols = derived(freq, widths, lambda: torch.cat([_column_freq(freq, widths[0]),
                         _column_freq(freq, widths[1]), freq.new_zeros(widths[2])]))  # fmt: skip
         zs = gemm(k1.h, ws[0], epilogue=RMS_ROPE_QKV[freq.shape[0]], w1=ws[1], w2=ws[2], sumsq=k1.sumsq,
                   inv_d=1.0 / d, eps=eps, pos=pos, freq=cols, scaling=rope_scaling)  # fmt: skip
@@ -149,33 +148,12 @@ def _k1(y, w_o, residual, gamma) -> _K1:
     return _K1(*gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma))
 
 
-# RoPE's column tables, derived from a model's inv_freq buffer (the same tensor every layer
-# and step): made once per source tensor and version, not per call (each made table is a
-# kernel launch and ~70-80 us of host time on the H200 machine; scripts/host_qkv.py)
-_DERIVED = WeakIdKeyDictionary()
-
-
-def _derived(src: torch.Tensor, key, make) -> torch.Tensor:
-    """``make()``, a table derived from ``src`` alone, kept with ``src`` (weakly, keyed by
-    ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
-    made afresh while tracing, for a tensor subclass or an inference tensor (no version
-    counter)."""
-    if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: first)
-        return make()
-    entry = _DERIVED.get(src)
-    if entry is None or entry[0] != src._version:
-        entry = _DERIVED[src] = (src._version, {})
-    table = entry[1].get(key)
-    if table is None:
-        table = entry[1][key] = make()
-    return table
-
-
 def _column_freq(freq: torch.Tensor, n: int, keep: bool = True) -> torch.Tensor:
     """The per-head frequencies [head_dim] repeated over the n columns of a projection
-    (``keep``: the table is kept with ``freq``, see ``_derived``)."""
+    (``keep``: the table is kept with ``freq``, ``_eager.derived``: RoPE's tables come
+    from a model's inv_freq buffer, the same tensor every layer and step)."""
     make = lambda: freq.repeat(n // freq.shape[0])  # noqa: E731
-    return _derived(freq, n, make) if keep else make()
+    return derived(freq, n, make) if keep else make()
 
 
 _forward = torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())(_forward_impl)
@@ -656,7 +634,7 @@ def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
         raise ValueError(
             f"rope.position_ids {tuple(pos.shape)} must broadcast to the tokens' shape {tuple(lead)}"
         ) from None
-    freq = _derived(inv_freq, "halves", lambda: inv_freq.repeat(2))  # both halves rotate alike
+    freq = derived(inv_freq, "halves", lambda: inv_freq.repeat(2))  # both halves rotate alike
     qk = list(rope.qk_norm_weights)
     if qk:
         if len(qk) != n:
