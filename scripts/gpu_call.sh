@@ -15,7 +15,9 @@ set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  # (once per machine: a second call in the same command would only print warnings)
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=${CODETTA_CACHE_DIR:-/tmp/codetta-cache}
 {

@@ -100,7 +100,7 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-_TMA_LOAD = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global")
+_TMA_LOAD = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::(cluster|cta)\.global")  # (newer PTX: ::cta)
 _TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta")
 
 
