@@ -71,10 +71,12 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     ]  # fmt: skip
 
 
+@functools.lru_cache(maxsize=256)
 def parts_fit(program: Program, dev: torch.device, widths: tuple = (), heights: tuple = ()) -> bool:
     """Whether some configuration of ``program`` on ``dev`` puts every boundary between
     N parts (``widths``) and M parts (``heights``) on a tile edge (operators fall back to
-    separate GEMMs where none does, e.g. heads too narrow for the GPU's tiles)."""
+    separate GEMMs where none does, e.g. heads too narrow for the GPU's tiles). Asked on
+    every operator call: answered once per program, device and sizes."""
     if dev.type == "cpu" and not device.interpreting():
         return True  # the PyTorch reference takes any sizes
     if device.interpreting():

@@ -20,7 +20,7 @@
 | ``CODETTA_QKV_ONE_LAUNCH`` | 0 | 1: a norm's q, k and v projections with RoPE (no per-head q/k |
 |  |  | norm, attention scaling 1) as one GEMM over the three weights (N parts: |
 |  |  | each output its own tensor), and the three weight gradients of any |
-|  |  | three next weights as one (M parts); CPU-tested, not yet run on a GPU |
+|  |  | three next weights as one (M parts); GPU-tested, not faster (NOTES.md) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
