@@ -26,7 +26,8 @@ import torch
 
 from codetta.bench import model as mb
 from codetta.kernels import settings
-from codetta.kernels.program import Kind
+from codetta.kernels.operands import make_call
+from codetta.kernels.program import STORE
 from codetta.kernels.timing import paired_ms
 
 STEPS = 3
@@ -72,20 +73,14 @@ class CallTimer:
 
 
 def _key(a, w, prog, kw) -> tuple:
-    n = w.shape[0]
-    if prog is not None and any(op.kind is Kind.PAIRED_WEIGHT for op in prog.inputs):
-        n *= 2
+    """(program, layout, M, N, K, dtype) of the one plain GEMM doing the call's products:
+    a paired weight doubles N; K parts add to K, N and M parts to N and M (the launcher's
+    own sizes, ``GemmCall``): cuBLAS's time is that of one product over the concatenation
+    (fewer launches and roundings than PyTorch's own sums)."""
+    call = make_call(prog or STORE, a, w, kw)
+    n = call.N * (2 if call.program.pair_slot >= 0 else 1)
     lay = "".join("t" if t.stride(0) == 1 and t.shape[1] > 1 else "n" for t in (a, w))
-    # K parts (a sum of products): K is their sum, and cuBLAS's time that of one product
-    # over the concatenated K (fewer launches and roundings than PyTorch's own sum)
-    parts = [op.name for op in (prog.inputs if prog else ()) if op.kind is Kind.K_PART_A]
-    k = a.shape[1] + sum(kw[name].shape[1] for name in parts)
-    # N / M parts (several weights' or A's rows in one launch): cuBLAS's time that of one
-    # product over the concatenated rows
-    ins = prog.inputs if prog else ()
-    n += sum(kw[op.name].shape[0] for op in ins if op.kind is Kind.N_PART)
-    m = a.shape[0] + sum(kw[op.name].shape[0] for op in ins if op.kind is Kind.M_PART)
-    return (prog.name if prog is not None else "store", lay, m, n, k, a.dtype)
+    return (call.program.name, lay, call.M, n, call.k_total, a.dtype)
 
 
 def _operand(rows, cols, transposed, dtype):
