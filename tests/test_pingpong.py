@@ -240,10 +240,9 @@ def test_float32_seed_streams_through_two_slots():
             assert PINGPONG.ring_slots(prog, cfg, bf16) == cfg.epi_split, prog.name
 
 
-# 64-row consumer tiles (m64n128 wgmmas, half the accumulator registers of a 128x128
-# tile): candidates for epilogues that spill at 128 rows, e.g. Qwen3's q/k-norm + RoPE
-# (NOTES.md). Not in any candidate list until this test has passed on a GPU.
-ROWS_64 = [configs.Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6)]
+# 64-row consumer tiles (configs.PINGPONG_64_ROW_CANDIDATES): Qwen3's q/k-norm + RoPE
+# runs on them; any program can
+ROWS_64 = configs.PINGPONG_64_ROW_CANDIDATES
 
 
 @pytest.mark.gpu

@@ -53,7 +53,7 @@ _ALLOWED = {
     "block_k": {16, 32, 64, 128},
     "group_m": {1, 2, 4, 8, 16},
     "epi_split": {1, 2, 4},
-    "num_stages": {1, 2, 3, 4, 5, 6},
+    "num_stages": {1, 2, 3, 4, 5, 6, 7},
     "num_warps": {4, 8},
     "flatten": {True, False},
     "warp_specialize": {True, False},
@@ -202,8 +202,13 @@ PINGPONG_PAIRED_CANDIDATES = _pingpong((5,), (1, 2), block_n=64)
 PINGPONG_F32_RING_CANDIDATES = (
     _pingpong((5,), (1, 2), block_n=64) + _pingpong((3,), (4, 2)) + _pingpong((4, 5), (4,))
 )
+# 64-row consumer tiles (m64n128 wgmmas: half a 128x128 tile's accumulator registers, at
+# twice its B traffic per FLOP), for epilogues that spill at 128 rows: Qwen3's per-head
+# q/k norm + RoPE (648 B spilled on 168-register consumers at 128x128, none at 64x128)
+PINGPONG_64_ROW_CANDIDATES = tuple(Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6, 7))
 ALL_PINGPONG = frozenset(
     _pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64) + PINGPONG_F32_RING_CANDIDATES
+    + PINGPONG_64_ROW_CANDIDATES
 )
 
 

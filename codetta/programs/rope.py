@@ -8,7 +8,7 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from .. import reference as ref
 from ..kernels import device
 from ..kernels import primitives as P
-from ..kernels.configs import _grid
+from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, _grid
 from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile, with_n_parts
 from .norm import rms_scale_of
 from .norm_rows import torch_path
@@ -197,7 +197,9 @@ RMS_QKNORM_ROPE = {
         check=_head_check(hd),
         configs=_rope_candidates(hd),
         sub_tile_width=hd,
-        pingpong=False,  # spilled 648 B on the ping-pong mainloop's 168-register consumers
+        # 128x128 consumer tiles spill 648 B here (168 registers); 64x128 ones do not
+        pingpong_configs=PINGPONG_64_ROW_CANDIDATES if hd == 128 else None,
+        pingpong=hd == 128,
     )
     for hd, body in ((hd, rms_qknorm_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
 }
