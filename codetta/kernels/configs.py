@@ -207,7 +207,9 @@ PINGPONG_F32_RING_CANDIDATES = (
 # q/k norm + RoPE (648 B spilled on 168-register consumers at 128x128, none at 64x128)
 PINGPONG_64_ROW_CANDIDATES = tuple(Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6, 7))
 ALL_PINGPONG = frozenset(
-    _pingpong((5, 4), (1, 2, 4)) + _pingpong((5, 4), (1, 2), block_n=64) + PINGPONG_F32_RING_CANDIDATES
+    _pingpong((5, 4), (1, 2, 4))
+    + _pingpong((5, 4), (1, 2), block_n=64)
+    + PINGPONG_F32_RING_CANDIDATES
     + PINGPONG_64_ROW_CANDIDATES
 )
 
