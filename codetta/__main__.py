@@ -117,6 +117,9 @@ def main(argv=None) -> int:
                    help="explicit widths instead of a model config")  # fmt: skip
     t.add_argument("--tokens", nargs="+", type=int, default=[4096, 8192, 16384, 32768, 65536],
                    help="tokens per step (batch x sequence) to tune for")  # fmt: skip
+    t.add_argument("--program", nargs="+", metavar="NAME",
+                   help="only the keys of these programs (e.g. rms_qknorm_rope_128 after a change of its "
+                        "candidates; with --pending, the list then names only their keys)")  # fmt: skip
     t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")

@@ -220,6 +220,14 @@ def main(args) -> int:
         print(f"{w.name}: {len(found)} tuning keys over {len(tokens)} token counts", file=sys.stderr)
         for k, c in found.items():
             calls.setdefault(k, c)
+    if getattr(args, "program", None):
+        known = {c.program.name for c in calls.values()}
+        unknown = sorted(set(args.program) - known)
+        if unknown:
+            print(f"--program: {', '.join(unknown)} not among these models' programs: {', '.join(sorted(known))}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        calls = {k: c for k, c in calls.items() if c.program.name in args.program}
     print(f"{len(calls)} distinct tuning keys", file=sys.stderr)
     if args.list:
         for k in sorted(calls):

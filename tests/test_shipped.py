@@ -151,3 +151,17 @@ def test_nearest_entry():
         tuning.nearest("store@x|bfloat16|nn|16384|4096|4096", TRITON.candidates(RMS_SCALE)[:0], entries)
         is None
     )
+
+
+def test_tune_program_filter(capsys):
+    """``codetta tune --program`` lists only that program's keys, and names the programs
+    a model has when asked for one it lacks."""
+    from codetta.__main__ import main
+
+    assert main(["tune", "--model", "qwen3-8b", "--tokens", "16384", "--program", "rms_qknorm_rope_128",
+                 "--list"]) == 0  # fmt: skip
+    keys = capsys.readouterr().out.split()
+    assert len(keys) == 2 and all(k.startswith("rms_qknorm_rope_128@") for k in keys)
+    assert main(["tune", "--model", "llama3-1b", "--tokens", "16384", "--program", "rms_qknorm_rope_128",
+                 "--list"]) == 2  # fmt: skip
+    assert "rms_rope_64" in capsys.readouterr().err

@@ -202,10 +202,14 @@ PINGPONG_PAIRED_CANDIDATES = _pingpong((5,), (1, 2), block_n=64)
 PINGPONG_F32_RING_CANDIDATES = (
     _pingpong((5,), (1, 2), block_n=64) + _pingpong((3,), (4, 2)) + _pingpong((4, 5), (4,))
 )
-# 64-row consumer tiles (m64n128 wgmmas: half a 128x128 tile's accumulator registers, at
-# twice its B traffic per FLOP), for epilogues that spill at 128 rows: Qwen3's per-head
-# q/k norm + RoPE (648 B spilled on 168-register consumers at 128x128, none at 64x128)
-PINGPONG_64_ROW_CANDIDATES = tuple(Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6, 7))
+# 64-row consumer tiles (m64n128 / m64n256 wgmmas), for epilogues that spill at 128 rows:
+# Qwen3's per-head q/k norm + RoPE (648 B spilled on 232-register consumers at 128x128;
+# none at 64x128, half the accumulator, at 1.5x a 128x128 tile's operand bytes per FLOP;
+# none at 64x256 split in two heads, the accumulator of a 128x128 tile at 1.25x its bytes
+# per FLOP, 3-4 A/B stages beside the rings)
+PINGPONG_64_ROW_CANDIDATES = tuple(Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6, 7)) + tuple(
+    Config(64, 256, 64, 8, 2, s, 4, pingpong=True) for s in (3, 4)
+)
 ALL_PINGPONG = frozenset(
     _pingpong((5, 4), (1, 2, 4))
     + _pingpong((5, 4), (1, 2), block_n=64)
