@@ -224,8 +224,8 @@ def main(args) -> int:
         known = {c.program.name for c in calls.values()}
         unknown = sorted(set(args.program) - known)
         if unknown:
-            print(f"--program: {', '.join(unknown)} not among these models' programs: {', '.join(sorted(known))}",
-                  file=sys.stderr)  # fmt: skip
+            have = ", ".join(sorted(known))
+            print(f"--program: {', '.join(unknown)} not among these models' programs: {have}", file=sys.stderr)
             return 2
         calls = {k: c for k, c in calls.items() if c.program.name in args.program}
     print(f"{len(calls)} distinct tuning keys", file=sys.stderr)

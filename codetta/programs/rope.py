@@ -133,7 +133,8 @@ def _rope_reference(head_dim):
 def _qknorm_reference(head_dim):
     def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
         z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
-        n = head_rms_norm(z, torch.ones(head_dim, dtype=z.dtype, device=z.device), qk_eps, head_dim) * qk_w.to(z.dtype)
+        unit = torch.ones(head_dim, dtype=z.dtype, device=z.device)
+        n = head_rms_norm(z, unit, qk_eps, head_dim) * qk_w.to(z.dtype)
         cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
         return {"out": rotate_half_reference(n, cos.to(acc.dtype), sin.to(acc.dtype), head_dim), "pre": z}
 
