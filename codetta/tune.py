@@ -225,7 +225,7 @@ def main(args) -> int:
         unknown = sorted(set(args.program) - known)
         if unknown:
             have = ", ".join(sorted(known))
-            print(f"--program: {', '.join(unknown)} not among these models' programs: {have}", file=sys.stderr)
+            print(f"--program: {', '.join(unknown)} not among the models' programs: {have}", file=sys.stderr)
             return 2
         calls = {k: c for k, c in calls.items() if c.program.name in args.program}
     print(f"{len(calls)} distinct tuning keys", file=sys.stderr)
