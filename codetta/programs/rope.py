@@ -198,7 +198,7 @@ RMS_QKNORM_ROPE = {
         check=_head_check(hd),
         configs=_rope_candidates(hd),
         sub_tile_width=hd,
-        # 128x128 consumer tiles spill 648 B here (168 registers); 64x128 ones do not
+        # whole 128x128 consumer tiles spill 648 B here; 64-row ones (64x128, 64x256) do not
         pingpong_configs=PINGPONG_64_ROW_CANDIDATES if hd == 128 else None,
         pingpong=hd == 128,
     )
