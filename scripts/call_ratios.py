@@ -36,14 +36,10 @@ def _source(call) -> str:
     return where or "rule/nearest"
 
 
-def measure(rec, tune: bool) -> dict:
-    a, w, ops = call_inputs(rec)
-    prog = rec.program
+def plain_operands(prog, a, w, ops) -> tuple:
+    """The operands of the same products as one plain GEMM: the weights (paired, N parts)
+    or A operands (M parts) concatenated, or (K parts) both along K."""
     pair = next((op.name for op in prog.inputs if op.kind is Kind.PAIRED_WEIGHT), None)
-    call = make_call(prog, a, w, ops)
-    cfg = CHOOSER.choose(call, launch._prepare_for_tuning(call))
-    # the same products as one plain GEMM: the weights (paired, N parts) or A operands (M
-    # parts) concatenated, or (K parts) both along K
     slot = {op.name: op.kind for op in prog.inputs}
     of = lambda kind: [v for k, v in ops.items() if slot.get(k) is kind]  # noqa: E731
     ac, wc = a, w
@@ -53,6 +49,15 @@ def measure(rec, tune: bool) -> dict:
         ac = torch.cat([a, *of(Kind.M_PART)])
     if of(Kind.K_PART_A):
         ac, wc = torch.cat([a, *of(Kind.K_PART_A)], 1), torch.cat([w, *of(Kind.K_PART_B)], 1)
+    return ac, wc
+
+
+def measure(rec, tune: bool) -> dict:
+    a, w, ops = call_inputs(rec)
+    prog = rec.program
+    call = make_call(prog, a, w, ops)
+    cfg = CHOOSER.choose(call, launch._prepare_for_tuning(call))
+    ac, wc = plain_operands(prog, a, w, ops)
     fns = {
         "codetta": lambda: gemm(a, w, epilogue=prog, **ops),
         "plain": lambda: gemm(ac, wc),

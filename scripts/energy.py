@@ -8,10 +8,20 @@ runs back to back for a few seconds while nvidia-smi samples the clock and the p
 Per variant: ms per GEMM, median SM clock and power, energy per GEMM (power x time)
 and SM cycles per GEMM (time x clock: the work, apart from the clock it ran at).
 
+With ``--program NAME ...`` it does the same for GEMMs with those epilogues, as a
+model's layer calls them (``--widths``, ``--tokens``; the shapes of ``codetta tune``):
+cuBLAS's plain GEMM of the same products, then codetta with each candidate
+configuration of both mainloops and the 64-row ping-pong tiles: whether a heavy
+epilogue's power goes with the mainloop's operand traffic (it would change with the
+tile shape) or with the epilogue's own tile traffic (it would not).
+
 Usage: python scripts/energy.py [seconds per variant]
+       python scripts/energy.py [seconds] --program dswiglu residual_rms [--widths llama3-1b]
+           [--tokens 16384]
 """
 
-import sys
+import argparse
+import dataclasses
 
 import torch
 from profile_step import Clocks, _operand
@@ -61,19 +71,65 @@ def measure(fn, seconds: float) -> tuple[float, Clocks]:
     return start.elapsed_time(end) / n, clocks
 
 
-def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
-    head = f"{'shape':<24} {'variant':<34} {'ms':>7} {'TFLOP/s':>8} {'MHz':>6} {'W':>5} {'mJ':>7}"
-    print(f"{head} {'Mcycles':>8}")
+def program_cases(names, widths, tokens):
+    """(label, FLOPs, {variant: fn}) per distinct call of the named programs."""
+    from call_ratios import plain_operands
+
+    from codetta.kernels.operands import make_call
+    from codetta.kernels.tuning import candidates
+    from codetta.models import widths_of
+    from codetta.tune import _probe, _scaled, call_inputs
+
+    for spec in widths:
+        wid = widths_of(spec)
+        calls = [_scaled(c, tokens) for c in _probe(wid, torch.bfloat16) if c.program.name in names]
+        calls = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values()
+        for rec in calls:
+            prog = rec.program
+            a, w, ops = call_inputs(rec)
+            ac, wc = plain_operands(prog, a, w, ops)
+            fns = {"cuBLAS": lambda ac=ac, wc=wc: ac @ wc.t()}
+            cands = candidates(make_call(prog, a, w, ops))
+            r64 = configs.PINGPONG_64_ROW_CANDIDATES
+            rows64 = dataclasses.replace(prog, pingpong=True, pingpong_configs=r64)
+            width = prog.sub_tile_width
+            extra = [c for c in r64 if c not in cands and (not width or c.sub_n == width)]
+            for p, cfg in [(prog, c) for c in cands] + [(rows64, c) for c in extra]:
+                fns[cfg.short()] = lambda p=p, cfg=cfg, a=a, w=w, ops=ops: codetta.gemm(
+                    a, w, epilogue=p, config=cfg, **ops
+                )
+            label = f"{prog.name} {wid.name} {rec.M}x{rec.N}x{rec.K}"
+            yield label, 2 * rec.M * rec.N * rec.K, fns
+
+
+def plain_cases():
     for M, N, K, layout in SHAPES:
         a, w = operands(M, N, K, layout)
-        for name, fn in variants(a, w).items():
-            ms, clocks = measure(fn, seconds)
+        yield f"{M}x{N}x{K} {layout}", 2 * M * N * K, variants(a, w)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("seconds", nargs="?", type=float, default=3.0, help="per variant (default 3)")
+    ap.add_argument("--program", nargs="+", help="epilogue programs (default: plain GEMMs)")
+    ap.add_argument("--widths", nargs="+", default=["llama3-1b"])
+    ap.add_argument("--tokens", type=int, default=16384)
+    args = ap.parse_args()
+    cases = program_cases(args.program, args.widths, args.tokens) if args.program else plain_cases()
+    head = f"{'case':<40} {'variant':<24} {'ms':>7} {'TFLOP/s':>8} {'MHz':>6} {'W':>5} {'mJ':>7}"
+    print(f"{head} {'Mcycles':>8}")
+    for label, flops, fns in cases:
+        for name, fn in fns.items():
+            try:
+                ms, clocks = measure(fn, args.seconds)
+            except Exception as exc:  # a 64-row tile that does not fit this program: say so, go on
+                print(f"{label:<40} {name:<24} failed: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
             v = clocks.samples[len(clocks.samples) // 4 :] or [(float("nan"), float("nan"))]
             mhz = sorted(c for c, _ in v)[len(v) // 2]
             watts = sorted(p for _, p in v)[len(v) // 2]
-            print(f"{M}x{N}x{K} {layout:<6} {name:<34} {ms:7.3f} {2 * M * N * K / ms / 1e9:8.0f} {mhz:6.0f} "
-                  f"{watts:5.0f} {watts * ms:7.1f} {ms * mhz / 1e3:8.2f}")  # fmt: skip
+            print(f"{label:<40} {name:<24} {ms:7.3f} {flops / ms / 1e9:8.0f} {mhz:6.0f} "
+                  f"{watts:5.0f} {watts * ms:7.1f} {ms * mhz / 1e3:8.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
