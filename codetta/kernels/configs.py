@@ -16,8 +16,9 @@ class Config:
     no shipped candidate sets it; ``occupancy``: persistent programs per SM;
     ``tail_split``: split the tiles of a last, partial wave along K into up to that
     many parts (1 = off; ``mainloop.py``); ``pingpong``: run the sm_90 Gluon mainloop
-    (``pingpong.py``: 128x128 tiles, or 64-row ones, a loader warp and two consumer warpgroups of
-    ``num_warps`` each, a ring of ``num_stages`` A/B stages) instead of the portable one."""
+    (``pingpong.py``: 128x128 tiles, or 64-row ones, a loader warp and two consumer
+    warpgroups of ``num_warps`` each, a ring of ``num_stages`` A/B stages) instead of
+    the portable one."""
 
     block_m: int = 128
     block_n: int = 256
