@@ -34,10 +34,16 @@ def _head_norm(z4, w, dt):
     return (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + QK_EPS)).to(dt) * w.to(dt)
 
 
-def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt):
+def _rotate_pairs(x):
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).reshape(x.shape)
+
+
+def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt, interleaved=False):
     """The unfused chain in ``dt``: residual, RMSNorm (fp32 statistics), projections, and
     Hugging Face's apply_rotary_pos_emb on [B, H, S, hd] with cos/sin in ``dt`` (as
-    LlamaRotaryEmbedding returns them)."""
+    LlamaRotaryEmbedding returns them). ``interleaved``: the interleaved-pairs rotation,
+    GPT-J's form in ``dt``; in float64 Meta's (complex multiplication), an independent
+    statement of the same convention."""
     x = res + y @ w_o.t()
     xf = x.float() if dt != torch.float64 else x
     n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * gamma.to(xf.dtype)).to(dt)
@@ -45,7 +51,7 @@ def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt):
     angle = pos.to(torch.float64 if dt == torch.float64 else torch.float32)[..., None] * inv_freq.to(
         torch.float64 if dt == torch.float64 else torch.float32
     )
-    emb = torch.cat([angle, angle], dim=-1)
+    emb = angle.repeat_interleave(2, dim=-1) if interleaved else torch.cat([angle, angle], dim=-1)
     cos, sin = emb.cos().to(dt)[:, None], emb.sin().to(dt)[:, None]  # [B, 1, S, hd]
     outs = []
     for i, (w, rotate) in enumerate(((wq, True), (wk, True), (wv, False))):
@@ -55,7 +61,14 @@ def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt):
             if qk:
                 z4 = _head_norm(z4, qk[i], dt)
             z4 = z4.transpose(1, 2)
-            z4 = z4 * cos + _rotate_half(z4) * sin
+            if interleaved and dt == torch.float64:
+                turn = torch.polar(torch.ones_like(angle), angle)[:, None]  # [B, 1, S, hd / 2]
+                pairs = torch.view_as_complex(z4.reshape(*z4.shape[:-1], hd // 2, 2).contiguous())
+                z4 = torch.view_as_real(pairs * turn).reshape(z4.shape)
+            elif interleaved:
+                z4 = z4 * cos + _rotate_pairs(z4) * sin
+            else:
+                z4 = z4 * cos + _rotate_half(z4) * sin
             z = z4.transpose(1, 2).reshape(B, S, -1)
         outs.append(z)
     return x, outs
@@ -96,7 +109,8 @@ def test_first_layer_norm_qkv_rope(qk_norm, dtype, device):
     _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, True, qk_norm, dtype, device, first_layer=True)
 
 
-def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, first_layer=False):
+def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, first_layer=False,
+                         interleaved=False):  # fmt: skip
     """x, q, k, v and every gradient against fp64, within 2x PyTorch's own error in the
     same dtype (Hugging Face's own rotary code in that dtype); with Qwen3's per-head q/k
     norms before RoPE too (their weights' gradients included)."""
@@ -123,13 +137,13 @@ def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, f
         return outs + [t.grad for t in ts]
 
     def ours(y, w_o, res, gamma, wq, wk, wv, *qk):
-        rope = RoPE(pos, inv_freq, qk_norm_weights=tuple(qk), qk_norm_eps=QK_EPS)
+        rope = RoPE(pos, inv_freq, qk_norm_weights=tuple(qk), qk_norm_eps=QK_EPS, interleaved=interleaved)
         if first_layer:
             return res, rmsnorm_linear(res, gamma, [wq, wk, wv], EPS, rope=rope)
         return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=rope)
 
     def chain(dt):
-        return lambda *ts: _chain(*ts, pos=pos, inv_freq=inv_freq, hd=hd, dt=dt)
+        return lambda *ts: _chain(*ts, pos=pos, inv_freq=inv_freq, hd=hd, dt=dt, interleaved=interleaved)
 
     got = run(ours, leaves)
     ref = run(chain(torch.float64), [t.double() for t in leaves])
@@ -140,6 +154,32 @@ def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, f
             assert a is None or a.numel() == 0
             continue
         assert_within(name, a, b, c)
+
+
+@pytest.mark.parametrize("qk_norm,first_layer", [(False, False), (True, True)] + [(True, False)] * ON_GPU)
+def test_interleaved_pairs(qk_norm, first_layer, dtype, device):
+    """``RoPE(interleaved=True)`` (columns 2i, 2i + 1 rotate together) against Meta's
+    complex-number form in float64: q, k, v and every gradient within 2x PyTorch's own
+    error (GPT-J's form in the same dtype); packed positions."""
+    B, S, d, hq, hkv, hd = CASES[1] if ON_GPU else CASES[0]
+    _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, True, qk_norm, dtype, device, first_layer, interleaved=True)
+
+
+def test_interleaved_pairs_programs():
+    """The interleaved convention runs in its own programs, forward and backward; the
+    two conventions differ (the test above would pass with either if they did not)."""
+    B, S, d, hq, hkv, hd = CASES[0]
+    x = rand(B * S, d, dtype=torch.float16, device="cpu")
+    ws = [rand(h * hd, d, dtype=torch.float16, device="cpu", scale=0.1) for h in (hq, hkv, hkv)]
+    rope = RoPE(torch.arange(B * S), torch.rand(hd // 2) + 0.5, interleaved=True)
+    with recording(compute=True) as calls:
+        q_pairs = rmsnorm_linear(x, torch.ones(d), ws, EPS, rope=rope)[0]
+    names = [c.program.name for c in calls]
+    assert names == [f"rms_rope_pairs_{hd}", f"rms_rope_pairs_{hd}", "rms_scale"], names
+    q_half = rmsnorm_linear(x, torch.ones(d), ws, EPS, rope=rope._replace(interleaved=False))[0]
+    assert (q_pairs.float() - q_half.float()).abs().max() > 0.1
+    with pytest.raises(TypeError, match="interleaved"):
+        rmsnorm_linear(x, torch.ones(d), ws, EPS, rope=rope._replace(interleaved="yes"))
 
 
 def test_rope_runs_in_the_epilogue():

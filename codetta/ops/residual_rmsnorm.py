@@ -50,7 +50,15 @@ from ..programs import (
     STORE_M3,
 )
 from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
-from ..programs.rope import RMS_QKNORM_ROPE, RMS_ROPE, RMS_ROPE_QKV, qknorm_backward_rows, unrotate_half_rows
+from ..programs.rope import (
+    RMS_QKNORM_ROPE,
+    RMS_QKNORM_ROPE_PAIRS,
+    RMS_ROPE,
+    RMS_ROPE_PAIRS,
+    RMS_ROPE_QKV,
+    qknorm_backward_rows,
+    unrotate_half_rows,
+)
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived
 
@@ -73,11 +81,13 @@ def _forward_impl(
     rope_scaling: float,
     n_rope: int,
     qk_eps: float,
+    rope_pairs: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     # rope: [] or [positions [M], frequencies [head_dim], (a q/k norm weight [head_dim]
-    # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half), after
-    # that per-head norm if given, in their GEMM's epilogue; then zs also holds, after the
-    # outputs, each normed one's un-normalized z (for the backward)
+    # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half, or with
+    # rope_pairs interleaved pairs: then the frequencies are inv_freq.repeat_interleave(2)),
+    # after that per-head norm if given, in their GEMM's epilogue; then zs also holds,
+    # after the outputs, each normed one's un-normalized z (for the backward)
     # returns (x, [z per next weight], sumsq, w_gamma): w_gamma = W * gamma when
     # fold_gamma (one next weight; kept for the backward), else an empty tensor.
     # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
@@ -104,7 +114,8 @@ def _forward_impl(
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = _k1(y, w_o, residual, gamma)
     widths = tuple(w.shape[0] for w in ws)
-    if (n_rope == 2 and len(ws) == 3 and len(rope) == 2 and rope_scaling == 1.0 and SETTINGS.qkv_one_launch
+    one_launch = SETTINGS.qkv_one_launch and not rope_pairs and rope_scaling == 1.0
+    if (one_launch and n_rope == 2 and len(ws) == 3 and len(rope) == 2
             and parts_fit(RMS_ROPE_QKV[rope[1].shape[0]], k1.h.device, widths=widths)):  # fmt: skip
         # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
         # v's columns get RoPE frequency 0, an exact identity rotation (cos 1, sin 0)
@@ -121,13 +132,14 @@ def _forward_impl(
             pos, freq, *qk_ws = rope
             rot = {"pos": pos, "freq": _column_freq(freq, w.shape[0]), "scaling": rope_scaling}
             if qk_ws:
-                prog = RMS_QKNORM_ROPE[freq.shape[0]]
+                prog = (RMS_QKNORM_ROPE_PAIRS if rope_pairs else RMS_QKNORM_ROPE)[freq.shape[0]]
                 qk_w = _column_freq(qk_ws[i], w.shape[0], keep=False)  # a trained weight: made per call
                 out = gemm(k1.h, w, epilogue=prog, **norm, **rot, qk_w=qk_w, qk_eps=qk_eps)
                 zs.append(out.out)
                 pres.append(out.pre)
             else:
-                zs.append(gemm(k1.h, w, epilogue=RMS_ROPE[freq.shape[0]], **norm, **rot))
+                prog = (RMS_ROPE_PAIRS if rope_pairs else RMS_ROPE)[freq.shape[0]]
+                zs.append(gemm(k1.h, w, epilogue=prog, **norm, **rot))
         else:
             zs.append(gemm(k1.h, w, epilogue=RMS_SCALE, **norm))
     return k1.x, zs + pres, k1.sumsq, ws[0].new_empty(0)
@@ -175,6 +187,7 @@ def _(
     rope_scaling,
     n_rope,
     qk_eps,
+    rope_pairs,
 ):
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
@@ -268,6 +281,7 @@ def _backward_impl(
     rope_scaling: float,
     n_rope: int,
     qk_eps: float,
+    rope_pairs: bool,
     pres: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
@@ -276,14 +290,16 @@ def _backward_impl(
         # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
         # pass over each; freq holds each head's frequencies twice, the pass takes them once)
         pos, freq, *qk_ws = rope
-        half = freq[: freq.shape[0] // 2]
+        half = freq[0::2] if rope_pairs else freq[: freq.shape[0] // 2]
         dzs, dqk = list(dzs), []
         for i in range(n_rope):
             if qk_ws:  # the per-head norm's backward in the same pass
-                dzs[i], dw = qknorm_backward_rows(dzs[i], pres[i], qk_ws[i], pos, half, rope_scaling, qk_eps)
+                dzs[i], dw = qknorm_backward_rows(
+                    dzs[i], pres[i], qk_ws[i], pos, half, rope_scaling, qk_eps, pairs=rope_pairs
+                )
                 dqk.append(dw.to(qk_ws[i].dtype))
             else:
-                dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling)
+                dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling, pairs=rope_pairs)
     dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
         dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)
@@ -325,6 +341,7 @@ def _(
     rope_scaling,
     n_rope,
     qk_eps,
+    rope_pairs,
     pres,
 ):
     qk_ws = rope[2:] if n_rope else []
@@ -355,11 +372,13 @@ def _setup_context(ctx, inputs, output):
         rope_scaling,
         n_rope,
         qk_eps,
+        rope_pairs,
     ) = inputs
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
     ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps = list(rope), rope_scaling, n_rope, qk_eps
+    ctx.rope_pairs = rope_pairs
     pres = tuple(zs[len(ws) :]) if n_rope else ()  # the q/k norms' inputs z (with qk norms)
     ctx.n_pres = len(pres)
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
@@ -402,12 +421,13 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
-        ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, list(pres),
+        ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
     )  # fmt: skip
     # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
     n, g = ctx.n_ws, ctx.n_gate_up
     rope_grads = [None, None] + list(dws[n + g :]) if len(ctx.rope) > 2 else [None] * len(ctx.rope)
-    rest = (None, rope_grads, None, None, None)  # swiglu, rope, rope_scaling, n_rope, qk_eps
+    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs
+    rest = (None, rope_grads, None, None, None, None)
     if gate_up:
         return None, dw_o, dres, dgamma, dws[:n], None, None, None, dws[n : n + g], *rest
     return dy, dw_o, dres, dgamma, dws[:n], None, None, None, [], *rest
@@ -512,7 +532,7 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0,
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False,
     )  # fmt: skip
     f = w_gate.shape[0]
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
@@ -532,7 +552,9 @@ def residual_rmsnorm(
 
 class RoPE(NamedTuple):
     """Rotary position embedding for ``residual_rmsnorm_linear``'s first ``n_weights``
-    outputs (q and k), in Hugging Face's rotate-half convention, applied in their GEMMs'
+    outputs (q and k), in Hugging Face's rotate-half convention (each head's columns i and
+    i + head_dim / 2 rotate together), or with ``interleaved=True`` in the interleaved-pairs
+    one (columns 2i and 2i + 1: GPT-J, Meta's original Llama code), applied in their GEMMs'
     epilogues: each token's angles are ``position_ids * inv_freq`` (float32), cos and
     sin scaled by ``attention_scaling`` (a model's ``rotary_emb.inv_freq`` and
     ``.attention_scaling`` cover its rope_scaling type). ``position_ids``: integers
@@ -546,6 +568,7 @@ class RoPE(NamedTuple):
     n_weights: int = 2
     qk_norm_weights: tuple = ()
     qk_norm_eps: float = 1e-6
+    interleaved: bool = False
 
 
 def residual_rmsnorm_linear(
@@ -595,18 +618,20 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     # the o-projection of the general operator, absent: [M, 0] @ [d, 0]^T
     y, w_o = x.new_empty((M, 0)), x.new_empty((d, 0))
     ws, eps = _check(y, w_o, rows, gamma, weight, eps)
-    rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, x.device)
+    rope_args, rope_scaling, n_rope, qk_eps, pairs = _rope_args(rope, ws, lead, x.device)
     _, zs, _, _ = _forward_fast(
-        y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps
-    )
+        y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps,
+        pairs,
+    )  # fmt: skip
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
     return zs if isinstance(weight, (list, tuple)) else zs[0]
 
 
-def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
-    """(tensors, scaling, how many outputs, q/k norm eps) of a ``RoPE`` argument, validated."""
+def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float, bool]:
+    """(tensors, scaling, how many outputs, q/k norm eps, interleaved pairs) of a ``RoPE``
+    argument, validated."""
     if rope is None:
-        return [], 1.0, 0, 0.0
+        return [], 1.0, 0, 0.0, False
     if not isinstance(rope, RoPE):
         raise TypeError(f"rope must be a codetta.ops.RoPE, got {type(rope).__name__}")
     pos, inv_freq = rope.position_ids, rope.inv_freq
@@ -634,7 +659,13 @@ def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
         raise ValueError(
             f"rope.position_ids {tuple(pos.shape)} must broadcast to the tokens' shape {tuple(lead)}"
         ) from None
-    freq = derived(inv_freq, "halves", lambda: inv_freq.repeat(2))  # both halves rotate alike
+    pairs = rope.interleaved
+    if not isinstance(pairs, bool):
+        raise TypeError(f"rope.interleaved must be True or False, got {pairs!r}")
+    if pairs:  # each pair's frequency twice, side by side
+        freq = derived(inv_freq, "pairs", lambda: inv_freq.repeat_interleave(2))
+    else:  # both halves rotate alike
+        freq = derived(inv_freq, "halves", lambda: inv_freq.repeat(2))
     qk = list(rope.qk_norm_weights)
     if qk:
         if len(qk) != n:
@@ -649,7 +680,7 @@ def _rope_args(rope, ws, lead, device) -> tuple[list, float, int, float]:
     eps = float(rope.qk_norm_eps)
     if qk and not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"rope.qk_norm_eps must be a finite number >= 0, got {rope.qk_norm_eps!r}")
-    return [pos.reshape(-1).contiguous(), freq, *qk], float(rope.attention_scaling), n, eps
+    return [pos.reshape(-1).contiguous(), freq, *qk], float(rope.attention_scaling), n, eps, pairs
 
 
 def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, backward="rowwise",
@@ -676,7 +707,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     if len(ws) != 1 and (fold_gamma or backward != "rowwise"):
         raise ValueError("several or no next weights take the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
-    rope_args, rope_scaling, n_rope, qk_eps = _rope_args(rope, ws, lead, y.device)
+    rope_args, rope_scaling, n_rope, qk_eps, pairs = _rope_args(rope, ws, lead, y.device)
     if n_rope and (fold_gamma or backward != "rowwise"):
         raise ValueError("rope takes the default backward (rowwise, no fold_gamma)")
     x, zs, _, _ = _forward_fast(
@@ -694,6 +725,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         rope_scaling,
         n_rope,
         qk_eps,
+        pairs,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

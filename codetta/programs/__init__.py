@@ -22,12 +22,16 @@ from .norm import (
     RMS_GRAD_PARTIALS,
     RMS_SCALE,
 )
-from .rope import (  # noqa: F401 - RMS_ROPE, RMS_ROPE_QKV: every head dim
+from .rope import (  # noqa: F401 - RMS_ROPE, RMS_ROPE_QKV and the PAIRS ones: every head dim
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_128,
+    RMS_QKNORM_ROPE_PAIRS,
+    RMS_QKNORM_ROPE_PAIRS_128,
     RMS_ROPE,
     RMS_ROPE_64,
     RMS_ROPE_128,
+    RMS_ROPE_PAIRS,
+    RMS_ROPE_PAIRS_128,
     RMS_ROPE_QKV,
     RMS_ROPE_QKV_64,
     RMS_ROPE_QKV_128,
@@ -58,6 +62,7 @@ __all__ = [
     "RMS_ROPE_64",
     "RMS_ROPE_128",
     "RMS_QKNORM_ROPE_128",
+    "RMS_ROPE_PAIRS_128",
     "RMS_ROPE_QKV_64",
     "RMS_ROPE_QKV_128",
     "SWIGLU",

@@ -1,5 +1,6 @@
 """RoPE in GEMM epilogues: rotation of adjacent column pairs, and Hugging Face's
-rotate-half convention on whole heads after an RMSNorm (q and k projections)."""
+rotate-half convention (or the interleaved-pairs one) on whole heads after an RMSNorm
+(q and k projections)."""
 
 import torch
 import triton
@@ -79,6 +80,34 @@ def rms_qknorm_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
     return _rotate(n1, n2, pos, freq, scaling), z
 
 
+@triton.jit
+def _rotate_pairs_of(x, pos, freq, scaling):
+    """RoPE of one head in the interleaved-pairs convention (GPT-J, Meta's original Llama
+    code): columns (2i, 2i+1) rotate by position[m] * inv_freq[i] (``freq`` holds each
+    pair's frequency twice). The angles' sines and cosines at full width, then the
+    products split (``_rotate``'s form, its angles split before sincos, spilled for
+    sm_90a on the portable mainloop here: 56-104 B)."""
+    sin, cos = P.sincos(pos.to(tl.float32) * freq)
+    xc1, xc2 = P.even_odd(x * (cos * scaling))
+    xs1, xs2 = P.even_odd(x * (sin * scaling))
+    return P.interleave(xc1 - xs2, xc2 + xs1)
+
+
+@triton.jit
+def rms_rope_pairs(acc, sumsq, inv_d, eps, pos, freq, scaling):
+    """``rms_rope`` with the interleaved-pairs rotation."""
+    return _rotate_pairs_of(acc * rms_scale_of(sumsq, inv_d, eps), pos, freq, scaling)
+
+
+@triton.jit
+def rms_qknorm_rope_pairs(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+    """``rms_qknorm_rope`` with the interleaved-pairs rotation."""
+    z = acc * rms_scale_of(sumsq, inv_d, eps)
+    W: tl.constexpr = acc.shape[1]
+    rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
+    return _rotate_pairs_of(z * rho * qk_w, pos, freq, scaling), z
+
+
 def head_rms_norm(z: torch.Tensor, weight: torch.Tensor, eps: float, head_dim: int) -> torch.Tensor:
     """Each head's RMSNorm (weight [head_dim]) over [M, N] rows, in z's dtype."""
     M, N = z.shape
@@ -100,6 +129,26 @@ def rotate_half_reference(
     h = x.reshape(M, N // head_dim, 2, head_dim // 2)
     rot = torch.cat([-h[:, :, 1], h[:, :, 0]], dim=-1).reshape(M, N)
     return x * cos + rot * sin
+
+
+def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x cos + rotate_pairs(x) sin: columns (2i, 2i+1) = (a, b) -> (a c - b s, b c + a s),
+    the interleaved-pairs RoPE (any head dim), each product with its own column's cos or
+    sin as the programs form them (a model's two columns of a pair share one angle)."""
+    M, N = x.shape
+    a, b = x.reshape(M, N // 2, 2).unbind(-1)
+    ca, cb = cos.reshape(M, N // 2, 2).unbind(-1)
+    sa, sb = sin.reshape(M, N // 2, 2).unbind(-1)
+    return torch.stack([a * ca - b * sb, b * cb + a * sa], dim=-1).reshape(M, N)
+
+
+def unrotate_pairs(dout: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient through ``rotate_pairs_reference``, in float32: (g_a c + g_b s,
+    g_b c - g_a s) per column pair."""
+    M, N = dout.shape
+    ga, gb = dout.float().reshape(M, N // 2, 2).unbind(-1)
+    c, s = cos.reshape(M, N // 2, 2)[..., 0], sin.reshape(M, N // 2, 2)[..., 0]
+    return torch.stack([ga * c + gb * s, gb * c - ga * s], dim=-1).reshape(M, N).to(dout.dtype)
 
 
 def unrotate_half(dout: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -137,6 +186,26 @@ def _qknorm_reference(head_dim):
         n = head_rms_norm(z, unit, qk_eps, head_dim) * qk_w.to(z.dtype)
         cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
         return {"out": rotate_half_reference(n, cos.to(acc.dtype), sin.to(acc.dtype), head_dim), "pre": z}
+
+    return ref
+
+
+def _rope_pairs_reference(head_dim):
+    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling):
+        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
+        cos, sin = rope_tables(pos, freq, scaling)
+        return {"out": rotate_pairs_reference(z, cos.to(acc.dtype), sin.to(acc.dtype))}
+
+    return ref
+
+
+def _qknorm_pairs_reference(head_dim):
+    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
+        unit = torch.ones(head_dim, dtype=z.dtype, device=z.device)
+        n = head_rms_norm(z, unit, qk_eps, head_dim) * qk_w.to(z.dtype)
+        cos, sin = rope_tables(pos, freq, scaling)
+        return {"out": rotate_pairs_reference(n, cos.to(acc.dtype), sin.to(acc.dtype)), "pre": z}
 
     return ref
 
@@ -205,10 +274,48 @@ RMS_QKNORM_ROPE = {
     for hd, body in ((hd, rms_qknorm_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
 }
 
+# the same two in the interleaved-pairs convention (``RoPE(interleaved=True)``): freq
+# [N] holds each pair's frequency twice (inv_freq.repeat_interleave(2) per head). Their
+# candidates, from the sm_90a check at head dim 128: the portable mainloop's 128x128 and
+# 64x128 tiles, and the ping-pong mainloop's 64x128 ones (its 128x128 tiles spill 1288 B,
+# 64x256 ones 1216 B); with the q/k norm the portable mainloop's tiles spill 56-176 B of
+# stack (not in CI's sm_90a list for that reason; no shipped model uses this convention)
+_PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,)))
+_PAIRS_PINGPONG = tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)
+RMS_ROPE_PAIRS = {
+    hd: Program(
+        f"rms_rope_pairs_{hd}",
+        rms_rope_pairs,
+        inputs=_ROPE_INPUTS,
+        outputs=(Tile("out"),),
+        reference=_rope_pairs_reference(hd),
+        check=_head_check(hd),
+        configs=_PAIRS_CANDIDATES,
+        sub_tile_width=hd,
+        pingpong_configs=_PAIRS_PINGPONG,
+    )
+    for hd in (16, 32, 64, 128, 256)
+}
+RMS_QKNORM_ROPE_PAIRS = {
+    hd: Program(
+        f"rms_qknorm_rope_pairs_{hd}",
+        rms_qknorm_rope_pairs,
+        inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")),
+        outputs=(Tile("out"), Tile("pre")),
+        reference=_qknorm_pairs_reference(hd),
+        check=_head_check(hd),
+        configs=_PAIRS_CANDIDATES,
+        sub_tile_width=hd,
+        pingpong_configs=_PAIRS_PINGPONG,
+    )
+    for hd in (16, 32, 64, 128, 256)
+}
+
 # the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral), as
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]
+RMS_ROPE_PAIRS_128, RMS_QKNORM_ROPE_PAIRS_128 = RMS_ROPE_PAIRS[128], RMS_QKNORM_ROPE_PAIRS[128]
 # q, k and v from one launch: the three weights side by side along N (N parts), each
 # output its own tensor; v's columns take frequency 0 (cos 1, sin 0: an exact identity
 # when the attention scaling is 1), so it comes out as RMS_SCALE would write it
@@ -218,66 +325,79 @@ RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
 
 
 @triton.jit
-def _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr):
+def _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+                PAIRS: tl.constexpr):  # fmt: skip
     """The backward passes' block: BLOCK_M rows of one head (program ids: row block, head),
-    its halves addressed directly. Returns (offsets of the first half [BLOCK_M, HALF], the
-    row mask, the un-rotated gradient halves n1, n2: the rotation's transpose, in fp32)."""
+    its two rotated parts addressed directly: the halves (rotate-half), or with ``PAIRS``
+    the even and odd columns. Returns (offsets of the first part's columns [BLOCK_M,
+    HALF], the second part's distance from them, the row mask, the un-rotated gradient
+    parts n1, n2: the rotation's transpose, in fp32)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HALF)
     mask = (rows < M)[:, None]
-    base = rows.to(tl.int64)[:, None] * N + tl.program_id(1) * 2 * HALF + cols[None, :]
+    step: tl.constexpr = 2 if PAIRS else 1
+    other: tl.constexpr = 1 if PAIRS else HALF
+    base = rows.to(tl.int64)[:, None] * N + tl.program_id(1) * 2 * HALF + step * cols[None, :]
     g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    g2 = tl.load(g_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    g2 = tl.load(g_ptr + base + other, mask=mask, other=0.0).to(tl.float32)
     pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
     sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + cols)[None, :])
     c = cos * scaling
     s = sin * scaling
-    return base, mask, g1 * c + g2 * s, g2 * c - g1 * s
+    return base, other, mask, g1 * c + g2 * s, g2 * c - g1 * s
 
 
 @triton.jit
 def _unrotate_kernel(g_ptr, out_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr,
-                     BLOCK_M: tl.constexpr):  # fmt: skip
-    base, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M)
+                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+    base, other, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M, PAIRS)
     tl.store(out_ptr + base, n1.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + base + HALF, n2.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + base + other, n2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
+    """cos and sin [M, n] of the forward's rotation (each head's frequencies repeated as
+    its convention pairs the columns)."""
+    per_head = inv_freq.repeat_interleave(2) if pairs else inv_freq.repeat(2)
+    return rope_tables(pos, per_head.repeat(n // per_head.shape[0]), scaling)
 
 
 def unrotate_half_rows(
-    dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float
+    dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, pairs: bool = False
 ) -> torch.Tensor:
     """The gradient through RMS_ROPE's rotation (its transpose), one pass over [M, N]:
     d1 = g1 c + g2 s, d2 = g2 c - g1 s per head of 2 * len(inv_freq) columns, with the
-    angles pos[m] * inv_freq formed in float32 as the forward forms them. Returns a new
-    tensor of dout's dtype."""
+    angles pos[m] * inv_freq formed in float32 as the forward forms them; ``pairs``:
+    RMS_ROPE_PAIRS's rotation (d1, d2 the even and odd columns). Returns a new tensor of
+    dout's dtype."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     if torch_path(dout):
-        cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // (2 * half)), scaling)
-        return unrotate_half(dout, cos, sin, 2 * half)
+        cos, sin = _tables(pos, inv_freq, N, scaling, pairs)
+        return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
     out = torch.empty_like(dout)
     block_m = max(1, 4096 // half)
     grid = (triton.cdiv(M, block_m), N // (2 * half))
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
-        _unrotate_kernel[grid](
-            dout, out, pos.contiguous(), freq, M, N, float(scaling), HALF=half, BLOCK_M=block_m
-        )
+        _unrotate_kernel[grid](dout, out, pos.contiguous(), freq, M, N, float(scaling), HALF=half,
+                               BLOCK_M=block_m, PAIRS=pairs)  # fmt: skip
     return out
 
 
 @triton.jit
 def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
-                            HALF: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+                            HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
     # n1, n2: the gradient of the normalized head, before the rotation; dw partials: row
     # (row block, head) of [., 2 HALF]
-    base, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M)
-    cols = tl.arange(0, HALF)
+    base, other, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M, PAIRS)
+    step: tl.constexpr = 2 if PAIRS else 1
+    cols = step * tl.arange(0, HALF)  # the first part's columns within the head
     z1 = tl.load(pre_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    z2 = tl.load(pre_ptr + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    z2 = tl.load(pre_ptr + base + other, mask=mask, other=0.0).to(tl.float32)
     w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + other + cols).to(tl.float32)[None, :]
     rho = tl.rsqrt((tl.sum(z1 * z1, axis=1) + tl.sum(z2 * z2, axis=1)) * (0.5 / HALF) + eps)[:, None]
     h1 = z1 * rho
     h2 = z2 * rho
@@ -285,22 +405,24 @@ def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, fre
     gw2 = n2 * w2
     m = ((tl.sum(gw1 * h1, axis=1) + tl.sum(gw2 * h2, axis=1)) * (0.5 / HALF))[:, None]
     tl.store(out_ptr + base, (rho * (gw1 - h1 * m)).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + base + HALF, (rho * (gw2 - h2 * m)).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + base + other, (rho * (gw2 - h2 * m)).to(out_ptr.dtype.element_ty), mask=mask)
     part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 2 * HALF
     tl.store(dw_ptr + part + cols, tl.sum(n1 * h1, axis=0))
-    tl.store(dw_ptr + part + HALF + cols, tl.sum(n2 * h2, axis=0))
+    tl.store(dw_ptr + part + other + cols, tl.sum(n2 * h2, axis=0))
 
 
-def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float):
+def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float, pairs: bool = False):
     """The gradient through RMS_QKNORM_ROPE's per-head norm and rotation, one pass over
     [M, N]: returns (dz [M, N] in dout's dtype, dweight [head_dim] float32). ``pre``: the
-    forward's z (the norm's input); ``weight``: the norm weight [head_dim]."""
+    forward's z (the norm's input); ``weight``: the norm weight [head_dim]; ``pairs``:
+    RMS_QKNORM_ROPE_PAIRS's rotation."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     hd = 2 * half
     if torch_path(dout):
-        cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // hd), scaling)
-        n = unrotate_half(dout.float(), cos, sin, hd).reshape(M, N // hd, hd)
+        cos, sin = _tables(pos, inv_freq, N, scaling, pairs)
+        g = dout.float()
+        n = (unrotate_pairs(g, cos, sin) if pairs else unrotate_half(g, cos, sin, hd)).reshape(M, N // hd, hd)
         z = pre.float().reshape(M, N // hd, hd)
         rho = (z.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
         h = z * rho
@@ -315,5 +437,6 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         _qknorm_backward_kernel[grid](dout, pre, weight.contiguous(), out, dw, pos.contiguous(), freq, M, N,
-                                      float(scaling), float(eps), HALF=half, BLOCK_M=block_m)  # fmt: skip
+                                      float(scaling), float(eps), HALF=half, BLOCK_M=block_m,
+                                      PAIRS=pairs)  # fmt: skip
     return out, dw.sum(0)
