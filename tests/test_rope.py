@@ -4,7 +4,7 @@ RMSNorm (Hugging Face's rotate-half convention), forward and backward."""
 import pytest
 import torch
 from conftest import ON_GPU
-from util import assert_within, rand
+from util import assert_within, check_compile_matches_eager, rand
 
 import codetta
 from codetta.kernels.launch import recording
@@ -326,3 +326,73 @@ def test_rope_program_needs_whole_heads():
     with pytest.raises(ValueError, match="multiple of head_dim 32|groups of 32 columns"):
         codetta.gemm(a, w, epilogue=RMS_ROPE[32], sumsq=torch.ones(8), inv_d=1.0, eps=0.0,
                      pos=torch.arange(8), freq=torch.ones(40), scaling=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("qk_norm,interleaved", [(False, False), (True, True)])
+def test_module(qk_norm, interleaved, dtype, device):
+    """``codetta.nn.RMSNormQKVRoPE`` computes what the functional op computes with its
+    parameters (bit for bit: the op's own tests hold it to fp64), returns SDPA-ready
+    [B, H, S, hd] views without a copy, and trains every parameter."""
+    from codetta.nn import RMSNormQKVRoPE
+
+    B, S, d, hq, hkv, hd = CASES[0]
+    m = RMSNormQKVRoPE(d, hq, hkv, hd, rope_theta=500.0, eps=EPS, qk_norm=qk_norm, interleaved=interleaved,
+                       device=device, dtype=dtype)  # fmt: skip
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else torch.randn_like(p) * d**-0.5)
+    keys = {"norm.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight"}
+    assert set(m.state_dict()) == keys | ({"q_norm.weight", "k_norm.weight"} if qk_norm else set())
+    x = rand(B, S, d, dtype=dtype, device=device).requires_grad_()
+    pos = _positions(B, S, True, device)
+    q, k, v = m(x, pos)
+    assert q.shape == (B, hq, S, hd) and k.shape == v.shape == (B, hkv, S, hd)
+    assert q.transpose(1, 2).is_contiguous() and v.transpose(1, 2).is_contiguous()  # views, no copy
+    qk = (m.q_norm.weight, m.k_norm.weight) if qk_norm else ()
+    rope = RoPE(pos, m.inv_freq, qk_norm_weights=qk, qk_norm_eps=EPS, interleaved=interleaved)
+    ws = [m.q_proj.weight, m.k_proj.weight, m.v_proj.weight]
+    want = rmsnorm_linear(x, m.norm.weight, ws, EPS, rope=rope)
+    for got, w in zip((q, k, v), want):
+        assert torch.equal(got.transpose(1, 2).reshape(w.shape), w)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(hq // hkv, 1),
+                                                           v.repeat_interleave(hq // hkv, 1))  # fmt: skip
+    out.float().pow(2).sum().backward()
+    for name, p in [("x", x), *m.named_parameters()]:
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_module_errors():
+    from codetta.nn import RMSNormQKVRoPE
+
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        RMSNormQKVRoPE(64, 6, 4, 16)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        RMSNormQKVRoPE(64, 4, 4, 15)
+    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+        RMSNormQKVRoPE(64, 0, 4, 16)
+    with pytest.raises(ValueError, match="eps must be"):
+        RMSNormQKVRoPE(64, 4, 4, 16, eps=-1.0)
+    with pytest.raises(ValueError, match="inv_freq must have shape"):
+        RMSNormQKVRoPE(64, 4, 4, 16, inv_freq=torch.ones(5))
+    with pytest.raises(ValueError, match=r"\[batch, seq, hidden\]"):
+        RMSNormQKVRoPE(64, 4, 4, 16)(torch.zeros(3, 64))
+
+
+def test_module_compiles_fullgraph(device):
+    """torch.compile(fullgraph=True) of the module (q/k norms, interleaved pairs) traces
+    the custom ops and gives eager's output and gradients."""
+    from codetta.nn import RMSNormQKVRoPE
+
+    B, S, d, hq, hkv, hd = CASES[0]
+    m = RMSNormQKVRoPE(d, hq, hkv, hd, qk_norm=True, interleaved=True, device=device, dtype=torch.float16)
+    x = rand(B, S, d, dtype=torch.float16, device=device)
+    pos = _positions(B, S, True, device)
+    leaves = [x, m.norm.weight, m.q_proj.weight, m.k_proj.weight, m.v_proj.weight, m.q_norm.weight,
+              m.k_norm.weight]  # fmt: skip
+
+    def f(x, g, wq, wk, wv, qn, kn):
+        rope = RoPE(pos, m.inv_freq, qk_norm_weights=(qn, kn), qk_norm_eps=1e-6, interleaved=True)
+        q, k, v = rmsnorm_linear(x, g, [wq, wk, wv], 1e-6, rope=rope)
+        return q.float().pow(2).sum() + k.float().sum() + v.float().sum()
+
+    check_compile_matches_eager(f, [t.detach() for t in leaves], ON_GPU)

@@ -1,0 +1,95 @@
+"""``RMSNormQKVRoPE``: an attention block's input RMSNorm, q/k/v projections, optional
+per-head q/k norms and RoPE, as one module on ``codetta.ops.rmsnorm_linear``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..ops import RoPE, rmsnorm_linear
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _eps(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+class RMSNormQKVRoPE(nn.Module):
+    """``n = RMSNorm(x)``; ``q, k, v = n @ q_proj.T, n @ k_proj.T, n @ v_proj.T``; with
+    ``qk_norm``, an RMSNorm over each head of q and k (Qwen3); RoPE on q and k (Hugging
+    Face's rotate-half convention, or ``interleaved=True``: adjacent column pairs). The
+    norm's scale, the q/k norms and the rotation run in the projections' GEMM epilogues
+    (``codetta.ops.rmsnorm_linear``), forward and backward.
+
+    ``forward(x [B, S, hidden], position_ids=None) -> (q, k, v)``, each [B, heads, S,
+    head_dim]: transposed views of [B, S, heads * head_dim] tensors, the layout
+    ``F.scaled_dot_product_attention`` reads with no copy (its flash and cuDNN backends
+    take these strides). ``position_ids`` [B, S] or [S] (packed sequences: per-token
+    positions); default ``arange(S)``.
+
+    Parameters, as a Hugging Face Llama / Qwen3 layer names them: ``norm`` (an
+    ``nn.RMSNorm``: the layer's ``input_layernorm``), ``q_proj``, ``k_proj``, ``v_proj``
+    (``nn.Linear``, no bias), ``q_norm`` and ``k_norm`` (``nn.RMSNorm(head_dim)``) with
+    ``qk_norm``. The rotation's frequencies are the buffer ``inv_freq`` (``rope_theta **
+    (-2i / head_dim)``; give ``inv_freq`` for a scaled rope, e.g. Llama 3's, and its
+    ``attention_scaling``)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rope_theta: float = 10000.0, eps: float = 1e-6, qk_norm: bool = False,
+                 qk_norm_eps: float | None = None, interleaved: bool = False,
+                 inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0,
+                 device=None, dtype=None):  # fmt: skip
+        super().__init__()
+        sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
+                 "head_dim": head_dim}  # fmt: skip
+        for name, v in sizes.items():
+            _positive_int(name, v)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs of columns), got {head_dim}")
+        if not isinstance(interleaved, bool) or not isinstance(qk_norm, bool):
+            raise TypeError("qk_norm and interleaved must be True or False")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.interleaved, self.attention_scaling = interleaved, float(attention_scaling)
+        eps = _eps("eps", eps)
+        qk_eps = eps if qk_norm_eps is None else _eps("qk_norm_eps", qk_norm_eps)
+        kw = {"device": device, "dtype": dtype}
+        self.norm = nn.RMSNorm(hidden_size, eps=eps, device=device)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False, **kw)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False, **kw)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False, **kw)
+        self.q_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
+        self.k_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
+        if inv_freq is None:
+            steps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+            inv_freq = 1.0 / (float(rope_theta) ** steps)
+        elif inv_freq.shape != (head_dim // 2,):
+            raise ValueError(f"inv_freq must have shape ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+        self.register_buffer("inv_freq", inv_freq.to(device=device, dtype=torch.float32), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
+        if x.dim() != 3:
+            raise ValueError(f"x must be [batch, seq, hidden], got shape {tuple(x.shape)}")
+        B, S, _ = x.shape
+        if position_ids is None:
+            position_ids = torch.arange(S, device=x.device)
+        qk = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else ()
+        rope = RoPE(position_ids, self.inv_freq, self.attention_scaling, qk_norm_weights=qk,
+                    qk_norm_eps=self.q_norm.eps if qk else 1e-6, interleaved=self.interleaved)  # fmt: skip
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.norm.eps, rope=rope)
+        return tuple(t.view(B, S, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"qk_norm={self.q_norm is not None}, interleaved={self.interleaved}")  # fmt: skip
