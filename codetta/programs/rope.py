@@ -170,42 +170,22 @@ def _first_half_freq(freq: torch.Tensor, head_dim: int) -> torch.Tensor:
     return h.expand(-1, 2, -1).reshape(-1)
 
 
-def _rope_reference(head_dim):
-    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling):
+def _reference(head_dim: int, pairs: bool, qk_norm: bool):
+    """The PyTorch form of RMS_ROPE, RMS_QKNORM_ROPE (``qk_norm``) and their ``pairs``
+    twins: the norm's row scale, (each head's RMSNorm,) the rotation."""
+
+    def rotate(x, pos, freq, scaling):
+        cos, sin = rope_tables(pos, freq if pairs else _first_half_freq(freq, head_dim), scaling)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return rotate_pairs_reference(x, cos, sin) if pairs else rotate_half_reference(x, cos, sin, head_dim)
+
+    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w=None, qk_eps=None):
         z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
-        cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
-        return {"out": rotate_half_reference(z, cos.to(acc.dtype), sin.to(acc.dtype), head_dim)}
-
-    return ref
-
-
-def _qknorm_reference(head_dim):
-    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
-        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
+        if not qk_norm:
+            return {"out": rotate(z, pos, freq, scaling)}
         unit = torch.ones(head_dim, dtype=z.dtype, device=z.device)
         n = head_rms_norm(z, unit, qk_eps, head_dim) * qk_w.to(z.dtype)
-        cos, sin = rope_tables(pos, _first_half_freq(freq, head_dim), scaling)
-        return {"out": rotate_half_reference(n, cos.to(acc.dtype), sin.to(acc.dtype), head_dim), "pre": z}
-
-    return ref
-
-
-def _rope_pairs_reference(head_dim):
-    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling):
-        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
-        cos, sin = rope_tables(pos, freq, scaling)
-        return {"out": rotate_pairs_reference(z, cos.to(acc.dtype), sin.to(acc.dtype))}
-
-    return ref
-
-
-def _qknorm_pairs_reference(head_dim):
-    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
-        z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
-        unit = torch.ones(head_dim, dtype=z.dtype, device=z.device)
-        n = head_rms_norm(z, unit, qk_eps, head_dim) * qk_w.to(z.dtype)
-        cos, sin = rope_tables(pos, freq, scaling)
-        return {"out": rotate_pairs_reference(n, cos.to(acc.dtype), sin.to(acc.dtype)), "pre": z}
+        return {"out": rotate(n, pos, freq, scaling), "pre": z}
 
     return ref
 
@@ -238,41 +218,41 @@ def _rope_candidates(hd: int) -> tuple:
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
                 Scalar("scaling"))  # fmt: skip
 
+_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
+    """One program per head dim: ``name`` with the head dim appended; ``pingpong``: the
+    Program's ping-pong arguments for a head dim."""
+    return {
+        hd: Program(
+            f"{name}_{hd}",
+            body,
+            inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")) if qk_norm else _ROPE_INPUTS,
+            outputs=(Tile("out"), Tile("pre")) if qk_norm else (Tile("out"),),
+            reference=_reference(hd, pairs, qk_norm),
+            check=_head_check(hd),
+            configs=configs(hd),
+            sub_tile_width=hd,
+            **pingpong(hd),
+        )
+        for hd in _HEAD_DIMS
+    }
+
+
 # q or k projections after an RMSNorm (K1's h): the norm's row scale, then RoPE with each
 # row's position (PerRow index: packed sequences work) and each column's inverse frequency
 # ([N]: the model's inv_freq, per head, both halves; a head's first half is what counts),
 # times the rope's attention scaling
-RMS_ROPE = {
-    hd: Program(
-        f"rms_rope_{hd}",
-        body,
-        inputs=_ROPE_INPUTS,
-        outputs=(Tile("out"),),
-        reference=_rope_reference(hd),
-        check=_head_check(hd),
-        configs=_rope_candidates(hd),
-        sub_tile_width=hd,
-    )
-    for hd, body in ((hd, rms_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
-}
+RMS_ROPE = _rope_programs("rms_rope", rms_rope, False, False, _rope_candidates, lambda hd: {})
 # the same with Qwen3's per-head q/k RMSNorm before RoPE (qk_w: the norm weight repeated
-# over the projection's heads, [N]); also stores the un-normalized z for the backward
-RMS_QKNORM_ROPE = {
-    hd: Program(
-        f"rms_qknorm_rope_{hd}",
-        body,
-        inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")),
-        outputs=(Tile("out"), Tile("pre")),
-        reference=_qknorm_reference(hd),
-        check=_head_check(hd),
-        configs=_rope_candidates(hd),
-        sub_tile_width=hd,
-        # whole 128x128 consumer tiles spill 648 B here; 64-row ones (64x128, 64x256) do not
-        pingpong_configs=PINGPONG_64_ROW_CANDIDATES if hd == 128 else None,
-        pingpong=hd == 128,
-    )
-    for hd, body in ((hd, rms_qknorm_rope) for hd in (16, 32, 64, 128, 256))  # fmt: skip
-}
+# over the projection's heads, [N]); also stores the un-normalized z for the backward.
+# Whole 128x128 ping-pong consumer tiles spill 648 B here; 64-row ones (64x128, 64x256)
+# do not
+RMS_QKNORM_ROPE = _rope_programs(
+    "rms_qknorm_rope", rms_qknorm_rope, False, True, _rope_candidates,
+    lambda hd: {"pingpong_configs": PINGPONG_64_ROW_CANDIDATES if hd == 128 else None, "pingpong": hd == 128},
+)  # fmt: skip
 
 # the same two in the interleaved-pairs convention (``RoPE(interleaved=True)``): freq
 # [N] holds each pair's frequency twice (inv_freq.repeat_interleave(2) per head). Their
@@ -281,35 +261,14 @@ RMS_QKNORM_ROPE = {
 # 64x256 ones 1216 B); with the q/k norm the portable mainloop's tiles spill 56-176 B of
 # stack (not in CI's sm_90a list for that reason; no shipped model uses this convention)
 _PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,)))
-_PAIRS_PINGPONG = tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)
-RMS_ROPE_PAIRS = {
-    hd: Program(
-        f"rms_rope_pairs_{hd}",
-        rms_rope_pairs,
-        inputs=_ROPE_INPUTS,
-        outputs=(Tile("out"),),
-        reference=_rope_pairs_reference(hd),
-        check=_head_check(hd),
-        configs=_PAIRS_CANDIDATES,
-        sub_tile_width=hd,
-        pingpong_configs=_PAIRS_PINGPONG,
-    )
-    for hd in (16, 32, 64, 128, 256)
-}
-RMS_QKNORM_ROPE_PAIRS = {
-    hd: Program(
-        f"rms_qknorm_rope_pairs_{hd}",
-        rms_qknorm_rope_pairs,
-        inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")),
-        outputs=(Tile("out"), Tile("pre")),
-        reference=_qknorm_pairs_reference(hd),
-        check=_head_check(hd),
-        configs=_PAIRS_CANDIDATES,
-        sub_tile_width=hd,
-        pingpong_configs=_PAIRS_PINGPONG,
-    )
-    for hd in (16, 32, 64, 128, 256)
-}
+_PAIRS_PINGPONG = {"pingpong_configs": tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)}
+RMS_ROPE_PAIRS = _rope_programs(
+    "rms_rope_pairs", rms_rope_pairs, True, False, lambda hd: _PAIRS_CANDIDATES, lambda hd: _PAIRS_PINGPONG
+)
+RMS_QKNORM_ROPE_PAIRS = _rope_programs(
+    "rms_qknorm_rope_pairs", rms_qknorm_rope_pairs, True, True, lambda hd: _PAIRS_CANDIDATES,
+    lambda hd: _PAIRS_PINGPONG,
+)  # fmt: skip
 
 # the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral), as
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
