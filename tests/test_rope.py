@@ -396,3 +396,31 @@ def test_module_compiles_fullgraph(device):
         return q.float().pow(2).sum() + k.float().sum() + v.float().sum()
 
     check_compile_matches_eager(f, [t.detach() for t in leaves], ON_GPU)
+
+
+def test_module_fused_qkv(device):
+    """``fused_qkv=True``: one [q + k + v rows, d] weight used as three row blocks in place
+    gives the three-weight module's outputs bit for bit, and its gradient is theirs
+    stacked (no copy of the parameter per step)."""
+    from codetta.nn import RMSNormQKVRoPE
+
+    B, S, d, hq, hkv, hd = CASES[0]
+    kw = dict(qk_norm=True, device=device, dtype=torch.float16)
+    three, fused = RMSNormQKVRoPE(d, hq, hkv, hd, **kw), RMSNormQKVRoPE(d, hq, hkv, hd, fused_qkv=True, **kw)
+    assert "qkv_proj.weight" in fused.state_dict() and "q_proj.weight" not in fused.state_dict()
+    with torch.no_grad():
+        for name in ("norm.weight", "q_norm.weight", "k_norm.weight"):
+            three.get_parameter(name).copy_(torch.rand_like(three.get_parameter(name)) + 0.5)
+            fused.get_parameter(name).copy_(three.get_parameter(name))
+        parts = [three.q_proj.weight, three.k_proj.weight, three.v_proj.weight]
+        fused.qkv_proj.weight.copy_(torch.cat(parts))
+    x = rand(B, S, d, dtype=torch.float16, device=device)
+    outs = []
+    for m in (three, fused):
+        q, k, v = m(x)
+        (q.float().sum() + 2 * k.float().sum() + 3 * v.float().sum()).backward()
+        outs.append((q, k, v))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    stacked = torch.cat([three.q_proj.weight.grad, three.k_proj.weight.grad, three.v_proj.weight.grad])
+    assert torch.equal(fused.qkv_proj.weight.grad, stacked)

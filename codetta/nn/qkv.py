@@ -31,23 +31,26 @@ class RMSNormQKVRoPE(nn.Module):
     (``codetta.ops.rmsnorm_linear``), forward and backward.
 
     ``forward(x [B, S, hidden], position_ids=None) -> (q, k, v)``, each [B, heads, S,
-    head_dim]: transposed views of [B, S, heads * head_dim] tensors, the layout
-    ``F.scaled_dot_product_attention`` reads with no copy (its flash and cuDNN backends
-    take these strides). ``position_ids`` [B, S] or [S] (packed sequences: per-token
+    head_dim]: transposed views of [B, S, heads * head_dim] tensors (the last dimension
+    contiguous), which ``F.scaled_dot_product_attention`` takes as they are: no copy is
+    made here (``scripts/sdpa_layout.py`` times SDPA on them against contiguous
+    tensors). ``position_ids`` [B, S] or [S] (packed sequences: per-token
     positions); default ``arange(S)``.
 
     Parameters, as a Hugging Face Llama / Qwen3 layer names them: ``norm`` (an
     ``nn.RMSNorm``: the layer's ``input_layernorm``), ``q_proj``, ``k_proj``, ``v_proj``
     (``nn.Linear``, no bias), ``q_norm`` and ``k_norm`` (``nn.RMSNorm(head_dim)``) with
-    ``qk_norm``. The rotation's frequencies are the buffer ``inv_freq`` (``rope_theta **
-    (-2i / head_dim)``; give ``inv_freq`` for a scaled rope, e.g. Llama 3's, and its
-    ``attention_scaling``)."""
+    ``qk_norm``; with ``fused_qkv=True`` one ``qkv_proj`` (q's rows, then k's, then v's)
+    instead of the three, its row blocks used in place (views: no per-step copy, and
+    their gradients land in ``qkv_proj.weight``). The rotation's frequencies are the
+    buffer ``inv_freq`` (``rope_theta ** (-2i / head_dim)``; give ``inv_freq`` for a
+    scaled rope, e.g. Llama 3's, and its ``attention_scaling``)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  rope_theta: float = 10000.0, eps: float = 1e-6, qk_norm: bool = False,
                  qk_norm_eps: float | None = None, interleaved: bool = False,
                  inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0,
-                 device=None, dtype=None):  # fmt: skip
+                 fused_qkv: bool = False, device=None, dtype=None):  # fmt: skip
         super().__init__()
         sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
                  "head_dim": head_dim}  # fmt: skip
@@ -57,17 +60,21 @@ class RMSNormQKVRoPE(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs of columns), got {head_dim}")
-        if not isinstance(interleaved, bool) or not isinstance(qk_norm, bool):
-            raise TypeError("qk_norm and interleaved must be True or False")
+        if not all(isinstance(f, bool) for f in (interleaved, qk_norm, fused_qkv)):
+            raise TypeError("qk_norm, interleaved and fused_qkv must be True or False")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.interleaved, self.attention_scaling = interleaved, float(attention_scaling)
         eps = _eps("eps", eps)
         qk_eps = eps if qk_norm_eps is None else _eps("qk_norm_eps", qk_norm_eps)
         kw = {"device": device, "dtype": dtype}
         self.norm = nn.RMSNorm(hidden_size, eps=eps, device=device)
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False, **kw)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False, **kw)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False, **kw)
+        self.widths = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(hidden_size, sum(self.widths), bias=False, **kw)
+        else:
+            self.q_proj = nn.Linear(hidden_size, self.widths[0], bias=False, **kw)
+            self.k_proj = nn.Linear(hidden_size, self.widths[1], bias=False, **kw)
+            self.v_proj = nn.Linear(hidden_size, self.widths[2], bias=False, **kw)
         self.q_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
         if inv_freq is None:
@@ -86,7 +93,10 @@ class RMSNormQKVRoPE(nn.Module):
         qk = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else ()
         rope = RoPE(position_ids, self.inv_freq, self.attention_scaling, qk_norm_weights=qk,
                     qk_norm_eps=self.q_norm.eps if qk else 1e-6, interleaved=self.interleaved)  # fmt: skip
-        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        if hasattr(self, "qkv_proj"):
+            ws = list(self.qkv_proj.weight.split(self.widths))
+        else:
+            ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
         q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.norm.eps, rope=rope)
         return tuple(t.view(B, S, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
 
