@@ -448,3 +448,47 @@ def test_rope_frequencies_of_a_cast_model_made_once():
         base.rotary_emb.inv_freq.mul_(2)
     moved = hf._fused_rope(base, attn, pos).inv_freq
     assert moved is not first and torch.equal(moved, base.rotary_emb.inv_freq.float())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_qkv_module_from_layer(family):
+    """``codetta.nn.RMSNormQKVRoPE.from_layer`` over a Hugging Face layer's own norm,
+    projections and q/k norms (shared, not copied) gives its q, k, v (input norm,
+    projections, q/k norms, ``apply_rotary_pos_emb``) within 2x PyTorch's own error
+    against float64, and its gradients reach the layer's parameters."""
+    from codetta.nn import RMSNormQKVRoPE
+
+    model = _model(family, False)
+    layer, rot = model.model.layers[0], model.model.rotary_emb
+    m = RMSNormQKVRoPE.from_layer(layer, rot)
+    assert m.q_proj is layer.self_attn.q_proj and m.norm is layer.input_layernorm
+    B, S, hd = 2, 13, 16
+    x = torch.randn(B, S, 64)
+    pos = torch.arange(S).repeat(B, 1)
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    apply_rope = modeling.apply_rotary_pos_emb
+
+    def hf(layer, rot, x):
+        n, attn = layer.input_layernorm(x), layer.self_attn
+        q, k, v = (p(n).view(B, S, -1, hd) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        if family == "qwen3":
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rot(x, pos)
+        q, k = apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q, k, v.transpose(1, 2)
+
+    got = m(x, pos)
+    double = copy.deepcopy(model).double()
+    ref = hf(double.model.layers[0], double.model.rotary_emb, x.double())
+    same = hf(layer, rot, x)
+    for name, a, b, c in zip("qkv", got, ref, same):
+        assert a.shape == b.shape, name
+        assert_within(name, a, b, c)
+    sum(t.sum() for t in got).backward()
+    params = [layer.input_layernorm.weight, layer.self_attn.q_proj.weight, layer.self_attn.v_proj.weight]
+    params += [layer.self_attn.q_norm.weight] if family == "qwen3" else []
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    with pytest.raises(TypeError, match="rotary embedding"):
+        RMSNormQKVRoPE.from_layer(layer, torch.nn.Identity())

@@ -67,6 +67,7 @@ class RMSNormQKVRoPE(nn.Module):
         eps = _eps("eps", eps)
         qk_eps = eps if qk_norm_eps is None else _eps("qk_norm_eps", qk_norm_eps)
         kw = {"device": device, "dtype": dtype}
+        self.eps, self.qk_eps = eps, qk_eps
         self.norm = nn.RMSNorm(hidden_size, eps=eps, device=device)
         self.widths = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
         if fused_qkv:
@@ -84,6 +85,47 @@ class RMSNormQKVRoPE(nn.Module):
             raise ValueError(f"inv_freq must have shape ({head_dim // 2},), got {tuple(inv_freq.shape)}")
         self.register_buffer("inv_freq", inv_freq.to(device=device, dtype=torch.float32), persistent=False)
 
+    @classmethod
+    def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> RMSNormQKVRoPE:
+        """The module over a Hugging Face Llama / Qwen3 / Mistral decoder layer's own
+        ``input_layernorm`` and ``self_attn`` projections (and q/k norms), shared, not
+        copied, with the model's ``rotary_emb`` frequencies and attention scaling (its
+        rope scaling type included). Rotate-half, as those models rotate."""
+        attn, norm = getattr(layer, "self_attn", None), getattr(layer, "input_layernorm", None)
+        projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+        if norm is None or not all(isinstance(p, nn.Linear) for p in projs):
+            raise TypeError("from_layer needs a decoder layer with input_layernorm and self_attn's "
+                            "q_proj, k_proj, v_proj (nn.Linear)")  # fmt: skip
+        if any(p.bias is not None for p in projs):
+            raise ValueError("RMSNormQKVRoPE's projections have no biases (attention_bias=True)")
+        inv_freq = getattr(rotary_emb, "inv_freq", None)
+        if inv_freq is None:
+            raise TypeError("from_layer needs the model's rotary embedding (a module with inv_freq)")
+        hd = 2 * inv_freq.shape[0]
+        if getattr(attn, "head_dim", hd) != hd:
+            raise ValueError(f"the rotary embedding rotates {hd} of each head's {attn.head_dim} columns "
+                             "(partial rotary): not supported")  # fmt: skip
+        qk_norm = getattr(attn, "q_norm", None) is not None
+
+        def eps_of(m):
+            for name in ("variance_epsilon", "eps"):
+                if getattr(m, name, None) is not None:
+                    return _eps(f"{type(m).__name__}.{name}", getattr(m, name))
+            raise TypeError(f"{type(m).__name__} has no epsilon (variance_epsilon or eps)")
+
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.num_heads, new.num_kv_heads = projs[0].out_features // hd, projs[1].out_features // hd
+        new.head_dim = hd
+        new.interleaved = False
+        new.attention_scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
+        new.eps, new.qk_eps = eps_of(norm), eps_of(attn.q_norm) if qk_norm else 1e-6
+        new.widths = tuple(p.out_features for p in projs)
+        new.norm, (new.q_proj, new.k_proj, new.v_proj) = norm, projs
+        new.q_norm, new.k_norm = (attn.q_norm, attn.k_norm) if qk_norm else (None, None)
+        new.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        return new
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
         if x.dim() != 3:
             raise ValueError(f"x must be [batch, seq, hidden], got shape {tuple(x.shape)}")
@@ -92,12 +134,12 @@ class RMSNormQKVRoPE(nn.Module):
             position_ids = torch.arange(S, device=x.device)
         qk = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else ()
         rope = RoPE(position_ids, self.inv_freq, self.attention_scaling, qk_norm_weights=qk,
-                    qk_norm_eps=self.q_norm.eps if qk else 1e-6, interleaved=self.interleaved)  # fmt: skip
+                    qk_norm_eps=self.qk_eps, interleaved=self.interleaved)  # fmt: skip
         if hasattr(self, "qkv_proj"):
             ws = list(self.qkv_proj.weight.split(self.widths))
         else:
             ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.norm.eps, rope=rope)
+        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.eps, rope=rope)
         return tuple(t.view(B, S, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
 
     def extra_repr(self) -> str:
