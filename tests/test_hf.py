@@ -492,3 +492,14 @@ def test_qkv_module_from_layer(family):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
     with pytest.raises(TypeError, match="rotary embedding"):
         RMSNormQKVRoPE.from_layer(layer, torch.nn.Identity())
+    dynamic = torch.nn.Module()
+    dynamic.rope_type, dynamic.inv_freq = "dynamic", rot.inv_freq
+    with pytest.raises(ValueError, match="dynamic"):
+        RMSNormQKVRoPE.from_layer(layer, dynamic)
+    # the model's frequencies are read at each call: an in-place change follows
+    with torch.no_grad():
+        rot.inv_freq.mul_(0.5)
+        moved, want = m(x, pos), hf(layer, rot, x)
+    for a, b in zip(moved, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(moved[0], got[0], atol=1e-3)

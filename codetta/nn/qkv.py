@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..ops import RoPE, rmsnorm_linear
+from ..ops._eager import derived
 
 
 def _positive_int(name: str, v) -> int:
@@ -89,8 +90,11 @@ class RMSNormQKVRoPE(nn.Module):
     def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> RMSNormQKVRoPE:
         """The module over a Hugging Face Llama / Qwen3 / Mistral decoder layer's own
         ``input_layernorm`` and ``self_attn`` projections (and q/k norms), shared, not
-        copied, with the model's ``rotary_emb`` frequencies and attention scaling (its
-        rope scaling type included). Rotate-half, as those models rotate."""
+        copied, with the model's ``rotary_emb`` (also shared: its frequencies and attention
+        scaling are read at each call, so a device move or an in-place change follows).
+        Rotate-half, as those models rotate. Rope types whose frequencies depend on the
+        sequence length ("dynamic", "longrope") are refused: the rotary module changes
+        them in its own forward, which this module does not call."""
         attn, norm = getattr(layer, "self_attn", None), getattr(layer, "input_layernorm", None)
         projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
         if norm is None or not all(isinstance(p, nn.Linear) for p in projs):
@@ -101,6 +105,11 @@ class RMSNormQKVRoPE(nn.Module):
         inv_freq = getattr(rotary_emb, "inv_freq", None)
         if inv_freq is None:
             raise TypeError("from_layer needs the model's rotary embedding (a module with inv_freq)")
+        rope_type = str(getattr(rotary_emb, "rope_type", "default"))
+        if "dynamic" in rope_type or "longrope" in rope_type:
+            raise ValueError(f"rope_type {rope_type!r} sets its frequencies per sequence length in the "
+                             "rotary module's forward: not supported here (the Hugging Face drop-in, "
+                             "codetta.apply_codetta, reads them after that forward)")  # fmt: skip
         hd = 2 * inv_freq.shape[0]
         if getattr(attn, "head_dim", hd) != hd:
             raise ValueError(f"the rotary embedding rotates {hd} of each head's {attn.head_dim} columns "
@@ -118,13 +127,26 @@ class RMSNormQKVRoPE(nn.Module):
         new.num_heads, new.num_kv_heads = projs[0].out_features // hd, projs[1].out_features // hd
         new.head_dim = hd
         new.interleaved = False
-        new.attention_scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
         new.eps, new.qk_eps = eps_of(norm), eps_of(attn.q_norm) if qk_norm else 1e-6
+        if qk_norm and eps_of(attn.k_norm) != new.qk_eps:
+            raise ValueError("q_norm and k_norm have different epsilons: not supported")
         new.widths = tuple(p.out_features for p in projs)
         new.norm, (new.q_proj, new.k_proj, new.v_proj) = norm, projs
         new.q_norm, new.k_norm = (attn.q_norm, attn.k_norm) if qk_norm else (None, None)
-        new.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        new.rotary_emb = rotary_emb
         return new
+
+    def _rope_source(self) -> tuple[torch.Tensor, float]:
+        """(inv_freq as float32, attention scaling): the module's own, or its wrapped
+        model's rotary embedding's as they are now (a bf16-cast model's buffer: a float32
+        copy kept per buffer and version, ``ops._eager.derived``)."""
+        rotary = self._modules.get("rotary_emb")
+        if rotary is None:
+            return self.inv_freq, self.attention_scaling
+        inv = rotary.inv_freq
+        if inv.dtype != torch.float32:
+            inv = derived(inv, "float32", inv.float)
+        return inv, float(getattr(rotary, "attention_scaling", 1.0))
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
         if x.dim() != 3:
@@ -133,8 +155,9 @@ class RMSNormQKVRoPE(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(S, device=x.device)
         qk = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else ()
-        rope = RoPE(position_ids, self.inv_freq, self.attention_scaling, qk_norm_weights=qk,
-                    qk_norm_eps=self.qk_eps, interleaved=self.interleaved)  # fmt: skip
+        inv_freq, scaling = self._rope_source()
+        rope = RoPE(position_ids, inv_freq, scaling, qk_norm_weights=qk, qk_norm_eps=self.qk_eps,
+                    interleaved=self.interleaved)  # fmt: skip
         if hasattr(self, "qkv_proj"):
             ws = list(self.qkv_proj.weight.split(self.widths))
         else:
