@@ -43,7 +43,6 @@ import weakref
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..ops._eager import derived
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
     RoPE,
@@ -432,11 +431,9 @@ def _fused_rope(base, attn, position_ids):
         return None
     if 2 * inv_freq.shape[0] != attn.head_dim:
         return None  # partial rotary (rotating part of each head): Hugging Face's own
-    if inv_freq.dtype != torch.float32:
-        # a model cast to bf16 casts this buffer too; Hugging Face's rotary embedding uses
-        # its float32 copy, made here once per buffer (and version), not once per layer
-        inv_freq = derived(inv_freq, "float32", inv_freq.float)
-    return RoPE(position_ids, inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))
+    # (a model cast to bf16 casts inv_freq too; Hugging Face's rotary embedding uses its
+    # float32 copy, which of_rotary keeps per buffer and version, not made once per layer)
+    return RoPE.of_rotary(rotary, position_ids)
 
 
 def _layer_rope(rope, attn):

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from ..ops import RoPE, rmsnorm_linear
-from ..ops._eager import derived
 
 
 def _positive_int(name: str, v) -> int:
@@ -136,18 +135,6 @@ class RMSNormQKVRoPE(nn.Module):
         new.rotary_emb = rotary_emb
         return new
 
-    def _rope_source(self) -> tuple[torch.Tensor, float]:
-        """(inv_freq as float32, attention scaling): the module's own, or its wrapped
-        model's rotary embedding's as they are now (a bf16-cast model's buffer: a float32
-        copy kept per buffer and version, ``ops._eager.derived``)."""
-        rotary = self._modules.get("rotary_emb")
-        if rotary is None:
-            return self.inv_freq, self.attention_scaling
-        inv = rotary.inv_freq
-        if inv.dtype != torch.float32:
-            inv = derived(inv, "float32", inv.float)
-        return inv, float(getattr(rotary, "attention_scaling", 1.0))
-
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
         if x.dim() != 3:
             raise ValueError(f"x must be [batch, seq, hidden], got shape {tuple(x.shape)}")
@@ -155,9 +142,12 @@ class RMSNormQKVRoPE(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(S, device=x.device)
         qk = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else ()
-        inv_freq, scaling = self._rope_source()
-        rope = RoPE(position_ids, inv_freq, scaling, qk_norm_weights=qk, qk_norm_eps=self.qk_eps,
-                    interleaved=self.interleaved)  # fmt: skip
+        fields = {"qk_norm_weights": qk, "qk_norm_eps": self.qk_eps, "interleaved": self.interleaved}
+        rotary = self._modules.get("rotary_emb")  # (from_layer: the model's, read as it is now)
+        if rotary is not None:
+            rope = RoPE.of_rotary(rotary, position_ids, **fields)
+        else:
+            rope = RoPE(position_ids, self.inv_freq, self.attention_scaling, **fields)
         if hasattr(self, "qkv_proj"):
             ws = list(self.qkv_proj.weight.split(self.widths))
         else:

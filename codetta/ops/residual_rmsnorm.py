@@ -290,7 +290,10 @@ def _backward_impl(
         # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
         # pass over each; freq holds each head's frequencies twice, the pass takes them once)
         pos, freq, *qk_ws = rope
-        half = freq[0::2] if rope_pairs else freq[: freq.shape[0] // 2]
+        if rope_pairs:  # every other entry, contiguous for the passes: made once per table
+            half = derived(freq, "first_of_pairs", lambda: freq[0::2].contiguous())
+        else:
+            half = freq[: freq.shape[0] // 2]
         dzs, dqk = list(dzs), []
         for i in range(n_rope):
             if qk_ws:  # the per-head norm's backward in the same pass
@@ -569,6 +572,18 @@ class RoPE(NamedTuple):
     qk_norm_weights: tuple = ()
     qk_norm_eps: float = 1e-6
     interleaved: bool = False
+
+    @classmethod
+    def of_rotary(cls, rotary_emb, position_ids: torch.Tensor, **fields) -> RoPE:
+        """The rotation of a model's rotary-embedding module (Hugging Face's: its
+        ``inv_freq`` buffer and ``attention_scaling``, as they are now), with the other
+        fields given. A bf16-cast model's buffer is read through a float32 copy kept
+        per buffer and version (``_eager.derived``), not made per call."""
+        inv_freq = rotary_emb.inv_freq
+        if inv_freq.dtype != torch.float32:
+            inv_freq = derived(inv_freq, "float32", inv_freq.float)
+        scaling = float(getattr(rotary_emb, "attention_scaling", 1.0))
+        return cls(position_ids, inv_freq, scaling, **fields)
 
 
 def residual_rmsnorm_linear(
