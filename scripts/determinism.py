@@ -101,7 +101,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     names = ["rms_rope_pairs_64", "rms_rope_64", "rms_qknorm_rope_pairs_64", "rotate_pairs"]
     ap.add_argument("--programs", nargs="*", default=names)
+    ap.add_argument("--module", action="store_true", help="also the q/k/v module against the op")
+    ap.add_argument("--shapes", nargs="*", default=["1000x2048x2048", "1024x2048x2048", "8192x2048x2048"])
+    ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    module_check()
-    programs_check(args.programs)
+    if args.module:
+        module_check()
+    programs_check(args.programs, [tuple(int(x) for x in s.split("x")) for s in args.shapes], args.reps)
