@@ -36,7 +36,7 @@ def stub_kernels() -> None:
     """Replace the operator module's kernels by output allocations."""
     rr.gemm = _stub_gemm
     rr.gamma_sumsq = lambda x, g: (torch.empty_like(x), torch.empty(x.shape[0]))
-    rr.unrotate_half_rows = lambda d, pos, half, scaling: torch.empty_like(d)
+    rr.unrotate_half_rows = lambda d, pos, half, scaling, pairs=False: torch.empty_like(d)
     rr.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None: (
         h, torch.empty_like(x), torch.empty(4, x.shape[1])
     )  # fmt: skip

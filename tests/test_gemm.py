@@ -506,3 +506,48 @@ def test_out_argument(device):
         codetta.gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g, out=buf)
     with pytest.raises(ValueError, match="16-byte"):
         codetta.gemm(a, w, out=torch.empty(M, 75, dtype=dtype, device=device)[:, :N])
+
+
+@pytest.mark.parametrize("spills", [0, 8])
+def test_tail_split_spills_decided_before_the_first_launch(spills, monkeypatch):
+    """A tail-split plan compiles first and reads its spills: where the split kernel
+    spills, even the first launch runs unsplit (it used to run split once, then unsplit,
+    and the first call's results differed by a rounding from the second's; run 86,
+    NOTES.md). The GPU test test_rope.py::test_first_call_is_final checks the values;
+    this checks the launch order with a stand-in kernel."""
+    from codetta.kernels import engines
+    from codetta.kernels.operands import make_call
+
+    launches = []
+
+    class Compiled:
+        n_spills = None  # (known once loaded, as Triton's CompiledKernel)
+
+        def __init__(self, n):
+            self._n = n
+
+        @property
+        def run(self):
+            self.n_spills = self._n
+            return None
+
+    class Kernel:
+        @staticmethod
+        def run(*args, grid, warmup, **kw):
+            splits = args[5 + engines.MAX_OPERANDS + 2]
+            launches.append((splits, warmup))
+            return Compiled(spills if splits > 1 else 0)
+
+    monkeypatch.setattr(engines, "gemm_kernel", Kernel)
+    monkeypatch.setattr(engines.device, "interpreting", lambda: False)
+    monkeypatch.setattr(engines.device, "grid_sms", lambda index: 132)
+    engine = engines.TritonEngine()
+    a = torch.randn(1000, 1024, dtype=torch.float16)
+    w = torch.randn(2048, 1024, dtype=torch.float16)
+    call = make_call(codetta.programs.STORE, a, w, {})
+    cfg = configs.Config(128, 256, 64, 8, 2, 3, 8, tail_split=4)  # 64 tiles on 132 SMs: split 2
+    out = torch.empty(1000, 2048, dtype=torch.float16)
+    engine.launch(call, cfg, [out])
+    engine.launch(call, cfg, [out])
+    split = 1 if spills else 2
+    assert launches == [(2, True), (split, False), (split, False)]
