@@ -547,7 +547,8 @@ def test_tail_split_spills_decided_before_the_first_launch(spills, monkeypatch):
     call = make_call(codetta.programs.STORE, a, w, {})
     cfg = configs.Config(128, 256, 64, 8, 2, 3, 8, tail_split=4)  # 64 tiles on 132 SMs: split 2
     out = torch.empty(1000, 2048, dtype=torch.float16)
+    engine.launch(call, cfg, [out], warmup=True)  # (as the tuner's concurrent compile does first)
     engine.launch(call, cfg, [out])
     engine.launch(call, cfg, [out])
     split = 1 if spills else 2
-    assert launches == [(2, True), (split, False), (split, False)]
+    assert launches == [(2, True), (2, True), (split, False), (split, False)]

@@ -168,6 +168,7 @@ class TritonEngine:
         # (program, config, dtype, layout, device) whose tail-split kernel spills registers
         self._tail_spills: set = set()
         self._plans: dict = {}  # launch plans, built once per (call shape, config)
+        self._checked: set = set()  # plan keys whose tail split's spills were read
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -252,11 +253,14 @@ class TritonEngine:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(call, cfg)
+        if not warmup and key not in self._checked:
+            # a program that leaves no registers for the tail path (its split kernel
+            # spills) runs this config unsplit: decided from the compiled kernel before
+            # the plan's first launch, so the first call sums K in the same order as every
+            # later one (it ran split once, and its results differed by a rounding). (Not
+            # on a warmup: the tuner's concurrent compiles get futures, not kernels.)
+            self._checked.add(key)
             if plan.cfg.tail_split > 1 and not device.interpreting():
-                # a program that leaves no registers for the tail path (its split kernel
-                # spills) runs this config unsplit: decided from the compiled kernel before
-                # its first launch, so the first call sums K in the same order as every
-                # later one (it ran split once, and its results differed by a rounding)
                 if _spills(self._run(call, plan, outs, warmup=True)):
                     self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
                     plan = self._plans[key] = self._plan(call, cfg)
@@ -528,6 +532,8 @@ def _stream_of(dev: torch.device) -> int:
 def _spills(kernel) -> int:
     """Registers a compiled kernel spills: known once its binary is loaded (Triton's
     ``run`` property loads it)."""
+    if hasattr(kernel, "result"):  # (a compile still running: Triton's async mode)
+        kernel = kernel.result()
     kernel.run  # noqa: B018
     return kernel.n_spills or 0
 
