@@ -33,7 +33,9 @@ def _bench(args) -> int:
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU; on a CPU run `python -m codetta demo`", file=sys.stderr)
         return 2
-    from codetta.bench import foundation, residual_norm
+    from codetta.bench import foundation, harness, residual_norm
+
+    harness.OPTIONS.tuned_ab = args.tuned_ab
 
     for part in args.parts:  # in the order given
         if part == "model":
@@ -107,6 +109,13 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--research", action="store_true", help="residual_norm: also time the alternative backwards"
+    )
+    b.add_argument(
+        "--tuned-ab",
+        action="store_true",
+        help="beside codetta, time codetta:shipped (the shipped table alone) and codetta:tuned (every "
+        "shape tuned here on its first call, CODETTA_TUNE_SECONDS each) in every table, and print "
+        "shipped / tuned per case",
     )
     t = sub.add_parser("tune", help="tune every GEMM a model's training step runs through codetta (GPU)")
     t.add_argument(

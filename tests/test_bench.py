@@ -118,3 +118,41 @@ def test_cli_offers_every_model_variant():
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--parts", "model", "--variants", "codetta:bogus"])
     assert exc.value.code == 2
+
+
+def test_tuned_ab_variants(monkeypatch):
+    """bench --tuned-ab: beside "codetta", "codetta:shipped" (an empty cache of its own, no
+    tuning) and "codetta:tuned" (the shipped table off, tuning on, a cache of its own), each
+    in force only during its own calls; the table prints shipped / tuned per case."""
+    from codetta.bench import harness
+
+    seen = []
+    fns = {"cublas": lambda: None, "codetta": lambda: seen.append((SETTINGS.cache_dir, SETTINGS.shipped,
+                                                                    SETTINGS.autotune))}  # fmt: skip
+    assert harness.with_ab_variants(fns) is fns  # (off unless the run asks)
+    monkeypatch.setattr(harness.OPTIONS, "tuned_ab", True)
+    ab = harness.with_ab_variants(fns)
+    assert list(ab) == ["cublas", "codetta", "codetta:shipped", "codetta:tuned"]
+    assert harness.with_ab_variants(ab) is ab
+    for name in ("codetta", "codetta:shipped", "codetta:tuned"):
+        ab[name]()
+    user, shipped, tuned = seen
+    assert shipped[1:] == (True, False) and tuned[1:] == (False, True)
+    assert len({user[0], shipped[0], tuned[0]}) == 3 and not any(shipped[0].iterdir())
+    assert (SETTINGS.cache_dir, SETTINGS.shipped, SETTINGS.autotune) == user
+    res = Results("t")
+    for variant, ms in (("cublas", 1.0), ("codetta", 1.1), ("codetta:shipped", 1.1), ("codetta:tuned", 1.05)):
+        res.add(Row("1B fwd", variant, ms, 1e9, 1.0, sustained_ms=ms * 1.01, baseline_sustained_ms=1.01))
+    table = res.table()
+    assert "[shipped / tuned]" in table and re.search(r"1B fwd\s+1\.048\s+1\.048", table)
+    assert re.search(r"largest\s+1\.048", table)
+    with pytest.raises(ValueError, match="shipped or tuned"):
+        harness.ab_settings("fast")
+
+
+def test_cli_tuned_ab():
+    from codetta.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--tuned-ab", "--help"])
+    assert exc.value.code == 0

@@ -115,3 +115,14 @@ def test_sm_margin_setting():
     assert device.sm_margin() == 0
     with settings.override(sm_margin=24):
         assert device.sm_margin() == 24
+
+
+def test_tune_seconds_setting():
+    """CODETTA_TUNE_SECONDS: the paired timing per shape of hot-path tuning, positive."""
+    from codetta.kernels import settings
+
+    assert settings.Settings.from_env({}).tune_seconds == 1.0
+    assert settings.Settings.from_env({"CODETTA_TUNE_SECONDS": "0.3"}).tune_seconds == 0.3
+    for bad in ("0", "-1", "inf", "nan", "soon"):
+        with pytest.raises(ValueError, match="CODETTA_TUNE_SECONDS"):
+            settings.Settings.from_env({"CODETTA_TUNE_SECONDS": bad})

@@ -201,3 +201,31 @@ def test_pingpong_policy():
     assert light == {"store", "store_k2", "residual_rms"}  # store_k2: the MLP norm's dX, K 2 x 8192
     default = tune.model_calls(models.widths_of("llama3-1b"), (16384,))
     assert not any(k.endswith("|no-pingpong") for k in default)
+
+
+def test_chooser_follows_the_settings(tmp_path, monkeypatch):
+    """The chooser keeps one user cache per cache folder, and its per-call memo per
+    settings: an A/B variant under other settings (bench --tuned-ab) picks for itself,
+    and the first settings find their pick again."""
+    from codetta import programs as pg
+    from codetta.kernels.operands import make_call
+    from codetta.kernels.settings import SETTINGS, override
+
+    monkeypatch.setattr(tuning.device, "name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(tuning.device, "interpreting", lambda: False)
+    chooser = tuning.Chooser()
+    with override(cache_dir=tmp_path / "a"):
+        a = chooser.cache(0)
+        assert chooser.cache(0) is a
+    with override(cache_dir=tmp_path / "b"):
+        assert chooser.cache(0) is not a and chooser.cache(0).path == tmp_path / "b" / "tuning.json"
+    picks = []
+    chooser._pick = lambda call, prepare, pp: picks.append(SETTINGS.shipped) or configs.PLAIN_CANDIDATES[0]
+    a = torch.zeros(64, 32, dtype=torch.float16)
+    call = make_call(pg.STORE, a, a, {})
+    chooser.choose(call, None)
+    chooser.choose(call, None)
+    with override(shipped=False):
+        chooser.choose(call, None)
+    chooser.choose(call, None)
+    assert picks == [True, False]

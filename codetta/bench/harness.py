@@ -11,7 +11,9 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import triton
@@ -102,10 +104,48 @@ class Timing:
     sustained: float
 
 
+@dataclass
+class Options:
+    """Options of a whole ``codetta bench`` run (set from its command line)."""
+
+    # beside "codetta": "codetta:shipped" (the shipped table alone) and "codetta:tuned"
+    # (every shape tuned here on its first call), issue 11's check of the shipped table
+    tuned_ab: bool = False
+
+
+OPTIONS = Options()
+_AB_DIRS: dict = {}
+
+
+def ab_settings(how: str) -> dict:
+    """The settings of an A/B variant that sets the shipped table against tuning on this
+    GPU: "shipped": an empty tuning cache of its own (the shipped table, else its nearest
+    entry or the shape rule); "tuned": the shipped table ignored and every shape tuned on
+    its first call (``CODETTA_TUNE_SECONDS`` of paired timing) into a cache of its own."""
+    if how not in ("shipped", "tuned"):
+        raise ValueError(f"unknown A/B variant {how!r}: shipped or tuned")
+    if how not in _AB_DIRS:
+        _AB_DIRS[how] = Path(tempfile.mkdtemp(prefix=f"codetta-{how}-"))
+    if how == "shipped":
+        return {"cache_dir": _AB_DIRS[how], "autotune": False}
+    return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False}
+
+
+def with_ab_variants(fns: dict) -> dict:
+    """``fns`` with "codetta:shipped" and "codetta:tuned" beside "codetta" when the run asks
+    for them (``OPTIONS.tuned_ab``)."""
+    if not OPTIONS.tuned_ab or "codetta" not in fns or "codetta:tuned" in fns:
+        return fns
+    return {**fns, **{f"codetta:{how}": with_settings(fns["codetta"], **ab_settings(how))
+                      for how in ("shipped", "tuned")}}  # fmt: skip
+
+
 def compare(fns: dict) -> dict[str, Timing]:
     """Each variant of one case timed two ways in one run: paired
     (``timing.paired_ms``: call by call, at least 2 s) and sustained blocks
-    (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds)."""
+    (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds).
+    With ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``)."""
+    fns = with_ab_variants(fns)
     for fn in fns.values():  # compile, tune, allocate
         fn()
     torch.cuda.synchronize()
@@ -241,6 +281,27 @@ class Results:
                 lines.append(f"{c:<34}" + "".join(cells))
             gm = [geomean(getattr(r, attr) for r in self.rows if r.variant == v) for v in variants]
             lines.append(f"{'geomean':<34}" + "".join(f"{g:>{w}.3f}" for g in gm))
+        ab = self.shipped_vs_tuned()
+        if ab:
+            lines.append(ab)
+        return "\n".join(lines)
+
+    def shipped_vs_tuned(self) -> str:
+        """Where both A/B variants ran: per case, codetta:shipped's time / codetta:tuned's
+        under each method, and the largest (issue 11: within 1.02); "" otherwise."""
+        by = {(r.case, r.variant): r for r in self.rows}
+        cases = [c for c in dict.fromkeys(r.case for r in self.rows)
+                 if (c, "codetta:shipped") in by and (c, "codetta:tuned") in by]  # fmt: skip
+        if not cases:
+            return ""
+        lines = [f"{'[shipped / tuned]':<34}{'paired':>10}{'sustained':>10}"]
+        worst = 0.0
+        for c in cases:
+            s, t = by[(c, "codetta:shipped")], by[(c, "codetta:tuned")]
+            p, q = s.ms / t.ms, s.sustained_ms / t.sustained_ms
+            worst = max(worst, p, q)
+            lines.append(f"{c:<34}{p:>10.3f}{q:>10.3f}")
+        lines.append(f"{'largest':<34}{worst:>10.3f}")
         return "\n".join(lines)
 
     def markdown(self) -> str:

@@ -5,6 +5,7 @@
 | ``CODETTA_AUTOTUNE`` | 0 | 1: tune a shape on the hot path when first met, if neither the user's |
 |  |  | tuning cache nor the shipped table knows it (seconds per shape); 0: the |
 |  |  | nearest known entry or a rule picks (``tuning.Chooser``) |
+| ``CODETTA_TUNE_SECONDS`` | 1.0 | paired timing per shape when ``CODETTA_AUTOTUNE=1`` tunes one |
 | ``CODETTA_SHIPPED`` | 1 | 0: ignore the tuned table shipped with codetta (``kernels/tuned/``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
@@ -38,6 +39,7 @@ from pathlib import Path
 @dataclasses.dataclass
 class Settings:
     autotune: bool = False
+    tune_seconds: float = 1.0
     shipped: bool = True
     pingpong: bool = True
     # "all": the ping-pong mainloop is a candidate wherever it can run; "epilogue-bound":
@@ -74,6 +76,7 @@ class Settings:
         )
         return cls(
             autotune=flag("CODETTA_AUTOTUNE", False),
+            tune_seconds=_positive("CODETTA_TUNE_SECONDS", env.get("CODETTA_TUNE_SECONDS", "1.0")),
             shipped=flag("CODETTA_SHIPPED", True),
             pingpong=flag("CODETTA_PINGPONG", True),
             pingpong_policy=_choice(
@@ -98,6 +101,16 @@ def _choice(name: str, value: str, choices: tuple) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def _positive(name: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return number
 
 
 def _whole(name: str, value: str, least: int = 0, multiple: int = 1) -> int:

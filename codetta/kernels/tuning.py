@@ -263,14 +263,17 @@ class Chooser:
         self.generation += 1
 
     def cache(self, device_index: int) -> TuneCache:
-        if device_index not in self._caches:
+        """The user's tuning cache for this device, in ``SETTINGS.cache_dir`` (one per
+        folder: an A/B variant may tune into a folder of its own)."""
+        key = (device_index, SETTINGS.cache_dir)
+        if key not in self._caches:
             identity = {
                 "gpu": device.name(device_index),
                 "triton": triton.__version__,
                 "codetta": __version__,
             }
-            self._caches[device_index] = TuneCache(SETTINGS.cache_dir / "tuning.json", identity)
-        return self._caches[device_index]
+            self._caches[key] = TuneCache(SETTINGS.cache_dir / "tuning.json", identity)
+        return self._caches[key]
 
     def shipped(self, device_index: int) -> dict:
         """The shipped table's entries for this device's GPU ({} if none fits, or
@@ -298,7 +301,10 @@ class Chooser:
         if device.interpreting():
             return configs.interpreter_config(call.program.sub_tile_width)
         pp = pingpong_allowed(call)
-        memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.k_total, call.device, pp)
+        # (settings that change the choice: the shipped table, the cache folder, tuning on
+        # the hot path; A/B variants take turns under their own, SETTINGS.generation)
+        memo = (call.program, call.dtype, call.a_t, call.b_t, call.M, call.N, call.k_total, call.device, pp,
+                SETTINGS.generation)  # fmt: skip
         cfg = self._chosen.get(memo)
         if cfg is None:
             cfg = self._chosen[memo] = self._pick(call, prepare, pp)
@@ -337,7 +343,7 @@ class Chooser:
         if cfg is not None:
             return cfg
         if SETTINGS.autotune and not _capturing(call):
-            return self.tune(call, prepare, pp, cands)
+            return self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds)
         pingpong = [c for c in cands if c.pingpong]
         if SETTINGS.prefer_pingpong and pingpong:
             return pingpong[0]
