@@ -322,13 +322,15 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
 
 
 def unrotate_half_rows(
-    dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, pairs: bool = False
-) -> torch.Tensor:
+    dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, pairs: bool = False,
+    *, launch: tuple[int, int] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The gradient through RMS_ROPE's rotation (its transpose), one pass over [M, N]:
     d1 = g1 c + g2 s, d2 = g2 c - g1 s per head of 2 * len(inv_freq) columns, with the
     angles pos[m] * inv_freq formed in float32 as the forward forms them; ``pairs``:
     RMS_ROPE_PAIRS's rotation (d1, d2 the even and odd columns). Returns a new tensor of
-    dout's dtype."""
+    dout's dtype. ``launch``: (rows per program, warps) instead of the default
+    (``scripts/row_passes.py`` times the choices)."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     if torch_path(dout):
@@ -336,12 +338,12 @@ def unrotate_half_rows(
         return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
     out = torch.empty_like(dout)
-    block_m = max(1, 4096 // half)
+    block_m, warps = launch or (max(1, 4096 // half), 4)
     grid = (triton.cdiv(M, block_m), N // (2 * half))
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         _unrotate_kernel[grid](dout, out, pos.contiguous(), freq, M, N, float(scaling), HALF=half,
-                               BLOCK_M=block_m, PAIRS=pairs)  # fmt: skip
+                               BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
     return out
 
 
@@ -370,11 +372,12 @@ def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, fre
     tl.store(dw_ptr + part + other + cols, tl.sum(n2 * h2, axis=0))
 
 
-def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float, pairs: bool = False):
+def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float, pairs: bool = False,
+                        *, launch: tuple[int, int] | None = None):  # fmt: skip
     """The gradient through RMS_QKNORM_ROPE's per-head norm and rotation, one pass over
     [M, N]: returns (dz [M, N] in dout's dtype, dweight [head_dim] float32). ``pre``: the
     forward's z (the norm's input); ``weight``: the norm weight [head_dim]; ``pairs``:
-    RMS_QKNORM_ROPE_PAIRS's rotation."""
+    RMS_QKNORM_ROPE_PAIRS's rotation; ``launch``: as ``unrotate_half_rows``'s."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     hd = 2 * half
@@ -390,12 +393,12 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         return dz.reshape(M, N).to(dout.dtype), (n * h).sum((0, 1))
     dout, pre = dout.contiguous(), pre.contiguous()
     out = torch.empty_like(dout)
-    block_m = max(1, 2048 // half)
+    block_m, warps = launch or (max(1, 2048 // half), 4)
     grid = (triton.cdiv(M, block_m), N // hd)
     dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         _qknorm_backward_kernel[grid](dout, pre, weight.contiguous(), out, dw, pos.contiguous(), freq, M, N,
                                       float(scaling), float(eps), HALF=half, BLOCK_M=block_m,
-                                      PAIRS=pairs)  # fmt: skip
+                                      PAIRS=pairs, num_warps=warps)  # fmt: skip
     return out, dw.sum(0)

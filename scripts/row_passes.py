@@ -1,0 +1,69 @@
+"""The q/k/v operator's backward row passes under each launch shape (GPU machine).
+
+RoPE's inverse rotation (``unrotate_half_rows``) and Qwen3's q/k-norm backward
+(``qknorm_backward_rows``) are memory-bound passes over [tokens, q or k width]. Their
+default launch shapes hold 121-255 registers per thread at head_dim 128 on sm_90a (8-16
+resident warps per SM; the unrotate pass spills 72 B), from the sm_90a compile on a CPU
+(NOTES.md). This times every (rows per program, warps) choice against the default at
+the benchmark's shapes, checks each output against the default's (dz bit for bit; the
+q/k-norm weight gradient's partial sums follow the row blocks: within 1e-5 relative),
+and prints GB/s (bytes read and written / time).
+
+Usage (repo root): PYTHONPATH=. python scripts/row_passes.py [tokens]   (default 16384)
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+
+from codetta.kernels.timing import paired_ms
+from codetta.programs.rope import qknorm_backward_rows, unrotate_half_rows
+
+# (label, q width, k width, head_dim)
+CASES = [("llama3-1b", 2048, 512, 64), ("llama3-8b / qwen3-8b", 4096, 1024, 128)]
+CHOICES = [(bm, w) for bm in (4, 8, 16, 32, 64) for w in (2, 4, 8)]
+
+
+def main() -> None:
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "tokens", tokens)
+    for label, nq, nk, hd in CASES:
+        inv_freq = 1.0 / 500000 ** (torch.arange(0, hd, 2, device="cuda").float() / hd)
+        pos = torch.arange(tokens, device="cuda") % 4096
+        for width in (nq, nk):
+            g = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
+            pre = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
+            w = torch.rand(hd, device="cuda", dtype=torch.bfloat16) + 0.5
+            passes = {
+                "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2),
+                "qknorm": (partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6), 3),
+            }
+            for name, (fn, streams) in passes.items():
+                want = fn(launch=None)
+                fns = {"default": partial(fn, launch=None)}
+                for choice in CHOICES:
+                    got = fn(launch=choice)
+                    got = got if isinstance(got, tuple) else (got,)
+                    ref = want if isinstance(want, tuple) else (want,)
+                    if not torch.equal(got[0], ref[0]):
+                        print(f"   {name} {choice}: dz differs from the default's")
+                        continue
+                    if len(got) > 1 and not torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6):
+                        print(f"   {name} {choice}: the weight gradient differs beyond partial-sum rounding")
+                        continue
+                    fns[f"{choice[0]}x{choice[1]}w"] = partial(fn, launch=choice)
+                times = paired_ms(fns, min_s=1.0)
+                gb = streams * tokens * width * 2 / 1e9
+                best = min(times, key=times.get)
+                print(f"== {label} {name} [{tokens}, {width}]: default {times['default'] * 1e3:.1f} us "
+                      f"({gb / times['default'] * 1e3:.0f} GB/s), best {best} {times[best] * 1e3:.1f} us "
+                      f"({gb / times[best] * 1e3:.0f} GB/s)")  # fmt: skip
+                for k, ms in sorted(times.items(), key=lambda kv: kv[1]):
+                    print(f"   {k:10s} {ms * 1e3:8.1f} us  {gb / ms * 1e3:6.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
