@@ -96,6 +96,14 @@ def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_kernel_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
+    """Compile any ``@triton.jit`` kernel (a row pass) for sm_90a: ``signature`` maps each
+    argument to its type ("*bf16", "i32", "fp32", or "constexpr" with its value in
+    ``constexprs``)."""
+    src = ASTSource(fn, signature, constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
 def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 

@@ -218,7 +218,7 @@ def _rope_candidates(hd: int) -> tuple:
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
                 Scalar("scaling"))  # fmt: skip
 
-_HEAD_DIMS = (16, 32, 64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
@@ -236,7 +236,7 @@ def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpon
             sub_tile_width=hd,
             **pingpong(hd),
         )
-        for hd in _HEAD_DIMS
+        for hd in HEAD_DIMS
     }
 
 
@@ -321,6 +321,32 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
     return rope_tables(pos, per_head.repeat(n // per_head.shape[0]), scaling)
 
 
+def unrotate_launch(half: int) -> tuple[int, int]:
+    """The inverse rotation's default launch: (rows per program, warps). 8 warps: with 4,
+    the same rows held 182-255 registers per thread for sm_90a and spilled 16-160 B at
+    head dims 16-128 (rotate-half) and 128-256 (pairs); with 8, 73-155 and no spill
+    (NOTES.md; CI's sm_90a check compiles these launches)."""
+    return max(1, 4096 // half), 8
+
+
+def qknorm_launch(half: int) -> tuple[int, int]:
+    """The q/k-norm backward's default launch: 8 warps (with 4: up to 247 registers per
+    thread at head_dim 128, 8 resident warps per SM; with 8: 64-128)."""
+    return max(1, 2048 // half), 8
+
+
+def row_pass_kernels() -> list[tuple]:
+    """(name, kernel, argument types, default launch) of the backward row passes, for the
+    sm_90a check (``programs/sm90_check.py``)."""
+    rows = {"g_ptr": "*bf16", "pos_ptr": "*i64", "freq_ptr": "*fp32", "M": "i32", "N": "i32"}
+    rows["scaling"] = "fp32"
+    qk = {"pre_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dw_ptr": "*fp32", "eps": "fp32"}
+    return [
+        ("unrotate", _unrotate_kernel, {**rows, "out_ptr": "*bf16"}, unrotate_launch),
+        ("qknorm_backward", _qknorm_backward_kernel, {**rows, **qk}, qknorm_launch),
+    ]
+
+
 def unrotate_half_rows(
     dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, pairs: bool = False,
     *, launch: tuple[int, int] | None = None,
@@ -338,7 +364,7 @@ def unrotate_half_rows(
         return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps = launch or (max(1, 4096 // half), 4)
+    block_m, warps = launch or unrotate_launch(half)
     grid = (triton.cdiv(M, block_m), N // (2 * half))
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
@@ -393,7 +419,7 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         return dz.reshape(M, N).to(dout.dtype), (n * h).sum((0, 1))
     dout, pre = dout.contiguous(), pre.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps = launch or (max(1, 2048 // half), 4)
+    block_m, warps = launch or qknorm_launch(half)
     grid = (triton.cdiv(M, block_m), N // hd)
     dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
     with device.on_device(dout.device):
