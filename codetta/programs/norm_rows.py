@@ -248,6 +248,35 @@ def _rms_backward_rows_kernel(
 MAX_ROW = 16384  # the row kernel holds whole rows in registers
 
 
+def rows_launch(d: int) -> tuple[int, int, int]:
+    """``rms_backward_rows``'s launch for rows of d: (rows per step, block width, warps).
+    Rows of 8192 and up take 32 warps: with 16, d 8192 (Llama-70B's width) held 128
+    registers per thread and spilled 40-280 B for sm_90a; with 32, 41-62 and no spill
+    (d 16384 still spills 16-216 B). CI's sm_90a check compiles d 2048-8192."""
+    block_d = triton.next_power_of_2(d)
+    return max(1, 8192 // block_d), block_d, 8 if block_d <= 4096 else 32
+
+
+def row_pass_jobs() -> list[tuple]:
+    """``rms_backward_rows`` as the sm_90a check compiles it (``programs/sm90_check.py``):
+    (label, kernel, argument types, constexprs, warps), bf16, d 2048, 4096 and 8192, with
+    and without gamma and a downstream gradient."""
+    bf = "*bf16"
+    types = {"dh_ptr": bf, "x_ptr": bf, "dres_ptr": bf, "sumsq_ptr": "*fp32", "gamma_ptr": bf, "dx_ptr": bf,
+             "n_ptr": bf, "dgamma_ptr": "*fp32", "M": "i32", "D": "i32", "inv_d": "fp32", "eps": "fp32",
+             "rows_per_prog": "i32"}  # fmt: skip
+    jobs = []
+    for d in (2048, 4096, 8192):
+        block_m, block_d, warps = rows_launch(d)
+        for gamma in (True, False):
+            for dres in (True, False):
+                consts = {"BLOCK_M": block_m, "BLOCK_D": block_d, "HAS_GAMMA": gamma, "HAS_DRES": dres}
+                with_ = "".join(f" {k}" for k, on in (("gamma", gamma), ("dres", dres)) if on)
+                label = f"rms_backward_rows d {d}{with_}, {warps} warps"
+                jobs.append((label, _rms_backward_rows_kernel, types, consts, warps))
+    return jobs
+
+
 def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     """The RMSNorm backward as one pass over whole rows, from dh = dz W (the plain dX GEMM):
     r = rsqrt(sumsq / d + eps),  zeta = sum_k dh_k gamma_k x_k r,
@@ -269,8 +298,7 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
         raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
     n = torch.empty_like(x)
     on_cpu = x.device.type == "cpu"
-    block_d = triton.next_power_of_2(D)
-    block_m = max(1, 8192 // block_d)
+    block_m, block_d, warps = rows_launch(D)
     slots = 4 if on_cpu else 4 * device.num_sms(x.device.index or 0)
     programs = max(1, min(slots, triton.cdiv(M, block_m)))
     rows_per_prog = max(1, triton.cdiv(triton.cdiv(M, programs), block_m)) * block_m
@@ -293,6 +321,6 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
             dh, x, dh if dres is None else dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps,
             rows_per_prog, BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
             HAS_DRES=dres is not None,
-            num_warps=8 if block_d <= 4096 else 16,
+            num_warps=warps,
         )  # fmt: skip
     return dx, n, dgamma

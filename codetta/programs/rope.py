@@ -335,16 +335,25 @@ def qknorm_launch(half: int) -> tuple[int, int]:
     return max(1, 2048 // half), 8
 
 
-def row_pass_kernels() -> list[tuple]:
-    """(name, kernel, argument types, default launch) of the backward row passes, for the
-    sm_90a check (``programs/sm90_check.py``)."""
+def row_pass_jobs() -> list[tuple]:
+    """The backward row passes as the sm_90a check compiles them (``programs/sm90_check.py``):
+    (label, kernel, argument types, constexprs, warps) at their default launches, bf16,
+    every head dim and both conventions."""
     rows = {"g_ptr": "*bf16", "pos_ptr": "*i64", "freq_ptr": "*fp32", "M": "i32", "N": "i32"}
     rows["scaling"] = "fp32"
     qk = {"pre_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dw_ptr": "*fp32", "eps": "fp32"}
-    return [
+    kernels = (
         ("unrotate", _unrotate_kernel, {**rows, "out_ptr": "*bf16"}, unrotate_launch),
         ("qknorm_backward", _qknorm_backward_kernel, {**rows, **qk}, qknorm_launch),
-    ]
+    )
+    jobs = []
+    for name, fn, types, launch in kernels:
+        for hd in HEAD_DIMS:
+            for pairs in (False, True):
+                block_m, warps = launch(hd // 2)
+                label = f"{name} head_dim {hd}{' pairs' if pairs else ''}, {block_m} rows, {warps} warps"
+                jobs.append((label, fn, types, {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs}, warps))
+    return jobs
 
 
 def unrotate_half_rows(

@@ -9,25 +9,19 @@ import sys
 
 from .. import programs
 from ..kernels.aot import check_all, compile_kernel_sm90, inspect
-from . import rope
+from . import norm_rows, rope
 
 
 def check_row_passes() -> list[str]:
-    """The inverse rotation and the q/k-norm backward, bf16, every head dim and both
-    RoPE conventions, at their default launches: one line per spill found."""
+    """The row passes of the backward (RoPE's inverse rotation, the q/k-norm backward, the
+    RMSNorm backward) at their default launches, bf16: one line per spill found."""
     problems = []
-    for name, fn, types, launch in rope.row_pass_kernels():
-        for hd in rope.HEAD_DIMS:
-            for pairs in (False, True):
-                block_m, warps = launch(hd // 2)
-                consts = {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs}
-                # (the kernel's own argument order)
-                sig = {a: types.get(a, "constexpr") for a in fn.arg_names}
-                label = f"{name} head_dim {hd}{' pairs' if pairs else ''} {block_m} rows {warps} warps"
-                rep = inspect(compile_kernel_sm90(fn, sig, consts, warps), label)
-                found = [p for p in rep.problems() if "spills" in p]
-                print(f"{label}: {rep.n_regs} regs, {'; '.join(found) or 'ok'}", flush=True)
-                problems += [f"{label}: {p}" for p in found]
+    for label, fn, types, consts, warps in rope.row_pass_jobs() + norm_rows.row_pass_jobs():
+        sig = {a: types.get(a, "constexpr") for a in fn.arg_names}  # (the kernel's argument order)
+        rep = inspect(compile_kernel_sm90(fn, sig, consts, warps), label)
+        found = [p for p in rep.problems() if "spills" in p]
+        print(f"{label}: {rep.n_regs} regs, {'; '.join(found) or 'ok'}", flush=True)
+        problems += [f"{label}: {p}" for p in found]
     return problems
 
 
