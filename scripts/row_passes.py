@@ -1,11 +1,12 @@
 """The q/k/v operator's backward row passes under each launch shape (GPU machine).
 
 RoPE's inverse rotation (``unrotate_half_rows``) and Qwen3's q/k-norm backward
-(``qknorm_backward_rows``) are memory-bound passes over [tokens, q or k width]. Their
-default launch shapes hold 121-255 registers per thread at head_dim 128 on sm_90a (8-16
-resident warps per SM; the unrotate pass spills 72 B), from the sm_90a compile on a CPU
-(NOTES.md). This times every (rows per program, warps) choice against the default at
-the benchmark's shapes, checks each output against the default's (dz bit for bit; the
+(``qknorm_backward_rows``) are memory-bound passes over [tokens, q or k width]. Until
+2026-12-01 their launches had 4 warps ("previous": 182-255 registers per thread for
+sm_90a, the inverse rotation spilling 16-160 B); the default now has 8 with the same
+rows per program (no spill), chosen from the sm_90a compile alone (NOTES.md). This times
+every (rows per program, warps) choice, the previous launch and the default at the
+benchmark's shapes, checks each output against the default's (dz bit for bit; the
 q/k-norm weight gradient's partial sums follow the row blocks: within 1e-5 relative),
 and prints GB/s (bytes read and written / time).
 
@@ -20,7 +21,7 @@ from functools import partial
 import torch
 
 from codetta.kernels.timing import paired_ms
-from codetta.programs.rope import qknorm_backward_rows, unrotate_half_rows
+from codetta.programs.rope import qknorm_backward_rows, qknorm_launch, unrotate_half_rows, unrotate_launch
 
 # (label, q width, k width, head_dim)
 CASES = [("llama3-1b", 2048, 512, 64), ("llama3-8b / qwen3-8b", 4096, 1024, 128)]
@@ -38,13 +39,14 @@ def main() -> None:
             pre = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
             w = torch.rand(hd, device="cuda", dtype=torch.bfloat16) + 0.5
             passes = {
-                "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2),
-                "qknorm": (partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6), 3),
+                "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2, unrotate_launch),
+                "qknorm": (partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6), 3, qknorm_launch),
             }
-            for name, (fn, streams) in passes.items():
+            for name, (fn, streams, launch) in passes.items():
+                previous = (launch(hd // 2)[0], 4)
                 want = fn(launch=None)
                 fns = {"default": partial(fn, launch=None)}
-                for choice in CHOICES:
+                for choice in [previous, *CHOICES]:
                     got = fn(launch=choice)
                     got = got if isinstance(got, tuple) else (got,)
                     ref = want if isinstance(want, tuple) else (want,)
@@ -54,7 +56,8 @@ def main() -> None:
                     if len(got) > 1 and not torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6):
                         print(f"   {name} {choice}: the weight gradient differs beyond partial-sum rounding")
                         continue
-                    fns[f"{choice[0]}x{choice[1]}w"] = partial(fn, launch=choice)
+                    key = "previous" if choice == previous else f"{choice[0]}x{choice[1]}w"
+                    fns[key] = partial(fn, launch=choice)
                 times = paired_ms(fns, min_s=1.0)
                 gb = streams * tokens * width * 2 / 1e9
                 best = min(times, key=times.get)
