@@ -40,7 +40,11 @@ def main() -> None:
             w = torch.rand(hd, device="cuda", dtype=torch.bfloat16) + 0.5
             passes = {
                 "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2, unrotate_launch),
-                "qknorm": (partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6), 3, qknorm_launch),
+                "qknorm": (
+                    partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6),
+                    3,
+                    qknorm_launch,
+                ),  # fmt: skip
             }
             for name, (fn, streams, launch) in passes.items():
                 previous = (launch(hd // 2)[0], 4)
