@@ -94,6 +94,38 @@ def _rotate_pairs_of(x, pos, freq, scaling):
 
 
 @triton.jit
+def _rotate_pairs_swapped(x, pos, freq, scaling):
+    """``_rotate_pairs_of``'s rotation with one split: x cos plus x sin with its pairs
+    swapped and signed, at full width. For sm_90a on the portable mainloop it
+    holds 217-240 registers at head dim 64 (128x128 and 64x128 tiles) and spills nothing
+    where ``_rotate_pairs_of`` spilled 64-96 B (NOTES.md). The Gluon
+    mainloop cannot run it (the split's layout meets x's wgmma layout in one sum), so the
+    programs with ping-pong candidates (head dim 128) keep ``_rotate_pairs_of``."""
+    sin, cos = P.sincos(pos.to(tl.float32) * freq)
+    BM: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1]
+    # (a s_a, b s_b) -> (-b s_b, a s_a): each product with its own column's sine, as
+    # ``_rotate_pairs_of`` (and the reference) forms it
+    even, odd = tl.split(tl.reshape(x * (sin * scaling), (BM, W // 2, 2)))
+    return x * (cos * scaling) + tl.reshape(tl.join(-odd, even), (BM, W))
+
+
+@triton.jit
+def rms_rope_pairs_portable(acc, sumsq, inv_d, eps, pos, freq, scaling):
+    """``rms_rope_pairs`` for the portable mainloop only (``_rotate_pairs_swapped``)."""
+    return _rotate_pairs_swapped(acc * rms_scale_of(sumsq, inv_d, eps), pos, freq, scaling)
+
+
+@triton.jit
+def rms_qknorm_rope_pairs_portable(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+    """``rms_qknorm_rope_pairs`` for the portable mainloop only."""
+    z = acc * rms_scale_of(sumsq, inv_d, eps)
+    W: tl.constexpr = acc.shape[1]
+    rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
+    return _rotate_pairs_swapped(z * rho * qk_w, pos, freq, scaling), z
+
+
+@triton.jit
 def rms_rope_pairs(acc, sumsq, inv_d, eps, pos, freq, scaling):
     """``rms_rope`` with the interleaved-pairs rotation."""
     return _rotate_pairs_of(acc * rms_scale_of(sumsq, inv_d, eps), pos, freq, scaling)
@@ -222,12 +254,13 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
-    """One program per head dim: ``name`` with the head dim appended; ``pingpong``: the
-    Program's ping-pong arguments for a head dim."""
+    """One program per head dim: ``name`` with the head dim appended; ``body``: a function
+    of the head dim giving the body; ``pingpong``: the Program's ping-pong arguments for a
+    head dim."""
     return {
         hd: Program(
             f"{name}_{hd}",
-            body,
+            body(hd),
             inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")) if qk_norm else _ROPE_INPUTS,
             outputs=(Tile("out"), Tile("pre")) if qk_norm else (Tile("out"),),
             reference=_reference(hd, pairs, qk_norm),
@@ -244,13 +277,13 @@ def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpon
 # row's position (PerRow index: packed sequences work) and each column's inverse frequency
 # ([N]: the model's inv_freq, per head, both halves; a head's first half is what counts),
 # times the rope's attention scaling
-RMS_ROPE = _rope_programs("rms_rope", rms_rope, False, False, _rope_candidates, lambda hd: {})
+RMS_ROPE = _rope_programs("rms_rope", lambda hd: rms_rope, False, False, _rope_candidates, lambda hd: {})
 # the same with Qwen3's per-head q/k RMSNorm before RoPE (qk_w: the norm weight repeated
 # over the projection's heads, [N]); also stores the un-normalized z for the backward.
 # Whole 128x128 ping-pong consumer tiles spill 648 B here; 64-row ones (64x128, 64x256)
 # do not
 RMS_QKNORM_ROPE = _rope_programs(
-    "rms_qknorm_rope", rms_qknorm_rope, False, True, _rope_candidates,
+    "rms_qknorm_rope", lambda hd: rms_qknorm_rope, False, True, _rope_candidates,
     lambda hd: {"pingpong_configs": PINGPONG_64_ROW_CANDIDATES if hd == 128 else None, "pingpong": hd == 128},
 )  # fmt: skip
 
@@ -259,15 +292,33 @@ RMS_QKNORM_ROPE = _rope_programs(
 # candidates, from the sm_90a check at head dim 128: the portable mainloop's 128x128 and
 # 64x128 tiles, and the ping-pong mainloop's 64x128 ones (its 128x128 tiles spill 1288 B,
 # 64x256 ones 1216 B); with the q/k norm the portable mainloop's tiles spill 56-176 B of
-# stack (not in CI's sm_90a list for that reason; no shipped model uses this convention)
+# stack at head dim 128 (not in CI's sm_90a list for that reason; no shipped model uses
+# this convention). Head dims without a ping-pong candidate (all but 128) take the
+# portable-only body: at head dim 64 (both programs in CI's list) no candidate spills;
+# at 256 the 128x256 tiles still do (0.6-3 KB; no model here has such heads)
 _PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,)))
+
+
+def _pairs_pingpong(hd: int) -> dict:
+    """The ping-pong mainloop for head dim 128 only (the others' portable-only body)."""
+    return _PAIRS_PINGPONG if hd == 128 else {"pingpong": False}
+
+
+def _pairs_candidates(hd: int) -> tuple:
+    """128x256 tiles only where a head needs them (256): at head dim 64 they spilled
+    96-288 B with either body; the 128x128 and 64x128 ones spill nothing there."""
+    return _PAIRS_CANDIDATES if hd == 256 else tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128)
+
+
 _PAIRS_PINGPONG = {"pingpong_configs": tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)}
 RMS_ROPE_PAIRS = _rope_programs(
-    "rms_rope_pairs", rms_rope_pairs, True, False, lambda hd: _PAIRS_CANDIDATES, lambda hd: _PAIRS_PINGPONG
-)
+    "rms_rope_pairs", lambda hd: rms_rope_pairs if hd == 128 else rms_rope_pairs_portable, True, False,
+    _pairs_candidates, _pairs_pingpong,
+)  # fmt: skip
 RMS_QKNORM_ROPE_PAIRS = _rope_programs(
-    "rms_qknorm_rope_pairs", rms_qknorm_rope_pairs, True, True, lambda hd: _PAIRS_CANDIDATES,
-    lambda hd: _PAIRS_PINGPONG,
+    "rms_qknorm_rope_pairs",
+    lambda hd: rms_qknorm_rope_pairs if hd == 128 else rms_qknorm_rope_pairs_portable,
+    True, True, _pairs_candidates, _pairs_pingpong,
 )  # fmt: skip
 
 # the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral), as
@@ -275,6 +326,7 @@ RMS_QKNORM_ROPE_PAIRS = _rope_programs(
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]
 RMS_ROPE_PAIRS_128, RMS_QKNORM_ROPE_PAIRS_128 = RMS_ROPE_PAIRS[128], RMS_QKNORM_ROPE_PAIRS[128]
+RMS_ROPE_PAIRS_64, RMS_QKNORM_ROPE_PAIRS_64 = RMS_ROPE_PAIRS[64], RMS_QKNORM_ROPE_PAIRS[64]
 # q, k and v from one launch: the three weights side by side along N (N parts), each
 # output its own tensor; v's columns take frequency 0 (cos 1, sin 0: an exact identity
 # when the attention scaling is 1), so it comes out as RMS_SCALE would write it
