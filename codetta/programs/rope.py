@@ -117,12 +117,20 @@ def rms_rope_pairs_portable(acc, sumsq, inv_d, eps, pos, freq, scaling):
 
 
 @triton.jit
-def rms_qknorm_rope_pairs_portable(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
-    """``rms_qknorm_rope_pairs`` for the portable mainloop only."""
+def _head_normed(acc, sumsq, inv_d, eps, qk_w, qk_eps):
+    """(the layer norm's row scale, then the head's RMSNorm times qk_w; z, the norm's
+    input, which the backward needs): a sub-tile is one head."""
     z = acc * rms_scale_of(sumsq, inv_d, eps)
     W: tl.constexpr = acc.shape[1]
     rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
-    return _rotate_pairs_swapped(z * rho * qk_w, pos, freq, scaling), z
+    return z * rho * qk_w, z
+
+
+@triton.jit
+def rms_qknorm_rope_pairs_portable(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
+    """``rms_qknorm_rope_pairs`` for the portable mainloop only."""
+    normed, z = _head_normed(acc, sumsq, inv_d, eps, qk_w, qk_eps)
+    return _rotate_pairs_swapped(normed, pos, freq, scaling), z
 
 
 @triton.jit
@@ -134,10 +142,8 @@ def rms_rope_pairs(acc, sumsq, inv_d, eps, pos, freq, scaling):
 @triton.jit
 def rms_qknorm_rope_pairs(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
     """``rms_qknorm_rope`` with the interleaved-pairs rotation."""
-    z = acc * rms_scale_of(sumsq, inv_d, eps)
-    W: tl.constexpr = acc.shape[1]
-    rho = tl.rsqrt(tl.sum(z * z, axis=1) * (1.0 / W) + qk_eps)[:, None]
-    return _rotate_pairs_of(z * rho * qk_w, pos, freq, scaling), z
+    normed, z = _head_normed(acc, sumsq, inv_d, eps, qk_w, qk_eps)
+    return _rotate_pairs_of(normed, pos, freq, scaling), z
 
 
 def head_rms_norm(z: torch.Tensor, weight: torch.Tensor, eps: float, head_dim: int) -> torch.Tensor:
