@@ -5,6 +5,7 @@ from ._version import __version__
 from .kernels.configs import Config  # noqa: E402
 from .kernels.device import interpreting  # noqa: E402
 from .kernels.launch import gemm  # noqa: E402
+from .kernels.precompile import precompile  # noqa: E402
 from .kernels.program import (  # noqa: E402
     ColSum,
     DType,
@@ -69,6 +70,7 @@ __all__ = [
     "apply_codetta_to_mistral",
     "revert",
     "gemm",
+    "precompile",
     "interpreting",
     "Program",
     "Tile",

@@ -156,3 +156,21 @@ def test_cli_tuned_ab():
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--tuned-ab", "--help"])
     assert exc.value.code == 0
+
+
+def test_variant_selection(monkeypatch):
+    """bench --variants: the operator tables time the cuBLAS baseline and the named variants
+    only, and keep codetta (the base of its A/B variants) under --tuned-ab."""
+    from codetta.__main__ import main
+    from codetta.bench import harness
+
+    fns = {"cublas": 0, "eager": 1, "torch.compile": 2, "codetta": 3, "codetta-triton": 4}
+    assert harness.selected(fns) is fns
+    monkeypatch.setattr(harness.OPTIONS, "variants", ("liger", "codetta-triton"))
+    assert list(harness.selected(fns)) == ["cublas", "codetta-triton"]
+    monkeypatch.setattr(harness.OPTIONS, "tuned_ab", True)
+    ab = harness.with_ab_variants({**fns, "codetta": lambda: None})
+    assert list(harness.selected(ab)) == ["cublas", "codetta", "codetta-triton", *harness.AB_VARIANTS]
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--parts", "mlp", "--variants", "codetta-triton", "--help"])
+    assert exc.value.code == 0

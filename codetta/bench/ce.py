@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import linear_cross_entropy
-from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases
+from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases, selected
 
 # (tokens, d, V)
 CASES = (
@@ -128,7 +128,7 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
     fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
     add_rows(res_fwd, f"{case} fwd", flops, compare(fns))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
-    mem = {k: peak_memory_gb(fn) for k, fn in fns.items() if k != "cublas"}
+    mem = {k: peak_memory_gb(fn) for k, fn in selected(fns).items() if k != "cublas"}
     add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, compare(fns), mem)
 
 

@@ -19,6 +19,7 @@ from .harness import (
     peak_memory_gb,
     rand_bf16,
     rel_error,
+    selected,
     triton_only,
 )
 
@@ -106,7 +107,7 @@ def _k1_case(res: Results, N: int, K: int):
         "codetta": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
     }
     fns["codetta-triton"] = triton_only(fns["codetta"])
-    mem = {name: peak_memory_gb(fn) for name, fn in fns.items()}
+    mem = {name: peak_memory_gb(fn) for name, fn in selected(fns).items()}
     add_rows(res, case, 2 * M * N * K, compare(fns), mem)
 
 

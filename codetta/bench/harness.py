@@ -111,9 +111,13 @@ class Options:
     # beside "codetta": "codetta:shipped" (the shipped table alone) and "codetta:tuned"
     # (every shape tuned here on its first call), issue 11's check of the shipped table
     tuned_ab: bool = False
+    # the variants to time beside the cuBLAS baseline in the operator tables (None: all of
+    # them); codetta stays in while its A/B variants are asked for (they derive from it)
+    variants: tuple | None = None
 
 
 OPTIONS = Options()
+AB_VARIANTS = ("codetta:shipped", "codetta:tuned")
 _AB_DIRS: dict = {}
 
 
@@ -136,16 +140,27 @@ def with_ab_variants(fns: dict) -> dict:
     for them (``OPTIONS.tuned_ab``)."""
     if not OPTIONS.tuned_ab or "codetta" not in fns or "codetta:tuned" in fns:
         return fns
-    return {**fns, **{f"codetta:{how}": with_settings(fns["codetta"], **ab_settings(how))
-                      for how in ("shipped", "tuned")}}  # fmt: skip
+    return {**fns, **{name: with_settings(fns["codetta"], **ab_settings(name.split(":")[1]))
+                      for name in AB_VARIANTS}}  # fmt: skip
+
+
+def selected(fns: dict) -> dict:
+    """``fns`` less the variants the run did not ask for (``OPTIONS.variants``): the cuBLAS
+    baseline always stays, and so do codetta and its A/B variants under ``--tuned-ab``."""
+    keep = OPTIONS.variants
+    if keep is None:
+        return fns
+    ab = ("codetta", *AB_VARIANTS) if OPTIONS.tuned_ab else ()
+    return {k: v for k, v in fns.items() if k == "cublas" or k in keep or k in ab}
 
 
 def compare(fns: dict) -> dict[str, Timing]:
     """Each variant of one case timed two ways in one run: paired
     (``timing.paired_ms``: call by call, at least 2 s) and sustained blocks
     (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds).
-    With ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``)."""
-    fns = with_ab_variants(fns)
+    With ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``);
+    only the variants the run asked for (``selected``)."""
+    fns = selected(with_ab_variants(fns))
     for fn in fns.values():  # compile, tune, allocate
         fn()
     torch.cuda.synchronize()

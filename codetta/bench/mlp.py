@@ -24,6 +24,7 @@ from .harness import (
     rand_bf16,
     rel_error,
     run_fwd_bwd_cases,
+    selected,
     triton_only,
 )
 
@@ -117,7 +118,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     t = compare(fns)
-    mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in variants.items()}
+    mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in selected(variants).items()}
     add_rows(res_bwd, f"{name} fwd+bwd", 3 * fwd_flops, t, mem)
 
 

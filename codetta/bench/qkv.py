@@ -28,6 +28,7 @@ from .harness import (
     peak_memory_gb,
     rel_error,
     run_fwd_bwd_cases,
+    selected,
     triton_only,
     with_settings,
 )
@@ -198,7 +199,7 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
-    mem = {k: peak_memory_gb(fn) for k, fn in fns.items() if k != "cublas"}
+    mem = {k: peak_memory_gb(fn) for k, fn in selected(fns).items() if k != "cublas"}
     add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, compare(fns), mem)
 
 

@@ -9,7 +9,16 @@ import torch.nn.functional as F
 
 from ..ops import residual_rmsnorm_linear
 from ..ops.residual_rmsnorm import residual_rmsnorm_linear_variant as _variant
-from .harness import Results, add_rows, compare, peak_memory_gb, rand_bf16, rel_error, triton_only
+from .harness import (
+    Results,
+    add_rows,
+    compare,
+    peak_memory_gb,
+    rand_bf16,
+    rel_error,
+    selected,
+    triton_only,
+)
 
 M = 16384
 EPS = 1e-6
@@ -137,7 +146,7 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str, research: bool = Fa
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v, p) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     t = compare(fns)
-    mem = {k: peak_memory_gb(fwd_bwd(v, p)) for k, v in variants.items()}
+    mem = {k: peak_memory_gb(fwd_bwd(v, p)) for k, v in selected(variants).items()}
     add_rows(res_bwd, f"{name} fwd+bwd", 3 * fwd_flops, t, mem)
 
 

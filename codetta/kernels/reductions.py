@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import device
+from . import device, precompile
 from .direct import DirectKernel
 from .program import Kind, Layout
 from .settings import SETTINGS
@@ -87,7 +87,8 @@ def _row_launch(parts: torch.Tensor, out: torch.Tensor, lse: bool):
         out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
         return None
     with device.on_device(parts.device):
-        return _rows_kernel[(-(-M // _ROWS_BLOCK_M),)](parts, out, M, T, **_rows_consts(lse))
+        grid = (-(-M // _ROWS_BLOCK_M),)
+        return precompile.launch(_rows_kernel, grid, parts, out, M, T, **_rows_consts(lse))
 
 
 def row_finish(parts: torch.Tensor, out: torch.Tensor, lse: bool = False) -> torch.Tensor:
@@ -121,7 +122,8 @@ def _col_launch(parts: torch.Tensor, out: torch.Tensor):
         out.copy_(parts.sum(0))
         return None
     with device.on_device(parts.device):
-        return _cols_kernel[(-(-D // 16),)](parts, out, R, D, **_cols_consts(R), num_warps=4)
+        grid = (-(-D // 16),)
+        return precompile.launch(_cols_kernel, grid, parts, out, R, D, **_cols_consts(R), num_warps=4)
 
 
 def finish(kind: Kind, parts: torch.Tensor, out: torch.Tensor):

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels import device
+from ..kernels import device, precompile
 from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_STREAMING_CANDIDATES, PLAIN_CANDIDATES
 from ..kernels.program import DType, PerCol, Program, RowLogSumExp, Scalar, Tile
@@ -176,7 +176,7 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
         return sums
     coef = a is not None
     with device.on_device(logits.device):
-        _ce_grad_kernel[(M,)](
+        precompile.launch(_ce_grad_kernel, (M,),
             logits, lse, target, scale, a if coef else scale, b if coef else scale,
             scale if weight is None else weight, scale if sums is None else sums, float(smooth),
             float(softcap), V, logits.stride(0), HAS_COEF=coef, HAS_W=weight is not None,
@@ -208,5 +208,6 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> to
     n = src.numel()
     if n:
         with device.on_device(src.device):
-            _scale_cast_kernel[(triton.cdiv(n, 4096),)](src, scale, out, n, BLOCK=4096, num_warps=8)
+            grid = (triton.cdiv(n, 4096),)
+            precompile.launch(_scale_cast_kernel, grid, src, scale, out, n, BLOCK=4096, num_warps=8)
     return out

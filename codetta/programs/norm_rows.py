@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ..kernels import device
+from ..kernels import device, precompile
 from ..kernels.settings import SETTINGS
 from .norm import rms_scale_of
 
@@ -82,9 +82,8 @@ def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if torch_path(a):
         return (a.double() * b.double()).sum(1).float()
     with device.on_device(a.device):
-        _rowdot_kernel[(M,)](
-            a, b, out, N, a.stride(0), b.stride(0), BLOCK=min(4096, triton.next_power_of_2(N))
-        )
+        block = min(4096, triton.next_power_of_2(N))
+        precompile.launch(_rowdot_kernel, (M,), a, b, out, N, a.stride(0), b.stride(0), BLOCK=block)
     return out
 
 
@@ -111,9 +110,8 @@ def scale_columns(w: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     R, D = w.shape
     out = torch.empty_like(w)
     with device.on_device(w.device):
-        _scale_columns_kernel[(triton.cdiv(R, 32), triton.cdiv(D, 256))](
-            w, gamma, out, R, D, BLOCK_R=32, BLOCK_D=256
-        )
+        grid = (triton.cdiv(R, 32), triton.cdiv(D, 256))
+        precompile.launch(_scale_columns_kernel, grid, w, gamma, out, R, D, BLOCK_R=32, BLOCK_D=256)
     return out
 
 
@@ -150,7 +148,8 @@ def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, tor
     sumsq = torch.empty(M, dtype=torch.float32, device=x.device)
     block_d = min(1024, triton.next_power_of_2(D))
     with device.on_device(x.device):
-        _gamma_sumsq_kernel[(triton.cdiv(M, 4),)](x, gamma, h, sumsq, M, D, BLOCK_M=4, BLOCK_D=block_d)
+        grid = (triton.cdiv(M, 4),)
+        precompile.launch(_gamma_sumsq_kernel, grid, x, gamma, h, sumsq, M, D, BLOCK_M=4, BLOCK_D=block_d)
     return h, sumsq
 
 
@@ -198,7 +197,7 @@ def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
         n.copy_(xf * r * g)
         return dx, n
     with device.on_device(x.device):
-        _rms_backward_finish_kernel[(triton.cdiv(M, 16),)](
+        precompile.launch(_rms_backward_finish_kernel, (triton.cdiv(M, 16),),
             dn, x, dres, sumsq, zeta, gamma, dx, n, M, D, 1.0 / D, eps,
             BLOCK_M=16, BLOCK_D=min(256, triton.next_power_of_2(D)),
         )  # fmt: skip
@@ -317,7 +316,7 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
         n.copy_(xf * r * g)
         return dx, n, dgamma
     with device.on_device(x.device):
-        _rms_backward_rows_kernel[(programs,)](
+        precompile.launch(_rms_backward_rows_kernel, (programs,),
             dh, x, dh if dres is None else dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps,
             rows_per_prog, BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
             HAS_DRES=dres is not None,

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 
 from .. import reference as ref
-from ..kernels import device
+from ..kernels import device, precompile
 from ..kernels import primitives as P
 from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, _grid
 from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile, with_n_parts
@@ -435,8 +435,8 @@ def unrotate_half_rows(
     grid = (triton.cdiv(M, block_m), N // (2 * half))
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
-        _unrotate_kernel[grid](dout, out, pos.contiguous(), freq, M, N, float(scaling), HALF=half,
-                               BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
+        precompile.launch(_unrotate_kernel, grid, dout, out, pos.contiguous(), freq, M, N, float(scaling),
+                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
     return out
 
 
@@ -491,7 +491,7 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
     dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
-        _qknorm_backward_kernel[grid](dout, pre, weight.contiguous(), out, dw, pos.contiguous(), freq, M, N,
-                                      float(scaling), float(eps), HALF=half, BLOCK_M=block_m,
-                                      PAIRS=pairs, num_warps=warps)  # fmt: skip
+        precompile.launch(_qknorm_backward_kernel, grid, dout, pre, weight.contiguous(), out, dw,
+                          pos.contiguous(), freq, M, N, float(scaling), float(eps), HALF=half,
+                          BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
     return out, dw.sum(0)

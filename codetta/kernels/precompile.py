@@ -1,0 +1,82 @@
+"""``precompile(step)``: compile every kernel a step launches, all at once, before its first run.
+
+On a new machine each kernel a training step needs compiles the first time it is
+launched, one after another (about 2 s each for a GEMM with its epilogue on an H200's
+host), so a model's first step waits for all of them in turn. ``precompile`` runs the
+step once with every codetta launch replaced by its compile, handed to a pool of
+threads (Triton's asynchronous compile mode: ptxas and most of the compiler run
+outside the GIL), and waits for them together. Nothing codetta would launch runs;
+PyTorch's own kernels between them do, on whatever the unwritten outputs hold, so
+the step's results are garbage and its gradients are dropped. Configurations come
+from the tuning cache, the shipped table or the shape rule (never tuned here: a
+shape that ``CODETTA_AUTOTUNE=1`` would tune is tuned, and its winner compiled, on
+its first real call).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import device
+from .settings import override
+
+_ACTIVE = False
+
+
+def active() -> bool:
+    """Whether launches are being compiled, not run (inside ``precompile``)."""
+    return _ACTIVE
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``; inside ``precompile``, its compile alone."""
+    if _ACTIVE:
+        return kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+def precompile(step, model: torch.nn.Module | None = None, workers: int | None = None) -> int:
+    """Compile, concurrently, every kernel that ``step()`` (a callable; typically a
+    training forward and backward at the real batch shape) would launch through codetta,
+    and return how many compiled. ``step`` runs once without codetta's kernels: pass
+    the forward and backward, not the optimizer's step (the gradients are garbage).
+    The random-number state is restored afterwards and, if ``model`` is given, its
+    gradients are set to None. On a CPU (the interpreter or the PyTorch references)
+    there is nothing to compile: returns 0 without calling ``step``.
+
+    Example::
+
+        codetta.apply_codetta(model)
+        codetta.precompile(lambda: model(input_ids=ids, labels=ids).loss.backward(), model)
+    """
+    global _ACTIVE
+    if not callable(step):
+        raise TypeError(f"step must be a callable (the forward and backward to compile for), got "
+                        f"{type(step).__name__}")  # fmt: skip
+    if device.interpreting() or not torch.cuda.is_available():
+        return 0
+    if _ACTIVE:
+        raise RuntimeError("codetta.precompile is already running (it does not nest)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    workers = workers or min(32, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool) as mode:
+        with override(autotune=False), torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            _ACTIVE = True
+            try:
+                step()
+            finally:
+                _ACTIVE = False
+        compiling = len(mode.future_kernels)
+    # (leaving the compile mode waited for every compile; a failed one raised there)
+    torch.cuda.synchronize()
+    if model is not None:
+        model.zero_grad(set_to_none=True)
+    return compiling
+
+
+__all__ = ["precompile"]

@@ -1,0 +1,73 @@
+"""``codetta.precompile``: every kernel of a step compiled at once before its first run."""
+
+import copy
+
+import pytest
+import torch
+
+import codetta
+from codetta.kernels import precompile as pc
+
+transformers = pytest.importorskip("transformers")
+
+
+def _patched_llama(device):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=64, max_position_embeddings=256, attn_implementation="sdpa")  # fmt: skip
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = transformers.LlamaForCausalLM(cfg).to(device, dtype)
+    codetta.apply_codetta(model)
+    return model
+
+
+def _step(model, ids):
+    def run():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    return run
+
+
+def test_precompile_on_cpu_compiles_nothing():
+    """On a CPU there is nothing to compile: the step is not run and gradients stay as they were."""
+    model = _patched_llama("cpu")
+    ids = torch.randint(0, 512, (2, 16))
+    calls = []
+    assert codetta.precompile(lambda: calls.append(1), model) == 0
+    assert calls == [] and all(p.grad is None for p in model.parameters())
+    with pytest.raises(TypeError, match="step must be a callable"):
+        codetta.precompile(model(input_ids=ids, labels=ids).loss)
+    assert not pc.active()
+
+
+@pytest.mark.gpu
+def test_precompile_then_step_compiles_nothing_and_matches():
+    """After ``precompile`` the real step compiles no kernel (Triton's cache hook sees none),
+    its loss and every gradient are bit-equal to the same model's step without it, and the
+    precompile left no gradient and no changed random state behind."""
+    from triton import knobs
+
+    ids = torch.randint(0, 512, (2, 256), device="cuda")
+    model = _patched_llama("cuda")
+    twin = copy.deepcopy(model)
+    rng = torch.cuda.get_rng_state()
+    n = codetta.precompile(_step(model, ids), model)
+    assert n >= 0 and not pc.active()
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.cuda.get_rng_state(), rng)
+    compiles = []
+    before = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda *a, **k: compiles.append(k.get("fn")) and None
+    try:
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = before
+    assert compiles == [], f"{len(compiles)} kernels compiled after precompile"
+    ref = twin(input_ids=ids, labels=ids, use_cache=False).loss
+    ref.backward()
+    assert torch.equal(loss, ref)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad), name
