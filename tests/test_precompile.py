@@ -15,7 +15,8 @@ def _patched_llama(device):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   head_dim=64, max_position_embeddings=256, attn_implementation="sdpa")  # fmt: skip
+                                   head_dim=64, max_position_embeddings=256,
+                                   attn_implementation="sdpa")  # fmt: skip
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = transformers.LlamaForCausalLM(cfg).to(device, dtype)
     codetta.apply_codetta(model)
