@@ -9,7 +9,7 @@
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)
-#   coldstart             first forward+backward of an 8B-width layer's operators, empty caches
+#   coldstart[:ARGS]      first forward+backward of a patched 8B-width model (scripts/coldstart.py ARGS), empty caches
 #   profstep:<case>:<v,..> where a model step's GPU time goes (scripts/profile_step.py; limit PROF_TIMEOUT)
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -65,10 +65,13 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "${SCRIPT_TIMEOUT:-200}" python3 scripts/$spec 2>&1 | grep -v "^codetta:" \
         | tee -a "$OUT/$(echo "${spec%% *}" | tr -c 'a-z0-9_.\n' '_')".txt ;;
-    coldstart)
+    coldstart*)
+      # coldstart[:ARGS]: scripts/coldstart.py ARGS (e.g. "coldstart:model --precompile") with empty caches
       rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
+      cargs=${step#coldstart}; cargs=${cargs#:}
+      # shellcheck disable=SC2086
       CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
-        python3 scripts/coldstart.py 2>&1 | tee "$OUT/coldstart.txt" | tail -20 ;;
+        python3 scripts/coldstart.py $cargs 2>&1 | tee -a "$OUT/coldstart.txt" | grep -v "^codetta:" | tail -12 ;;
   esac
 done
 cp "$CODETTA_CACHE_DIR/tuning.json" "$OUT/" 2>/dev/null || true
