@@ -81,13 +81,35 @@ t_setup = time.perf_counter()
 step = model_step() if MODE == "model" else ops_step()
 print(f"settings: autotune={settings.SETTINGS.autotune} shipped={settings.SETTINGS.shipped}; "
       f"mode {MODE}; setup (and precompile) {time.perf_counter() - t_setup:.2f} s")  # fmt: skip
+
+
+def compiled_during(fn) -> list[str]:
+    """Names of the kernels Triton compiles (in-memory cache misses) while ``fn`` runs
+    (diagnostic: wraps JITFunction._do_compile for the duration)."""
+    from triton.runtime.jit import JITFunction
+
+    names, original = [], JITFunction._do_compile
+
+    def recording(self, *args, **kwargs):
+        names.append(self.fn.__qualname__)
+        return original(self, *args, **kwargs)
+
+    JITFunction._do_compile = recording
+    try:
+        fn()
+    finally:
+        JITFunction._do_compile = original
+    return names
+
+
 times = []
 for i in range(3):
     t0 = time.perf_counter()
-    step()
+    names = compiled_during(step)
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
-    print(f"step {i + 1}: {times[-1]:.2f} s")
+    print(f"step {i + 1}: {times[-1]:.2f} s, {len(names)} kernels compiled: "
+          f"{', '.join(sorted(set(names)))}")  # fmt: skip
 print(f"first step's extra time over a warm step: {times[0] - times[-1]:.1f} s")
 shipped = CHOOSER.shipped(0)
 print(f"shipped table entries for this GPU: {len(shipped)}; user cache entries (tuned here): "

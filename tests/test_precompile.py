@@ -30,6 +30,7 @@ def _step(model, ids):
     return run
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a CPU-only machine does")
 def test_precompile_on_cpu_compiles_nothing():
     """On a CPU there is nothing to compile: the step is not run and gradients stay as they were."""
     model = _patched_llama("cpu")

@@ -1,25 +1,24 @@
 """``precompile(step)``: compile every kernel a step launches, all at once, before its first run.
 
 On a new machine each kernel a training step needs compiles the first time it is
-launched, one after another (about 2 s each for a GEMM with its epilogue on an H200's
+launched, one after another (about 1 s each for a GEMM with its epilogue on an H200's
 host), so a model's first step waits for all of them in turn. ``precompile`` runs the
-step once with every codetta launch replaced by its compile, handed to a pool of
-threads (Triton's asynchronous compile mode: ptxas and most of the compiler run
-outside the GIL), and waits for them together. Nothing codetta would launch runs;
-PyTorch's own kernels between them do, on whatever the unwritten outputs hold, so
-the step's results are garbage and its gradients are dropped. Configurations come
-from the tuning cache, the shipped table or the shape rule (never tuned here: a
-shape that ``CODETTA_AUTOTUNE=1`` would tune is tuned, and its winner compiled, on
-its first real call).
+step once with every codetta launch replaced by its compile (deferred by Triton's
+asynchronous compile mode), then compiles all of them at once in forked child
+processes (``compile_pool.py``: threads gain little, the compiler holds the GIL).
+Nothing codetta would launch runs; PyTorch's own kernels between them do, on whatever
+the unwritten outputs hold, so the step's results are garbage and its gradients are
+dropped. Configurations come from the tuning cache, the shipped table or the shape
+rule (never tuned here: a shape that ``CODETTA_AUTOTUNE=1`` would tune is tuned, and
+its winner compiled, on its first real call).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import device
+from .compile_pool import compiling_in_children
 from .settings import override
 
 _ACTIVE = False
@@ -38,6 +37,7 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def precompile(step, model: torch.nn.Module | None = None, workers: int | None = None) -> int:
+    # workers: child processes compiling at once (default: one per CPU core)
     """Compile, concurrently, every kernel that ``step()`` (a callable; typically a
     training forward and backward at the real batch shape) would launch through codetta,
     and return how many compiled. ``step`` runs once without codetta's kernels: pass
@@ -59,12 +59,7 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
         return 0
     if _ACTIVE:
         raise RuntimeError("codetta.precompile is already running (it does not nest)")
-    from concurrent.futures import ThreadPoolExecutor
-
-    from triton.runtime._async_compile import AsyncCompileMode
-
-    workers = workers or min(32, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool) as mode:
+    with compiling_in_children(workers) as mode:
         with override(autotune=False), torch.random.fork_rng(devices=[torch.cuda.current_device()]):
             _ACTIVE = True
             try:
@@ -72,7 +67,8 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
             finally:
                 _ACTIVE = False
         compiling = len(mode.future_kernels)
-    # (leaving the compile mode waited for every compile; a failed one raised there)
+    # (leaving compiled everything, in child processes first: compile_pool.py; a failed
+    # compile raised there)
     torch.cuda.synchronize()
     if model is not None:
         model.zero_grad(set_to_none=True)

@@ -21,7 +21,8 @@ import torch
 import triton
 
 from .._version import __version__
-from . import configs, device, timing
+from . import configs, device, precompile, timing
+from .compile_pool import compiling_in_children
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
 from .operands import GemmCall
@@ -137,17 +138,12 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
 
 
 def compile_concurrently(candidates: list[Config], prepare) -> None:
-    """Compile every candidate first, in threads (Triton's async compile mode: ptxas and
-    part of the compiler run outside the GIL); failures surface at the first real run.
-    ``prepare(cfg)`` must accept ``warmup=True`` (compile only); others are skipped."""
-    if device.interpreting() or len(candidates) < 2:
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    from triton.runtime._async_compile import AsyncCompileMode
-
-    workers = min(len(candidates), os.cpu_count() or 1, 16)
-    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+    """Compile every candidate first, all at once in forked child processes
+    (``compile_pool.py``); failures surface at the first real run. ``prepare(cfg)`` must
+    accept ``warmup=True`` (compile only); others are skipped."""
+    if device.interpreting() or len(candidates) < 2 or precompile.active():
+        return  # (inside codetta.precompile no candidate is timed: the rule's pick compiles there)
+    with compiling_in_children(min(len(candidates), 16), ignore_errors=True):
         for cfg in candidates:
             try:
                 prepare(cfg)(warmup=True)
