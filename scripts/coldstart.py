@@ -73,7 +73,9 @@ def model_step():
     if PRECOMPILE:
         t0 = time.perf_counter()
         n = codetta.precompile(step)
-        print(f"precompile: {n} kernels in {time.perf_counter() - t0:.2f} s")
+        from codetta.kernels.compile_pool import LAST_RUN
+
+        print(f"precompile: {n} kernels in {time.perf_counter() - t0:.2f} s ({LAST_RUN})")
     return step
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from codetta.kernels.compile_pool import DeferredCompiles, compiling_in_children
+from codetta.kernels.compile_pool import LAST_RUN, DeferredCompiles, compiling_in_children
 
 
 def _job(path, value):
@@ -24,7 +24,9 @@ def test_children_warm_then_parent_runs_every_job(tmp_path):
     pool = DeferredCompiles()
     futures = [pool.submit(_job(tmp_path / f"j{i}", v)) for i, v in enumerate([1, 2, None, 4])]
     assert not any(f.done() for f in futures)  # deferred until run
-    pool.run(workers=3)
+    with pytest.warns(UserWarning, match="1 compile.s. failed in a child process.*cannot compile"):
+        pool.run(workers=3)
+    assert LAST_RUN["jobs"] == 4 and LAST_RUN["workers"] == 3 and len(LAST_RUN["child_errors"]) == 1
     assert [f.result() for f in futures if f.exception() is None] == [2, 4, 8]
     assert isinstance(futures[2].exception(), RuntimeError)
     for i in range(4):

@@ -20,17 +20,26 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
+import tempfile
 import time
+import traceback
+import warnings
 from concurrent.futures import CancelledError, Executor, Future
 
 CHILD_TIMEOUT_S = 600.0  # a child still compiling after this is killed (its jobs compile here)
+# the last run's numbers: jobs, workers, seconds in the children and here, children's errors
+LAST_RUN: dict = {}
 
 
 class DeferredCompiles(Executor):
-    """An executor that only records what it is given, until ``run``."""
+    """An executor that only records what it is given, until ``run``. ``in_child(result)``,
+    if given, runs in a child after each job that returned (e.g. building the kernel's
+    launcher, which Triton otherwise compiles with the C compiler at its first launch)."""
 
-    def __init__(self):
+    def __init__(self, in_child=None):
         self.jobs: list[tuple[Future, object, tuple, dict]] = []
+        self.in_child = in_child
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
@@ -41,13 +50,23 @@ class DeferredCompiles(Executor):
         """Warm the cache in up to ``workers`` forked children, then run every job here."""
         jobs = [j for j in self.jobs if not j[0].done()]
         workers = min(len(jobs), workers or os.cpu_count() or 1)
+        t0 = time.perf_counter()
+        errors = []
         if workers > 1 and hasattr(os, "fork"):
-            _in_children([(fn, args, kwargs) for _, fn, args, kwargs in jobs], workers)
+            calls = [(fn, args, kwargs) for _, fn, args, kwargs in jobs]
+            errors = _in_children(calls, workers, self.in_child)
+        t1 = time.perf_counter()
         for future, fn, args, kwargs in jobs:
             try:
                 future.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - the caller's mode decides what an error means
                 future.set_exception(exc)
+        LAST_RUN.clear()
+        LAST_RUN.update(jobs=len(jobs), workers=workers, children_s=t1 - t0, here_s=time.perf_counter() - t1,
+                        child_errors=errors)  # fmt: skip
+        if errors:
+            warnings.warn(f"codetta: {len(errors)} compile(s) failed in a child process (compiled here "
+                          f"instead, one after another); the first: {errors[0]}", stacklevel=3)  # fmt: skip
 
     def cancel_all(self) -> None:
         for future, *_ in self.jobs:
@@ -55,9 +74,11 @@ class DeferredCompiles(Executor):
                 future.set_exception(CancelledError())
 
 
-def _in_children(jobs: list, workers: int) -> None:
+def _in_children(jobs: list, workers: int, in_child=None) -> list[str]:
     """Run ``jobs`` (``(fn, args, kwargs)``) split round-robin over ``workers`` forked
-    children; wait for them (killing any past ``CHILD_TIMEOUT_S``). Results are dropped."""
+    children; wait for them (killing any past ``CHILD_TIMEOUT_S``). Results are dropped;
+    returns the children's errors (the last line of each traceback)."""
+    errdir = tempfile.mkdtemp(prefix="codetta-compile-")
     pids = []
     for w in range(workers):
         pid = os.fork()
@@ -65,11 +86,15 @@ def _in_children(jobs: list, workers: int) -> None:
             code = 0
             try:
                 gc.disable()  # (collecting a parent's CUDA tensor here would call into CUDA)
-                for fn, args, kwargs in jobs[w::workers]:
+                for i, (fn, args, kwargs) in enumerate(jobs[w::workers]):
                     try:
-                        fn(*args, **kwargs)
-                    except BaseException:  # noqa: BLE001 - the parent compiles it again and reports
+                        result = fn(*args, **kwargs)
+                        if in_child is not None:
+                            in_child(result)
+                    except BaseException:  # noqa: BLE001 - the parent compiles it again
                         code = 1
+                        with open(os.path.join(errdir, f"{w}-{i}.txt"), "w") as f:
+                            f.write(traceback.format_exc())
             finally:
                 os._exit(code)
         pids.append(pid)
@@ -85,17 +110,25 @@ def _in_children(jobs: list, workers: int) -> None:
                 os.waitpid(pid, 0)
                 break
             time.sleep(0.01)
+    errors = []
+    for name in sorted(os.listdir(errdir)):
+        with open(os.path.join(errdir, name)) as f:
+            lines = f.read().strip().splitlines()
+        errors.append(lines[-1] if lines else "?")
+    shutil.rmtree(errdir, ignore_errors=True)
+    return errors
 
 
 @contextlib.contextmanager
 def compiling_in_children(workers: int | None = None, ignore_errors: bool = False):
     """Inside, every Triton compile is deferred (a launch gets a future: launch with
     ``warmup=True``); on leaving without an error, all of them compile at once
-    (``DeferredCompiles.run``) and the futures hold the kernels. ``ignore_errors``: a
-    failed compile leaves its future empty instead of raising here."""
+    (``DeferredCompiles.run``; the children build each kernel's launcher too) and the
+    futures hold the kernels. ``ignore_errors``: a failed compile leaves its future empty
+    instead of raising here."""
     from triton.runtime._async_compile import AsyncCompileMode
 
-    pool = DeferredCompiles()
+    pool = DeferredCompiles(in_child=_build_launcher)
     mode = AsyncCompileMode(pool, ignore_errors=ignore_errors)
     mode.__enter__()
     try:
@@ -107,3 +140,12 @@ def compiling_in_children(workers: int | None = None, ignore_errors: bool = Fals
         raise
     pool.run(workers)
     mode.__exit__(None, None, None)
+
+
+def _build_launcher(kernel) -> None:
+    """Compile (into Triton's cache) the C launcher a kernel's first launch would build:
+    host code only, no CUDA call."""
+    if hasattr(kernel, "src") and hasattr(kernel, "metadata"):
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)

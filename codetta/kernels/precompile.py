@@ -68,7 +68,11 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
                 _ACTIVE = False
         compiling = len(mode.future_kernels)
     # (leaving compiled everything, in child processes first: compile_pool.py; a failed
-    # compile raised there)
+    # compile raised there). Load each into the GPU now, not at the step's first launch:
+    for fk in mode.future_kernels.values():
+        kernel = fk.result()
+        if kernel is not None:
+            kernel._init_handles()
     torch.cuda.synchronize()
     if model is not None:
         model.zero_grad(set_to_none=True)
