@@ -46,3 +46,20 @@ def test_mode_finalizes_on_exit_and_a_failing_body_does_not_hang(tmp_path):
             mode.submit("k", _job(tmp_path / "b", 1), done.append)
             raise ValueError("the step failed")
     assert not (tmp_path / "b").exists()  # nothing compiled after a failed body
+
+
+def test_the_mode_is_seen_from_other_threads(tmp_path):
+    """A step's backward runs in PyTorch's autograd threads: a compile started there is
+    deferred too (Triton's own ContextVar would not show the mode in another thread)."""
+    import threading
+
+    from triton.runtime import _async_compile
+
+    seen = []
+    with compiling_in_children(workers=2):
+        t = threading.Thread(target=lambda: seen.append(_async_compile.active_mode.get()))
+        t.start()
+        t.join()
+    assert seen[0] is not None
+    assert _async_compile.active_mode.get() is None  # (Triton's ContextVar is back)
+    assert type(_async_compile.active_mode).__name__ == "ContextVar"

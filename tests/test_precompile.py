@@ -44,17 +44,30 @@ def test_precompile_on_cpu_compiles_nothing():
 
 
 @pytest.mark.gpu
-def test_precompile_then_step_compiles_nothing_and_matches():
-    """After ``precompile`` the real step compiles no kernel (Triton's cache hook sees none),
-    its loss and every gradient are bit-equal to the same model's step without it, and the
-    precompile left no gradient and no changed random state behind."""
+def test_precompile_then_step_compiles_nothing_and_matches(monkeypatch):
+    """Inside ``precompile`` every compile is deferred to the pool, the backward's (run in
+    PyTorch's autograd thread) included; after it the real step compiles no kernel
+    (Triton's cache hook sees none), its loss and every gradient are bit-equal to the same
+    model's step without it, and the precompile left no gradient and no changed random
+    state behind."""
     from triton import knobs
+    from triton.runtime import _async_compile
+    from triton.runtime.jit import JITFunction
+
+    deferred, original = [], JITFunction._do_compile
+
+    def recording(self, *args, **kwargs):
+        deferred.append(_async_compile.active_mode.get() is not None)
+        return original(self, *args, **kwargs)
 
     ids = torch.randint(0, 512, (2, 256), device="cuda")
     model = _patched_llama("cuda")
     twin = copy.deepcopy(model)
     rng = torch.cuda.get_rng_state()
+    monkeypatch.setattr(JITFunction, "_do_compile", recording)
     n = codetta.precompile(_step(model, ids), model)
+    monkeypatch.setattr(JITFunction, "_do_compile", original)
+    assert all(deferred), f"{deferred.count(False)} of {len(deferred)} compiles ran outside the pool"
     assert n >= 0 and not pc.active()
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.cuda.get_rng_state(), rng)

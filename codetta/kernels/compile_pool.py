@@ -126,20 +126,41 @@ def compiling_in_children(workers: int | None = None, ignore_errors: bool = Fals
     (``DeferredCompiles.run``; the children build each kernel's launcher too) and the
     futures hold the kernels. ``ignore_errors``: a failed compile leaves its future empty
     instead of raising here."""
-    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime import _async_compile
 
     pool = DeferredCompiles(in_child=_build_launcher)
-    mode = AsyncCompileMode(pool, ignore_errors=ignore_errors)
-    mode.__enter__()
+    mode = _async_compile.AsyncCompileMode(pool, ignore_errors=ignore_errors)
+    # Triton keeps the active mode in a ContextVar, which PyTorch's autograd threads (where
+    # a step's backward launches its kernels) do not see: their compiles would run there,
+    # one after another (run 93: 11 of a step's 23 kernels). For the duration, one mode
+    # for every thread.
+    per_context, _async_compile.active_mode = _async_compile.active_mode, _EveryThread()
     try:
-        yield mode
-    except BaseException:
-        pool.cancel_all()
-        mode.ignore_errors = True
+        mode.__enter__()
+        try:
+            yield mode
+        except BaseException:
+            pool.cancel_all()
+            mode.ignore_errors = True
+            mode.__exit__(None, None, None)
+            raise
+        pool.run(workers)
         mode.__exit__(None, None, None)
-        raise
-    pool.run(workers)
-    mode.__exit__(None, None, None)
+    finally:
+        _async_compile.active_mode = per_context
+
+
+class _EveryThread:
+    """``ContextVar``'s get/set, one value for all threads."""
+
+    def __init__(self):
+        self.value = None
+
+    def get(self):
+        return self.value
+
+    def set(self, value):
+        self.value = value
 
 
 def _build_launcher(kernel) -> None:
