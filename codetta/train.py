@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Hugging Face's gradient checkpointing (model.gradient_checkpointing_enable())",
     )
+    p.add_argument(
+        "--precompile",
+        action="store_true",
+        help="before the first step, compile every codetta kernel of a micro-batch's forward and "
+        "backward at once (codetta.precompile; GPU-measured on one process, not yet under FSDP2/DDP)",
+    )
     p.add_argument("--data", default="synthetic", help="'synthetic' or a flat file of token ids")
     p.add_argument("--data-dtype", choices=["uint16", "int32", "int64"], default="uint16")
     p.add_argument("--seed", type=int, default=0)
@@ -255,6 +261,19 @@ def _sync_context(model, parallel: str, sync: bool):
     return contextlib.nullcontext()
 
 
+def _precompile(model, args, stream, rank: int, per: int, device) -> None:
+    """codetta.precompile over the first micro-batch's forward and backward (with the
+    gradient sync of a step's last micro-batch: every process runs the same collectives)."""
+    import codetta
+
+    ids = stream.sequences(rank * args.accum * per, per).to(device)
+    t0 = time.perf_counter()
+    with _sync_context(model, args.parallel, True):
+        n = codetta.precompile(lambda: model(input_ids=ids, labels=ids).loss.backward(), model)
+    if rank == 0:
+        print(f"codetta train: precompiled {n} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def train(args) -> dict:
     import torch.distributed as dist
 
@@ -274,6 +293,8 @@ def train(args) -> dict:
     losses, step_ms, host_ms = [], [], []
     tokens_per_gpu = args.batch * args.seq_len / world
     model.train()
+    if args.precompile and args.codetta:
+        _precompile(model, args, stream, rank, per, device)
     profiler = host_profiler = None
     for step in range(args.steps):
         if args.profile and rank == 0 and step in (args.time_from, args.time_from + args.profile):

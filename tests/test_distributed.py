@@ -58,7 +58,8 @@ def _train_here(tmp_path, config, tag):
     add_arguments(parser)
     out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
     args = parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--out", str(out),
-                              "--save", str(save), "--time-from", "1", "--host-profile", "2"])  # fmt: skip
+                              "--save", str(save), "--time-from", "1", "--host-profile", "2",
+                              "--precompile"])  # fmt: skip
     with override(force_reference=True):
         train(args)
     # --host-profile: where the host's time went over steps 1-2, by function
