@@ -27,7 +27,9 @@ import traceback
 import warnings
 from concurrent.futures import CancelledError, Executor, Future
 
-CHILD_TIMEOUT_S = 600.0  # a child still compiling after this is killed (its jobs compile here)
+# a child still compiling after this is killed (its jobs then compile here): the largest
+# kernels took ~5 s alone on the H200's host
+CHILD_TIMEOUT_S = 180.0
 # the last run's numbers: jobs, workers, seconds in the children and here, children's errors
 LAST_RUN: dict = {}
 
@@ -81,7 +83,11 @@ def _in_children(jobs: list, workers: int, in_child=None) -> list[str]:
     errdir = tempfile.mkdtemp(prefix="codetta-compile-")
     pids = []
     for w in range(workers):
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # (Python warns that forking a threaded process may deadlock the child: a child
+            # here only compiles, and one that hangs is killed and its work redone here)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: compile its share, never return into the parent's code
             code = 0
             try:
