@@ -86,3 +86,18 @@ def test_precompile_then_step_compiles_nothing_and_matches(monkeypatch):
     assert torch.equal(loss, ref)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.gpu
+def test_precompile_refuses_a_step_that_changes_the_weights():
+    """A step with an optimizer step in it ran on unwritten outputs: precompile says so."""
+    model = _patched_llama("cuda")
+    ids = torch.randint(0, 512, (2, 256), device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        opt.step()
+
+    with pytest.raises(RuntimeError, match="changed the model's parameters in place"):
+        codetta.precompile(step, model)

@@ -37,14 +37,15 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def precompile(step, model: torch.nn.Module | None = None, workers: int | None = None) -> int:
-    # workers: child processes compiling at once (default: one per CPU core)
     """Compile, concurrently, every kernel that ``step()`` (a callable; typically a
     training forward and backward at the real batch shape) would launch through codetta,
     and return how many compiled. ``step`` runs once without codetta's kernels: pass
     the forward and backward, not the optimizer's step (the gradients are garbage).
     The random-number state is restored afterwards and, if ``model`` is given, its
-    gradients are set to None. On a CPU (the interpreter or the PyTorch references)
-    there is nothing to compile: returns 0 without calling ``step``.
+    gradients are set to None (a step that changed its parameters in place raises).
+    ``workers``: child processes compiling at once (default: one per CPU core). On a
+    CPU (the interpreter or the PyTorch references) there is nothing to compile:
+    returns 0 without calling ``step``.
 
     Example::
 
@@ -59,6 +60,7 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
         return 0
     if _ACTIVE:
         raise RuntimeError("codetta.precompile is already running (it does not nest)")
+    versions = [p._version for p in model.parameters()] if model is not None else []
     with compiling_in_children(workers) as mode:
         with override(autotune=False), torch.random.fork_rng(devices=[torch.cuda.current_device()]):
             _ACTIVE = True
@@ -76,6 +78,12 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
     torch.cuda.synchronize()
     if model is not None:
         model.zero_grad(set_to_none=True)
+        if [p._version for p in model.parameters()] != versions:
+            raise RuntimeError(
+                "codetta.precompile: the step changed the model's parameters in place (an optimizer "
+                "step?); it ran on unwritten outputs, so the parameters now hold garbage. Pass only "
+                "the forward and backward, and reload the weights"
+            )
     return compiling
 
 
