@@ -34,12 +34,12 @@ from .kernels.tuning import CACHE_FORMAT, Chooser, policy_allows
 from .models import Widths
 from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
 from .ops.residual_rmsnorm import (
-    RoPE,
     SwiGLU,
     residual_rmsnorm,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
 )
+from .ops.rope import RoPE
 from .programs.rope import RMS_ROPE
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)

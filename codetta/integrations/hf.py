@@ -45,12 +45,12 @@ from torch.utils.checkpoint import checkpoint
 
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
-    RoPE,
     residual_rmsnorm,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
     rmsnorm_linear,
 )
+from ..ops.rope import RoPE
 from ..programs.rope import RMS_ROPE
 from .fsdp import Spans
 

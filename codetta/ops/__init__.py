@@ -2,13 +2,13 @@
 
 from .cross_entropy import linear_cross_entropy
 from .residual_rmsnorm import (
-    RoPE,
     SwiGLU,
     residual_rmsnorm,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
     rmsnorm_linear,
 )
+from .rope import RoPE
 from .swiglu import swiglu_mlp
 
 __all__ = [
