@@ -68,13 +68,18 @@ def sustained_ms(
     block_ms: float = 120.0,
     blocks: int = 5,
     warm_s: float = 0.5,
+    settle_ms: float = 120.0,
 ) -> dict[Hashable, float]:
     """Median GPU time in ms of each callable run back to back in blocks: each block
     runs one callable for about ``block_ms`` between two CUDA events (no gaps, no L2
-    flush); blocks alternate between the callables, the order rotating each round;
-    the median over ``blocks`` rounds. Closest to a training loop, where a kernel
-    runs next to its own kind: at the 700 W cap a variant's power draw sets the
-    clock it runs at, which paired timing averages between the variants."""
+    flush), right after ``settle_ms`` of the same callable untimed; blocks alternate
+    between the callables, the order rotating each round; the median over ``blocks``
+    rounds. Closest to a training loop, where a kernel runs next to its own kind: at
+    the 700 W cap a variant's power draw sets the clock it runs at, which paired timing
+    averages between the variants. The settling run is there because a block started
+    in the clock state the previous variant left: without it, of two variants running
+    the same kernels the one that followed cuBLAS's block timed 1-5 % faster than the
+    one that followed a codetta block (runs 91-93, NOTES.md)."""
     keys = list(fns)
     per_call = {}
     for k in keys:
@@ -89,12 +94,15 @@ def sustained_ms(
         for fn in fns.values():
             fn()
     calls = {k: max(1, math.ceil(block_ms / per_call[k])) for k in keys}
+    settle = {k: math.ceil(settle_ms / per_call[k]) for k in keys}
     times: dict[Hashable, list[float]] = {k: [] for k in keys}
     for b in range(blocks):
         r = b % len(keys)
         for k in keys[r:] + keys[:r]:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             fn, n = fns[k], calls[k]
+            for _ in range(settle[k]):
+                fn()
             s.record()
             for _ in range(n):
                 fn()
