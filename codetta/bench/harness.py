@@ -209,6 +209,9 @@ def run_fwd_bwd_cases(out_dir: str, name: str, cases, run_case, title) -> list[R
         print(f"== {title(case)}", flush=True)
         run_case(res_fwd, res_bwd, case)
         torch.cuda.empty_cache()
+        for res in (res_fwd, res_bwd):  # after each case: a run cut short keeps what it measured
+            if res.rows:
+                res.write(out_dir)
     for res in (res_fwd, res_bwd):
         res.write(out_dir)
         print(res.table())

@@ -157,6 +157,9 @@ def run(out_dir: str, widths=("1B", "8B"), research: bool = False) -> list[Resul
         print(f"== residual + RMSNorm + next GEMM, {name} width", flush=True)
         run_width(res_fwd, res_bwd, name, research)
         torch.cuda.empty_cache()
+        for res in (res_fwd, res_bwd):  # after each width: a run cut short keeps what it measured
+            if res.rows:
+                res.write(out_dir)
     for res in (res_fwd, res_bwd):
         res.write(out_dir)
         print(res.table())
