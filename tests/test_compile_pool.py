@@ -63,3 +63,22 @@ def test_the_mode_is_seen_from_other_threads(tmp_path):
     assert seen[0] is not None
     assert _async_compile.active_mode.get() is None  # (Triton's ContextVar is back)
     assert type(_async_compile.active_mode).__name__ == "ContextVar"
+
+
+def test_one_worker_compiles_here_only(tmp_path):
+    """CODETTA_COMPILE_WORKERS=1 (where forking is unsafe): no child runs any job."""
+    from codetta.kernels.settings import override
+
+    pool = DeferredCompiles()
+    futures = [pool.submit(_job(tmp_path / f"j{i}", i)) for i in range(3)]
+    with override(compile_workers=1):
+        pool.run()
+    assert [f.result() for f in futures] == [0, 2, 4]
+    for i in range(3):
+        assert (tmp_path / f"j{i}").read_text().split() == [str(os.getpid())]
+    from codetta.kernels.settings import Settings
+
+    assert Settings.from_env({}).compile_workers == 0
+    assert Settings.from_env({"CODETTA_COMPILE_WORKERS": "1"}).compile_workers == 1
+    with pytest.raises(ValueError, match="CODETTA_COMPILE_WORKERS"):
+        Settings.from_env({"CODETTA_COMPILE_WORKERS": "-2"})

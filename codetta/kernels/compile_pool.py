@@ -27,6 +27,8 @@ import traceback
 import warnings
 from concurrent.futures import CancelledError, Executor, Future
 
+from .settings import SETTINGS
+
 # a child still compiling after this is killed (its jobs then compile here): the largest
 # kernels took ~5 s alone on the H200's host
 CHILD_TIMEOUT_S = 180.0
@@ -49,9 +51,10 @@ class DeferredCompiles(Executor):
         return future
 
     def run(self, workers: int | None = None) -> None:
-        """Warm the cache in up to ``workers`` forked children, then run every job here."""
+        """Warm the cache in up to ``workers`` forked children (default: the
+        ``compile_workers`` setting, else one per CPU core; 1: none), then run every job here."""
         jobs = [j for j in self.jobs if not j[0].done()]
-        workers = min(len(jobs), workers or os.cpu_count() or 1)
+        workers = min(len(jobs), workers or SETTINGS.compile_workers or os.cpu_count() or 1)
         t0 = time.perf_counter()
         errors = []
         if workers > 1 and hasattr(os, "fork"):

@@ -43,7 +43,8 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
     the forward and backward, not the optimizer's step (the gradients are garbage).
     The random-number state is restored afterwards and, if ``model`` is given, its
     gradients are set to None (a step that changed its parameters in place raises).
-    ``workers``: child processes compiling at once (default: one per CPU core). Not
+    ``workers``: child processes compiling at once (default: ``CODETTA_COMPILE_WORKERS``,
+    else one per CPU core; 1: none, every compile here one by one). Not
     tested inside ``torch.compile``d code (precompile the eager model). On a
     CPU (the interpreter or the PyTorch references) there is nothing to compile:
     returns 0 without calling ``step``.

@@ -22,6 +22,10 @@
 |  |  | norm, attention scaling 1) as one GEMM over the three weights (N parts: |
 |  |  | each output its own tensor), and the three weight gradients of any |
 |  |  | three next weights as one (M parts); GPU-tested, not faster (NOTES.md) |
+| ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
+|  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
+|  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
+|  |  | memory registered without fork support) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -52,6 +56,7 @@ class Settings:
     ce_chunk_mb: int = 1024
     ce_vocab_chunk: int = 0
     qkv_one_launch: bool = False
+    compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -90,6 +95,7 @@ class Settings:
                 "CODETTA_CE_VOCAB_CHUNK", env.get("CODETTA_CE_VOCAB_CHUNK", "0"), multiple=8
             ),  # fmt: skip
             qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
+            compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )
 

@@ -143,7 +143,7 @@ def compile_concurrently(candidates: list[Config], prepare) -> None:
     accept ``warmup=True`` (compile only); others are skipped."""
     if device.interpreting() or len(candidates) < 2 or precompile.active():
         return  # (inside codetta.precompile no candidate is timed: the rule's pick compiles there)
-    with compiling_in_children(min(len(candidates), 16), ignore_errors=True):
+    with compiling_in_children(min(len(candidates), SETTINGS.compile_workers or 16), ignore_errors=True):
         for cfg in candidates:
             try:
                 prepare(cfg)(warmup=True)
