@@ -101,3 +101,17 @@ def test_precompile_refuses_a_step_that_changes_the_weights():
 
     with pytest.raises(RuntimeError, match="changed the model's parameters in place"):
         codetta.precompile(step, model)
+
+
+def test_every_row_pass_launch_goes_through_precompile():
+    """A kernel launched as ``kernel[grid](...)`` would run (not compile) inside precompile,
+    on unwritten inputs, and compile one by one: every launch site outside the GEMM engines
+    goes through ``precompile.launch``."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(codetta.__file__).parent
+    direct = re.compile(r"\b\w+_kernel\[")
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "direct.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if direct.search(line)]  # fmt: skip
+    assert found == [], f"launch through precompile.launch: {found}"
