@@ -5,14 +5,15 @@ pool gains little: most of a compile (the frontend's code generation and the MLI
 passes) holds the GIL. Measured on the H200's host (run 91, NOTES.md): 12 kernels of
 a model step took 12.6 s in 16 threads against ~1.1 s each one after another.
 
-``compiling_in_children()`` defers every compile started inside it; on leaving, it
-forks child processes that run the deferred compiles side by side (each writes its
-result into Triton's on-disk cache and exits; a child never touches CUDA, and its
-failure only costs time), then runs every compile once more in this process, where
-it finds the cache filled (tens of milliseconds each) or, for a compile a child did
+``compiling_in_children()`` defers every compile started inside it, in any thread (a
+step's backward launches from PyTorch's autograd threads); on leaving, it forks child
+processes that run the deferred compiles side by side and build each kernel's C
+launcher (all of it lands in Triton's on-disk cache; a child never touches CUDA, and
+its failure only costs time), then runs every compile once more in this process, where
+it finds the cache filled (~2 ms each on the H200's host) or, for a compile a child did
 not finish, compiles it here. So the results are this process's own compiles; the
-children only warm the cache. Where ``os.fork`` does not exist, the compiles run
-here one after another.
+children only warm the cache. Without ``os.fork``, or with ``CODETTA_COMPILE_WORKERS=1``,
+the compiles run here one after another.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class DeferredCompiles(Executor):
     if given, runs in a child after each job that returned (e.g. building the kernel's
     launcher, which Triton otherwise compiles with the C compiler at its first launch)."""
 
-    def __init__(self, in_child=None):
+    def __init__(self, in_child=None, warn: bool = True):
         self.jobs: list[tuple[Future, object, tuple, dict]] = []
         self.in_child = in_child
+        self.warn = warn  # about compiles that failed in a child (not where failures are expected)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
@@ -69,7 +71,7 @@ class DeferredCompiles(Executor):
         LAST_RUN.clear()
         LAST_RUN.update(jobs=len(jobs), workers=workers, children_s=t1 - t0, here_s=time.perf_counter() - t1,
                         child_errors=errors)  # fmt: skip
-        if errors:
+        if errors and self.warn:
             warnings.warn(f"codetta: {len(errors)} compile(s) failed in a child process (compiled here "
                           f"instead, one after another); the first: {errors[0]}", stacklevel=3)  # fmt: skip
 
@@ -137,7 +139,7 @@ def compiling_in_children(workers: int | None = None, ignore_errors: bool = Fals
     instead of raising here."""
     from triton.runtime import _async_compile
 
-    pool = DeferredCompiles(in_child=_build_launcher)
+    pool = DeferredCompiles(in_child=_build_launcher, warn=not ignore_errors)
     mode = _async_compile.AsyncCompileMode(pool, ignore_errors=ignore_errors)
     # Triton keeps the active mode in a ContextVar, which PyTorch's autograd threads (where
     # a step's backward launches its kernels) do not see: their compiles would run there,
