@@ -37,6 +37,10 @@ def _bench(args) -> int:
 
     harness.OPTIONS.tuned_ab = args.tuned_ab
     harness.OPTIONS.variants = tuple(args.variants) if args.variants else None
+    if args.settle_ms < 0:
+        print("--settle-ms must be >= 0", file=sys.stderr)
+        return 2
+    harness.OPTIONS.settle_ms = args.settle_ms
 
     for part in args.parts:  # in the order given
         if part == "model":
@@ -114,6 +118,13 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--research", action="store_true", help="residual_norm: also time the alternative backwards"
+    )
+    b.add_argument(
+        "--settle-ms",
+        type=float,
+        default=120.0,
+        help="sustained timing: ms of each variant's own calls, untimed, before each of its blocks "
+        "(a block otherwise starts in the clock state the previous variant left; 0: no settling)",
     )
     b.add_argument(
         "--tuned-ab",

@@ -177,3 +177,15 @@ def test_variant_selection(monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--parts", "mlp", "--variants", "codetta-triton", "--help"])
     assert exc.value.code == 0
+
+
+def test_cli_settle_ms():
+    """bench --settle-ms: parsed (the part itself needs a GPU: --help stops first); negative refused."""
+    from codetta.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--parts", "k1", "--settle-ms", "0", "--help"])
+    assert exc.value.code == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--settle-ms", "soon"])
+    assert exc.value.code == 2

@@ -114,6 +114,9 @@ class Options:
     # the variants to time beside the cuBLAS baseline in the operator tables (None: all of
     # them); codetta stays in while its A/B variants are asked for (they derive from it)
     variants: tuple | None = None
+    # sustained timing: ms of a variant's own calls, untimed, before each of its blocks
+    # (timing.sustained_ms; 0 is the method of the runs before 2026-12-01's last)
+    settle_ms: float = 120.0
 
 
 OPTIONS = Options()
@@ -187,7 +190,7 @@ def compare(fns: dict) -> dict[str, Timing]:
         fn()
     torch.cuda.synchronize()
     paired = paired_ms(fns)
-    sustained = sustained_ms(fns)
+    sustained = sustained_ms(fns, settle_ms=OPTIONS.settle_ms)
     return {k: Timing(paired[k], sustained[k]) for k in fns}
 
 
