@@ -42,8 +42,6 @@ per chunk plus the dX and dW GEMMs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from ..kernels.launch import gemm
@@ -52,6 +50,16 @@ from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32, STORE_F32
 from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, scale_cast
 from ._eager import FastOp
+from .ce_rows import (
+    CEOptions,
+    coefs,
+    logits_bias,
+    row_loss,
+    row_weights,
+    scales,
+    target_rows,
+)
+from .ce_sliced import sliced_backward, sliced_forward
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -67,82 +75,7 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
     return min(max(M, 1), rows)
 
 
-def _scales(valid, denom, reduction: str, grad: torch.Tensor | None):
-    """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none)."""
-    if reduction == "none":
-        return torch.where(valid, grad.float(), 0.0)
-    s = valid.float()
-    if reduction == "mean":
-        s = s / denom.clamp_min(torch.finfo(torch.float32).tiny)
-    return s
-
-
-class _Options(NamedTuple):
-    bias: torch.Tensor | None  # [V], input's dtype
-    weight: torch.Tensor | None  # [V] class weights, fp32
-    smoothing: float
-    z_loss: float
-    softcap: float  # 0: none
-
-    @property
-    def plain(self) -> bool:
-        return self.bias is None and not self.softcap
-
-
-def _row_weights(tc, valid, opts: _Options):
-    """w[target[m]] for the rows counted (0 for ignored rows), fp32."""
-    if opts.weight is None:
-        return valid.float()
-    return torch.where(valid, opts.weight[tc.clamp(0, opts.weight.shape[0] - 1).long()], 0.0)
-
-
-class _Rows(NamedTuple):
-    bad: torch.Tensor | None  # rows whose target is outside [0, V) (GPU; the CPU raises)
-    valid: torch.Tensor  # rows counted (target != ignore_index)
-    wt: torch.Tensor  # w[target] of the counted rows, 0 elsewhere (fp32)
-    w_sum: object  # sum of the class weights (V without)
-
-
-def _rows(target, V: int, ignore_index: int, opts: _Options) -> _Rows:
-    """What every pass needs of the targets (here, not in the wrapper: torch.compile traces it)."""
-    bad = _bad_targets(target, V, ignore_index)
-    valid = target != ignore_index
-    w_sum = float(V) if opts.weight is None else opts.weight.sum()
-    return _Rows(bad, valid, _row_weights(target, valid, opts), w_sum)
-
-
-def _logits_bias(x, V: int, opts: _Options):
-    """The bias CE_LOGITS_EXT adds: the caller's, a zero one under soft-capping alone, or
-    None (the plain program)."""
-    if opts.bias is None and not opts.plain:
-        return torch.zeros(V, dtype=x.dtype, device=x.device)
-    return opts.bias
-
-
-def _coefs(lse, wc, opts: _Options, V: int, w_sum) -> dict:
-    """The gradient pass's per-row coefficients a, b (none: a = b = 1)."""
-    eps = opts.smoothing
-    if eps or opts.z_loss:
-        a = (1 - eps) * wc + eps / V * w_sum + 2 * opts.z_loss * lse
-        return dict(a=a, b=(1 - eps) * wc)
-    if opts.weight is not None:
-        return dict(a=wc, b=wc)
-    return {}
-
-
-def _row_loss(lse, picked, wc, sums, opts: _Options, V: int, w_sum):
-    """Each row's loss from its log-sum-exp, its target's (capped) logit and, with label
-    smoothing, sum_n w[n] c[m, n] (``_pass``'s docstring)."""
-    eps = opts.smoothing
-    loss = (1 - eps) * wc * (lse - picked)
-    if opts.z_loss:
-        loss = loss + opts.z_loss * lse * lse
-    if eps:
-        loss = loss + eps / V * (lse * w_sum - sums)
-    return loss
-
-
-def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None, want_grads=True):
+def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True):
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
     dX (input dtype), dW and dbias (fp32).
 
@@ -165,12 +98,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
-    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
-    scale = _scales(valid, wt.sum(), reduction, grad) if want_grads else None
+    bad, valid, wt, w_sum = target_rows(target, V, ignore_index, opts)
+    scale = scales(valid, wt.sum(), reduction, grad) if want_grads else None
     if bad is not None and scale is not None:
         scale = torch.where(bad, float("nan"), scale)
     eps, smooth = opts.smoothing, opts.smoothing / V
-    bias = _logits_bias(x, V, opts)
+    bias = logits_bias(x, V, opts)
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
@@ -187,7 +120,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         picked = cap(pick_stored(logits, tc), opts.softcap)
         wc = wt[sl]
         lse_all[sl] = lse
-        coef = _coefs(lse, wc, opts, V, w_sum)
+        coef = coefs(lse, wc, opts, V, w_sum)
         sums = None
         if want_grads:
             sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
@@ -202,124 +135,10 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: _Options, grad=None
         elif eps:
             sums = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
                             want_sum=True)  # fmt: skip
-        losses[sl] = torch.where(valid[sl], _row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
+        losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
     return losses, lse_all, dx, dw32, db32
-
-
-def _slices(V: int, width: int) -> list:
-    """[v0, v1) of each vocabulary slice; a last one narrower than 8 classes joins the one
-    before it (a slice is a GEMM's K in the backward's dX: at least 16 bytes for TMA)."""
-    out = [(v0, min(V, v0 + width)) for v0 in range(0, V, width)]
-    if len(out) > 1 and out[-1][1] - out[-1][0] < 8:
-        out[-2:] = [(out[-2][0], V)]
-    return out
-
-
-def _slice_logits(x, w, v0, v1, buf, opts: _Options, bias, want_lse: bool):
-    """The logits of classes [v0, v1) for every row, in ``buf`` (rows padded to 16 bytes),
-    and with ``want_lse`` their log-sum-exp per row; the same rounded values either way."""
-    logits = buf[:, : v1 - v0]
-    ws = w[v0:v1]
-    if opts.plain and not want_lse:
-        gemm(x, ws, out=logits)  # (CE_LOGITS's stored values: the accumulator rounded once)
-        return logits, None
-    if opts.plain:
-        return logits, gemm(x, ws, epilogue=CE_LOGITS, out=(logits, None)).lse
-    lse = gemm(x, ws, epilogue=CE_LOGITS_EXT, bias=bias[v0:v1], softcap=opts.softcap, out=(logits, None)).lse
-    return logits, lse
-
-
-def _slice_setup(x, w, width: int, opts: _Options):
-    V = w.shape[0]
-    unit = 16 // x.element_size()
-    widest = max(v1 - v0 for v0, v1 in _slices(V, width))
-    buf = torch.empty(x.shape[0], -(-widest // unit) * unit, dtype=x.dtype, device=x.device)
-    return buf, _logits_bias(x, V, opts)
-
-
-def _sliced_forward(x, w, target, ignore_index, width: int, opts: _Options):
-    """Low-memory forward (``vocab_chunk``): each row's loss (fp32, 0 where ignored, NaN
-    where the target is bad) and log-sum-exp, over vocabulary slices of ``width``
-    classes: per slice one logits GEMM into a [M, width] buffer with its rows'
-    log-sum-exp, the target's logit picked where it falls in the slice, and the
-    smoothing term's sums; the slices' log-sum-exps combined at the end."""
-    M, V = x.shape[0], w.shape[0]
-    buf, bias = _slice_setup(x, w, width, opts)
-    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
-    picked = torch.zeros(M, dtype=torch.float32, device=x.device)
-    sums = torch.zeros(M, dtype=torch.float32, device=x.device) if opts.smoothing else None
-    parts = []
-    for v0, v1 in _slices(V, width):
-        logits, lse = _slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=True)
-        parts.append(lse)
-        picked += cap(pick_stored(logits, target - v0), opts.softcap)  # (0 outside the slice)
-        if sums is not None:
-            cw = None if opts.weight is None else opts.weight[v0:v1]
-            sums += ce_grad_(logits, lse, target, lse, weight=cw, softcap=opts.softcap, write=False,
-                             want_sum=True)  # fmt: skip
-    lse = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0)
-    losses = torch.where(valid, _row_loss(lse, picked, wt, sums, opts, V, w_sum), 0.0)
-    if bad is not None:
-        losses = torch.where(bad, float("nan"), losses)
-    return losses, lse
-
-
-def _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int, opts: _Options):
-    """Low-memory backward: per vocabulary slice the logits again (the forward's values),
-    turned into their gradient in place (the incoming gradient folded into each row's
-    scale), then dW of the slice = dlogits^T @ X over every row (one GEMM, one rounding)
-    and dX += dlogits @ W_slice (float32, cast once at the end). Returns dX, dW, db."""
-    V = w.shape[0]
-    if x.shape[0] == 0:  # no rows: zero gradients (the GEMMs would have K = 0)
-        db = torch.zeros_like(opts.bias) if opts.bias is not None else w.new_empty(0)
-        return torch.empty_like(x), torch.zeros_like(w), db
-    buf, bias = _slice_setup(x, w, width, opts)
-    bad, valid, wt, w_sum = _rows(target, V, ignore_index, opts)
-    if reduction == "none":
-        scale = _scales(valid, None, "none", grad)
-    else:
-        scale = _scales(valid, wt.sum(), reduction, None) * grad.float()
-    if bad is not None:
-        scale = torch.where(bad, float("nan"), scale)
-    coef = _coefs(lse, wt, opts, V, w_sum)
-    dx32 = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    dw = torch.empty_like(w)
-    db32 = torch.empty(V, dtype=torch.float32, device=x.device) if opts.bias is not None else None
-    for v0, v1 in _slices(V, width):
-        logits, _ = _slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=False)
-        cw = None if opts.weight is None else opts.weight[v0:v1]
-        ce_grad_(logits, lse, target - v0, scale, weight=cw, smooth=opts.smoothing / V, softcap=opts.softcap,
-                 **coef)  # fmt: skip
-        gemm(logits.t(), x.t(), out=dw[v0:v1])  # dW slice = dl^T x
-        if v0 == 0:
-            gemm(logits, w[v0:v1].t(), epilogue=STORE_F32, out=dx32)  # dX = dl W_slice
-        else:
-            gemm(logits, w[v0:v1].t(), epilogue=ACCUMULATE_F32, c=dx32, out=dx32)  # dX += dl W_slice
-        if db32 is not None:
-            torch.sum(logits, 0, dtype=torch.float32, out=db32[v0:v1])
-    db = db32.to(opts.bias.dtype) if db32 is not None else w.new_empty(0)
-    return dx32.to(x.dtype), dw, db
-
-
-def _checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)
-    return device.type != "cuda"
-
-
-def _bad_targets(target, V: int, ignore_index: int):
-    """The rows whose target is outside [0, V) and not ``ignore_index``. On the CPU they
-    raise, as PyTorch does. On the GPU, looking would stop the host until the GPU got
-    there (one synchronization per step, in the middle of it: the host can no longer
-    queue work ahead, which FSDP2's overlap of communication relies on), so they are
-    returned instead and their losses and gradients become NaN (never a silent wrong
-    loss; PyTorch itself stops the process with a device-side assert)."""
-    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
-    if not _checks_on_host(target.device):
-        return bad
-    if bool(bad.any()):
-        raise IndexError(f"target values must be in [0, {V}) or ignore_index={ignore_index}")
-    return None
 
 
 def _forward_impl(
@@ -340,9 +159,9 @@ def _forward_impl(
     # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else
     # empty); vocab_chunk > 0: the low-memory passes, gradients always in the backward
     grads = need_grad and reduction != "none" and not vocab_chunk
-    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
     if vocab_chunk:
-        losses, lse = _sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
+        losses, lse = sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
         dx = dw32 = db32 = None
     else:
         losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts,
@@ -354,7 +173,7 @@ def _forward_impl(
     else:
         loss = losses.sum()
         if reduction == "mean":  # 0/0 = nan when every row is ignored, as torch
-            loss = loss / _row_weights(target, target != ignore_index, opts).sum()
+            loss = loss / row_weights(target, target != ignore_index, opts).sum()
     # dW stays float32 until the backward scales it (one pass: scale and cast together)
     dw = dw32 if grads else w.new_empty(0)
     db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
@@ -388,7 +207,7 @@ def _backward_none_impl(
     softcap: float,
     rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
     _, _, dx, dw32, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
     return dx, dw32.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
@@ -424,8 +243,8 @@ def _backward_sliced_impl(
     softcap: float,
     vocab_chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    opts = _Options(bias, class_weight, smoothing, z_loss, softcap)
-    return _sliced_backward(grad, x, w, target, lse, ignore_index, reduction, vocab_chunk, opts)
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
+    return sliced_backward(grad, x, w, target, lse, ignore_index, reduction, vocab_chunk, opts)
 
 
 _backward_sliced = torch.library.custom_op("codetta::linear_cross_entropy_sliced_backward", mutates_args=())(

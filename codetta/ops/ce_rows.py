@@ -1,0 +1,104 @@
+"""What every pass of ``linear_cross_entropy`` needs of its options and targets
+(``cross_entropy.py``, the chunked path, and ``ce_sliced.py``, the low-memory one): the
+options as one tuple, the rows counted and their class weights, each row's gradient
+scale and coefficients, each row's loss, and the targets out of range."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
+    """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none)."""
+    if reduction == "none":
+        return torch.where(valid, grad.float(), 0.0)
+    s = valid.float()
+    if reduction == "mean":
+        s = s / denom.clamp_min(torch.finfo(torch.float32).tiny)
+    return s
+
+
+class CEOptions(NamedTuple):
+    bias: torch.Tensor | None  # [V], input's dtype
+    weight: torch.Tensor | None  # [V] class weights, fp32
+    smoothing: float
+    z_loss: float
+    softcap: float  # 0: none
+
+    @property
+    def plain(self) -> bool:
+        return self.bias is None and not self.softcap
+
+
+def row_weights(tc, valid, opts: CEOptions):
+    """w[target[m]] for the rows counted (0 for ignored rows), fp32."""
+    if opts.weight is None:
+        return valid.float()
+    return torch.where(valid, opts.weight[tc.clamp(0, opts.weight.shape[0] - 1).long()], 0.0)
+
+
+class TargetRows(NamedTuple):
+    bad: torch.Tensor | None  # rows whose target is outside [0, V) (GPU; the CPU raises)
+    valid: torch.Tensor  # rows counted (target != ignore_index)
+    wt: torch.Tensor  # w[target] of the counted rows, 0 elsewhere (fp32)
+    w_sum: object  # sum of the class weights (V without)
+
+
+def target_rows(target, V: int, ignore_index: int, opts: CEOptions) -> TargetRows:
+    """What every pass needs of the targets (here, not in the wrapper: torch.compile traces it)."""
+    bad = bad_targets(target, V, ignore_index)
+    valid = target != ignore_index
+    w_sum = float(V) if opts.weight is None else opts.weight.sum()
+    return TargetRows(bad, valid, row_weights(target, valid, opts), w_sum)
+
+
+def logits_bias(x, V: int, opts: CEOptions):
+    """The bias CE_LOGITS_EXT adds: the caller's, a zero one under soft-capping alone, or
+    None (the plain program)."""
+    if opts.bias is None and not opts.plain:
+        return torch.zeros(V, dtype=x.dtype, device=x.device)
+    return opts.bias
+
+
+def coefs(lse, wc, opts: CEOptions, V: int, w_sum) -> dict:
+    """The gradient pass's per-row coefficients a, b (none: a = b = 1)."""
+    eps = opts.smoothing
+    if eps or opts.z_loss:
+        a = (1 - eps) * wc + eps / V * w_sum + 2 * opts.z_loss * lse
+        return dict(a=a, b=(1 - eps) * wc)
+    if opts.weight is not None:
+        return dict(a=wc, b=wc)
+    return {}
+
+
+def row_loss(lse, picked, wc, sums, opts: CEOptions, V: int, w_sum):
+    """Each row's loss from its log-sum-exp, its target's (capped) logit and, with label
+    smoothing, sum_n w[n] c[m, n] (the chunked pass's docstring, ``cross_entropy.py``)."""
+    eps = opts.smoothing
+    loss = (1 - eps) * wc * (lse - picked)
+    if opts.z_loss:
+        loss = loss + opts.z_loss * lse * lse
+    if eps:
+        loss = loss + eps / V * (lse * w_sum - sums)
+    return loss
+
+
+def checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)
+    return device.type != "cuda"
+
+
+def bad_targets(target, V: int, ignore_index: int):
+    """The rows whose target is outside [0, V) and not ``ignore_index``. On the CPU they
+    raise, as PyTorch does. On the GPU, looking would stop the host until the GPU got
+    there (one synchronization per step, in the middle of it: the host can no longer
+    queue work ahead, which FSDP2's overlap of communication relies on), so they are
+    returned instead and their losses and gradients become NaN (never a silent wrong
+    loss; PyTorch itself stops the process with a device-side assert)."""
+    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+    if not checks_on_host(target.device):
+        return bad
+    if bool(bad.any()):
+        raise IndexError(f"target values must be in [0, {V}) or ignore_index={ignore_index}")
+    return None
