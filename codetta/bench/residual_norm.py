@@ -16,6 +16,7 @@ from .harness import (
     peak_memory_gb,
     rand_bf16,
     rel_error,
+    run_fwd_bwd_cases,
     selected,
     triton_only,
 )
@@ -152,19 +153,11 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str, research: bool = Fa
 
 def run(out_dir: str, widths=("1B", "8B"), research: bool = False) -> list[Results]:
     """``research``: also the alternative backwards (two_pass, folded, fold_gamma)."""
-    res_fwd, res_bwd = Results("residual_norm_fwd"), Results("residual_norm_fwdbwd")
-    for name in widths:
-        print(f"== residual + RMSNorm + next GEMM, {name} width", flush=True)
-        run_width(res_fwd, res_bwd, name, research)
-        torch.cuda.empty_cache()
-        for res in (res_fwd, res_bwd):  # after each width: a run cut short keeps what it measured
-            if res.rows:
-                res.write(out_dir)
-    for res in (res_fwd, res_bwd):
-        res.write(out_dir)
-        print(res.table())
-        measured = [r for r in res.rows if r.peak_mem_gb == r.peak_mem_gb]  # not NaN
-        if measured:  # the forward-only table records no memory
-            mems = ", ".join(f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}" for r in measured)
-            print(f"peak memory (GB): {mems}")
-    return [res_fwd, res_bwd]
+    tables = run_fwd_bwd_cases(
+        out_dir, "residual_norm", widths, lambda f, b, name: run_width(f, b, name, research),
+        lambda name: f"residual + RMSNorm + next GEMM, {name} width",
+    )  # fmt: skip
+    measured = [r for r in tables[1].rows if r.peak_mem_gb == r.peak_mem_gb]  # not NaN
+    mems = ", ".join(f"{r.case}/{r.variant} {r.peak_mem_gb:.2f}" for r in measured)
+    print(f"peak memory (GB): {mems}")
+    return tables
