@@ -22,27 +22,31 @@ M = 16384
 SHAPES = [(2048, 2048), (4096, 4096), (2048, 8192)]
 
 
+def row(N: int, K: int, settles) -> str:
+    y, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
+    r, g = rand_bf16(M, N), torch.rand(N, device="cuda") + 0.5
+    fns = {
+        "cublas": lambda: y @ w.t(),
+        "A": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
+        "B": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
+    }
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    p = paired_ms(fns)
+    cells = [f"{p['B'] / p['A']:8.3f}"]
+    for settle in settles:
+        t = sustained_ms(fns, settle_ms=settle)
+        cells.append(f"{t['B'] / t['A']:11.3f}")
+    return f"{f'{N}x{K}':>12} " + " ".join(cells)
+
+
 def main() -> None:
     settles = [float(a) for a in sys.argv[1:]] or [0.0, 120.0]
     print(f"{torch.cuda.get_device_name()}; K1 at M {M}; B / A of two identical codetta variants")
     print(f"{'N x K':>12} {'paired':>8} " + " ".join(f"{'settle ' + str(int(s)):>11}" for s in settles))
     for N, K in SHAPES:
-        y, w = rand_bf16(M, K), rand_bf16(N, K, scale=K**-0.5)
-        r, g = rand_bf16(M, N), torch.rand(N, device="cuda") + 0.5
-        fns = {
-            "cublas": lambda: y @ w.t(),
-            "A": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
-            "B": lambda: gemm(y, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
-        }
-        for fn in fns.values():
-            fn()
-        torch.cuda.synchronize()
-        p = paired_ms(fns)
-        cells = [f"{p['B'] / p['A']:8.3f}"]
-        for settle in settles:
-            t = sustained_ms(fns, settle_ms=settle)
-            cells.append(f"{t['B'] / t['A']:11.3f}")
-        print(f"{f'{N}x{K}':>12} " + " ".join(cells), flush=True)
+        print(row(N, K, settles), flush=True)
 
 
 if __name__ == "__main__":
