@@ -141,9 +141,13 @@ def variant_step(name: str, base_model, ids, labels):
               swap.patched() if swap is not None else contextlib.nullcontext()):  # fmt: skip
             return _step()
 
-    def _step():
+    def forward_backward():
         out = run(input_ids=ids, labels=labels, use_cache=False)
         out.loss.backward()
+        return out
+
+    def _step():
+        out = forward_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if len(losses) < 1:
@@ -156,8 +160,7 @@ def variant_step(name: str, base_model, ids, labels):
             """Every kernel of the step's forward and backward compiled at once before
             its first run (codetta.precompile: device time saved)."""
             with settings.override(**changes) if changes else contextlib.nullcontext():
-                codetta.precompile(lambda: run(input_ids=ids, labels=labels, use_cache=False).loss.backward(),
-                                   model)  # fmt: skip
+                codetta.precompile(forward_backward, model)
 
         step.precompile = warm
     return step
