@@ -255,6 +255,15 @@ def main(args) -> int:
         out = Path(args.out)
         if out.is_dir() or args.out.endswith("/"):
             out = out / (configs.gpu_slug(dev.name(0)) + ".json")
+    if getattr(args, "method", None) is not None:
+        from .kernels.settings import override
+
+        with override(tune_method=args.method):
+            return _tune_all(args, calls, out)
+    return _tune_all(args, calls, out)
+
+
+def _tune_all(args, calls: dict, out) -> int:
     old = (
         json.loads(out.read_text()).get("entries", {})
         if out is not None and out.exists() and args.merge

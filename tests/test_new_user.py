@@ -126,3 +126,46 @@ def test_tune_seconds_setting():
     for bad in ("0", "-1", "inf", "nan", "soon"):
         with pytest.raises(ValueError, match="CODETTA_TUNE_SECONDS"):
             settings.Settings.from_env({"CODETTA_TUNE_SECONDS": bad})
+
+
+def test_tune_method_setting(monkeypatch):
+    """CODETTA_TUNE_METHOD picks how the tuner times candidates: paired by default, settled
+    sustained blocks on request; anything else is refused by name."""
+    from codetta.kernels import settings, timing, tuning
+
+    assert settings.Settings.from_env({}).tune_method == "paired"
+    assert settings.Settings.from_env({"CODETTA_TUNE_METHOD": "sustained"}).tune_method == "sustained"
+    for bad in ("", "blocks", "Paired"):
+        with pytest.raises(ValueError, match="CODETTA_TUNE_METHOD"):
+            settings.Settings.from_env({"CODETTA_TUNE_METHOD": bad})
+    seen = []
+    monkeypatch.setattr(tuning.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "paired_ms", lambda fns, **kw: seen.append(("paired", kw)) or {})
+    monkeypatch.setattr(timing, "sustained_ms", lambda fns, **kw: seen.append(("sustained", kw)) or {})
+    tuning._measure({}, 0.3)
+    with settings.override(tune_method="sustained"):
+        tuning._measure({}, 0.3)
+    assert [m for m, _ in seen] == ["paired", "sustained"]
+    assert seen[0][1]["min_s"] == 0.3
+    assert seen[1][1]["settle_ms"] >= 100  # a block must start from its own clock state
+
+
+def test_tune_cli_method_reaches_the_tuner(monkeypatch):
+    """`codetta tune --method sustained` times with that method, and restores the setting."""
+    from codetta import tune
+    from codetta.kernels.settings import SETTINGS
+
+    seen = []
+
+    def fake(args, calls, out):
+        seen.append(SETTINGS.tune_method)
+        return 0
+
+    monkeypatch.setattr(tune, "_tune_all", fake)
+    monkeypatch.setattr(tune.torch.cuda, "is_available", lambda: True)
+    from codetta.__main__ import main
+
+    assert main(["tune", "--model", "llama3-1b", "--tokens", "4096", "--method", "sustained"]) == 0
+    assert main(["tune", "--model", "llama3-1b", "--tokens", "4096"]) == 0
+    assert seen == ["sustained", "paired"]
+    assert SETTINGS.tune_method == "paired"

@@ -6,6 +6,9 @@
 |  |  | tuning cache nor the shipped table knows it (seconds per shape); 0: the |
 |  |  | nearest known entry or a rule picks (``tuning.Chooser``) |
 | ``CODETTA_TUNE_SECONDS`` | 1.0 | paired timing per shape when ``CODETTA_AUTOTUNE=1`` tunes one |
+| ``CODETTA_TUNE_METHOD`` | paired | how tuning times its candidates: ``paired`` (call by call, side |
+|  |  | by side: the cycles a config takes) or ``sustained`` (each candidate in settled |
+|  |  | blocks of its own: its time at the clock its own power draw sets, NOTES.md) |
 | ``CODETTA_SHIPPED`` | 1 | 0: ignore the tuned table shipped with codetta (``kernels/tuned/``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
@@ -44,6 +47,7 @@ from pathlib import Path
 class Settings:
     autotune: bool = False
     tune_seconds: float = 1.0
+    tune_method: str = "paired"
     shipped: bool = True
     pingpong: bool = True
     # "all": the ping-pong mainloop is a candidate wherever it can run; "epilogue-bound":
@@ -82,6 +86,9 @@ class Settings:
         return cls(
             autotune=flag("CODETTA_AUTOTUNE", False),
             tune_seconds=_positive("CODETTA_TUNE_SECONDS", env.get("CODETTA_TUNE_SECONDS", "1.0")),
+            tune_method=_choice(
+                "CODETTA_TUNE_METHOD", env.get("CODETTA_TUNE_METHOD", "paired"), TUNE_METHODS
+            ),
             shipped=flag("CODETTA_SHIPPED", True),
             pingpong=flag("CODETTA_PINGPONG", True),
             pingpong_policy=_choice(
@@ -101,6 +108,7 @@ class Settings:
 
 
 PINGPONG_POLICIES = ("all", "epilogue-bound")
+TUNE_METHODS = ("paired", "sustained")
 
 
 def _choice(name: str, value: str, choices: tuple) -> str:

@@ -226,11 +226,21 @@ def rule_config(call: GemmCall, cands: list[Config]) -> Config:
 
 
 def _measure(fns: dict, seconds: float = 1.0) -> dict:
-    # paired: candidates alternate call by call. Timing each in sustained blocks instead
-    # picked configs that lost 3-10 % in the operators' own fwd+bwd under both timings
-    # (NOTES.md, runs 2 and 3 of this engine)
+    # paired (default): candidates alternate call by call, so each is timed at the same
+    # clock: the cycles it takes. "sustained": each candidate in blocks of its own after
+    # settling, so at the clock its own power draw sets at the 700 W cap (the step's GEMMs
+    # run at the clock the step's power sets: energy, not cycles, decides there). Blocks
+    # without the settling run picked configs that lost 3-10 % (NOTES.md, runs 2-3 of
+    # Engine II); settled blocks agree to ~0.5 % between identical variants (run 95).
     torch.cuda.synchronize()
+    if SETTINGS.tune_method == "sustained":
+        return timing.sustained_ms(
+            fns, block_ms=SUSTAINED_BLOCK_MS, blocks=3, warm_s=0.1, settle_ms=SUSTAINED_SETTLE_MS
+        )
     return timing.paired_ms(fns, min_s=seconds, min_cycles=7 if seconds >= 1.0 else 5, warm_s=seconds / 2)
+
+
+SUSTAINED_BLOCK_MS, SUSTAINED_SETTLE_MS = 60.0, 120.0  # ~0.54 s per candidate timed in full
 
 
 def _scout(fns: dict) -> dict:
