@@ -155,8 +155,9 @@ def main(argv=None) -> int:
     )  # fmt: skip
     t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
     t.add_argument("--method", choices=("paired", "sustained"), default=None,
-                   help="how candidates are timed (default: CODETTA_TUNE_METHOD, else paired): paired, call by "
-                        "call; sustained, each in settled blocks of its own (~0.5 s per candidate)")  # fmt: skip
+                   help="how candidates are timed (default CODETTA_TUNE_METHOD, else paired): "
+                        "paired, call by call; sustained, each in settled blocks of its own "
+                        "(~0.5 s a candidate)")  # fmt: skip
     r = sub.add_parser("train", help="train a model for some steps: FSDP2/DDP under torchrun, codetta on/off")
     from codetta.train import add_arguments
 
