@@ -174,6 +174,8 @@ def test_variant_selection(monkeypatch):
     monkeypatch.setattr(harness.OPTIONS, "tuned_ab", True)
     ab = harness.with_ab_variants({**fns, "codetta": lambda: None})
     assert list(harness.selected(ab)) == ["cublas", "codetta", "codetta-triton", *harness.AB_VARIANTS]
+    # the model step's baseline is its floor: it stays too (run 97 lost its table to a KeyError)
+    assert list(harness.selected({"floor": 0, "eager": 1, "liger": 2})) == ["floor", "liger"]
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--parts", "mlp", "--variants", "codetta-triton", "--help"])
     assert exc.value.code == 0

@@ -148,13 +148,17 @@ def with_ab_variants(fns: dict) -> dict:
 
 
 def selected(fns: dict) -> dict:
-    """``fns`` less the variants the run did not ask for (``OPTIONS.variants``): the cuBLAS
-    baseline always stays, and so do codetta and its A/B variants under ``--tuned-ab``."""
+    """``fns`` less the variants the run did not ask for (``OPTIONS.variants``): the
+    baseline (the operator tables' cuBLAS, the model step's floor) always stays, and so do
+    codetta and its A/B variants under ``--tuned-ab``."""
     keep = OPTIONS.variants
     if keep is None:
         return fns
     ab = ("codetta", *AB_VARIANTS) if OPTIONS.tuned_ab else ()
-    return {k: v for k, v in fns.items() if k == "cublas" or k in keep or k in ab}
+    return {k: v for k, v in fns.items() if k in BASELINES or k in keep or k in ab}
+
+
+BASELINES = ("cublas", "floor")  # what every table's ratios divide by
 
 
 def precompile_variants(fns: dict) -> None:
