@@ -1,0 +1,73 @@
+"""Is the benchmark's codetta model step doing all its work? (GPU machine.)
+
+Builds the model part's Llama-3.2-1B case (16384 tokens), then for eager, codetta and
+codetta after ``codetta.precompile``: one forward+backward's loss and every gradient
+against eager's (relative norm of the difference, the worst parameter), and the time of
+5 forward+backward passes back to back. A kernel left unrun shows as a gradient far from
+eager's (garbage or zeros), not as a bf16 rounding difference.
+
+Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case]
+"""
+
+import copy
+import sys
+
+import torch
+
+import codetta
+from codetta.bench import model as bm
+
+
+def main() -> None:
+    case = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B"
+    config = bm.llama_config(case)
+    base = bm.make_model(config)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (bm.BATCH, bm.SEQ), device="cuda", generator=g)
+    ref_grads, ref_loss = None, None
+    for name in ("eager", "eager again", "codetta", "codetta+precompile"):
+        model = copy.deepcopy(base).train()
+        if name.startswith("codetta"):
+            codetta.apply_codetta(model)
+
+        def fb(model=model):
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out.loss.backward()
+            return out.loss
+
+        if name.endswith("precompile"):
+            n = codetta.precompile(fb, model)
+            print(f"  precompile: {n} kernels", flush=True)
+        loss = fb().float().item()
+        grads = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
+        if ref_grads is None:
+            ref_grads, ref_loss = grads, loss
+        worst, total_d, total_n = ("", 0.0), 0.0, 0.0
+        for k, r in ref_grads.items():
+            d = grads[k] - r
+            rel = (d.norm() / r.norm().clamp_min(1e-30)).item()
+            total_d += d.norm().item() ** 2
+            total_n += r.norm().item() ** 2
+            if not rel <= worst[1]:
+                worst = (k, rel)
+        missing = sorted(set(ref_grads) - set(grads))
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            fb()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(5):
+            model.zero_grad(set_to_none=True)
+            fb()
+        e.record()
+        e.synchronize()
+        print(f"{name:<20} loss {loss:.6f} (eager {ref_loss:.6f}); grads vs eager: all {(total_d / total_n) ** 0.5:.2e}, "
+              f"worst {worst[1]:.2e} ({worst[0]}); missing {missing}; fwd+bwd {s.elapsed_time(e) / 5:.1f} ms",
+              flush=True)  # fmt: skip
+        del model, grads
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
