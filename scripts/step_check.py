@@ -6,7 +6,8 @@ against eager's (relative norm of the difference, the worst parameter), and the 
 5 forward+backward passes back to back. A kernel left unrun shows as a gradient far from
 eager's (garbage or zeros), not as a bf16 rounding difference.
 
-Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case]
+Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case [variant ...]]
+(variants: eager, codetta, codetta+precompile; the first is the reference)
 """
 
 import copy
@@ -20,12 +21,13 @@ from codetta.bench import model as bm
 
 def main() -> None:
     case = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B"
+    names = sys.argv[2:] or ["eager", "eager again", "codetta", "codetta+precompile"]
     config = bm.llama_config(case)
     base = bm.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (bm.BATCH, bm.SEQ), device="cuda", generator=g)
     ref_grads, ref_loss = None, None
-    for name in ("eager", "eager again", "codetta", "codetta+precompile"):
+    for name in names:
         model = copy.deepcopy(base).train()
         if name.startswith("codetta"):
             codetta.apply_codetta(model)
@@ -62,7 +64,8 @@ def main() -> None:
             fb()
         e.record()
         e.synchronize()
-        print(f"{name:<20} loss {loss:.6f} (eager {ref_loss:.6f}); grads vs eager: all {(total_d / total_n) ** 0.5:.2e}, "
+        rel_all = (total_d / total_n) ** 0.5
+        print(f"{name:<20} loss {loss:.6f} (eager {ref_loss:.6f}); grads vs eager: all {rel_all:.2e}, "
               f"worst {worst[1]:.2e} ({worst[0]}); missing {missing}; fwd+bwd {s.elapsed_time(e) / 5:.1f} ms",
               flush=True)  # fmt: skip
         del model, grads
