@@ -191,3 +191,40 @@ def test_cli_settle_ms():
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--settle-ms", "soon"])
     assert exc.value.code == 2
+
+
+def test_compare_leaves_stateful_steps_alone(monkeypatch):
+    """The model part times training steps: compare(precompile=False) must not dry-run them
+    (a dry run skips codetta's kernels, so an optimizer step in it trains on garbage)."""
+    from codetta.bench import harness
+
+    dry = []
+    monkeypatch.setattr(harness, "precompile_variants", lambda fns: dry.append(sorted(fns)))
+    monkeypatch.setattr(harness.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(harness, "paired_ms", lambda fns: dict.fromkeys(fns, 1.0))
+    monkeypatch.setattr(harness, "sustained_ms", lambda fns, **kw: dict.fromkeys(fns, 1.0))
+    calls = []
+    fns = {"floor": lambda: calls.append("floor"), "codetta": lambda: calls.append("codetta")}
+    harness.compare(fns, precompile=False)
+    assert dry == [] and sorted(calls) == ["codetta", "floor"]
+    harness.compare(fns)
+    assert dry == [["codetta", "floor"]]
+
+
+def test_model_part_refuses_steps_that_broke_their_weights():
+    """After the timing each step's loss must be finite and near its first step's."""
+    import torch
+
+    from codetta.bench import model
+
+    def step(first, last):
+        def fn():
+            pass
+
+        fn.losses, fn.last_loss = [first], torch.tensor(last)
+        return fn
+
+    model.check_after_timing("case", {"floor": lambda: None, "codetta": step(12.16, 12.15)})
+    for bad in (float("nan"), float("inf"), 11.0):
+        with pytest.raises(AssertionError, match="codetta's loss went from 12.16"):
+            model.check_after_timing("case", {"liger": step(12.16, 12.16), "codetta": step(12.16, bad)})

@@ -165,7 +165,11 @@ def precompile_variants(fns: dict) -> None:
     """The codetta variants' kernels compiled all at once (``codetta.precompile``) before
     their first calls compile them one by one: device time saved. Not for a variant that
     tunes on its first call (``codetta:tuned``: its candidates compile in the tuner). A
-    failure only costs that time: the first calls compile what is left."""
+    failure only costs that time: the first calls compile what is left. Only for callables
+    whose calls leave nothing later calls read: in the dry run codetta's kernels do not
+    run, so a model step with its optimizer would train on garbage gradients (run 97's
+    model table timed weights the dry run had ruined; the model part precompiles each step
+    itself, forward and backward only)."""
     from ..kernels.precompile import precompile
 
     mine = [fn for name, fn in fns.items() if name.startswith("codetta") and name != "codetta:tuned"]
@@ -182,14 +186,17 @@ def precompile_variants(fns: dict) -> None:
         print(f"  (precompile failed: {type(exc).__name__}: {exc}; compiling at the first calls)", flush=True)
 
 
-def compare(fns: dict) -> dict[str, Timing]:
+def compare(fns: dict, precompile: bool = True) -> dict[str, Timing]:
     """Each variant of one case timed two ways in one run: paired
     (``timing.paired_ms``: call by call, at least 2 s) and sustained blocks
     (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds).
     With ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``);
-    only the variants the run asked for (``selected``)."""
+    only the variants the run asked for (``selected``). ``precompile``: the codetta
+    variants' kernels compiled first by a dry run of each (``precompile_variants``; False
+    for callables with state, such as training steps)."""
     fns = selected(with_ab_variants(fns))
-    precompile_variants(fns)
+    if precompile:
+        precompile_variants(fns)
     for fn in fns.values():  # compile (what precompile left), tune, allocate
         fn()
     torch.cuda.synchronize()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import sys
 import time
 
@@ -152,6 +153,7 @@ def variant_step(name: str, base_model, ids, labels):
         opt.zero_grad(set_to_none=True)
         if len(losses) < 1:
             losses.append(out.loss.detach().float().item())
+        step.last_loss = out.loss.detach()  # (no host sync per step; read after the timing)
 
     step.losses = losses
     if name == "codetta":  # (the drop-in; not under torch.compile)
@@ -246,7 +248,8 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
             raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
     mem = {k: peak_memory_gb(fn) for k, fn in fns.items()}
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-    times = compare(fns)
+    times = compare(fns, precompile=False)  # (each codetta step precompiled itself, above)
+    check_after_timing(case, fns)
     # every variant's model and optimizer state stay alive through the timing: where the
     # caching allocator runs out of room it frees its cache and retries (a device-wide
     # synchronize), a cost that a process training one model would not pay
@@ -262,6 +265,21 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
                     extra={"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name]}))  # fmt: skip
         print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
               f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
+
+
+def check_after_timing(case: str, fns: dict) -> None:
+    """Each variant's loss at its last timed step: finite and within 2 % of its first
+    step's (at lr 1e-5 a few dozen steps move it far less), or the run stops: a table of
+    steps that trained on broken weights is not a result (run 97: a dry run had left
+    codetta's weights garbage, and its steps timed 17 % faster)."""
+    for name, fn in fns.items():
+        first, last = getattr(fn, "losses", None), getattr(fn, "last_loss", None)
+        if not first or last is None:
+            continue
+        value = float(last.float().item())
+        if not math.isfinite(value) or abs(value - first[0]) > 2e-2 * abs(first[0]):
+            raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
+                                 f"to {value} after the timing: its weights are broken")  # fmt: skip
 
 
 def host_ms(step, n: int = 3) -> float:
