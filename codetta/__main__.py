@@ -130,8 +130,8 @@ def main(argv=None) -> int:
         "--tuned-ab",
         action="store_true",
         help="beside codetta, time codetta:shipped (the shipped table alone) and codetta:tuned (every "
-        "shape tuned here on its first call, CODETTA_TUNE_SECONDS each) in every table, and print "
-        "shipped / tuned per case",
+        "shape tuned here on its first call, CODETTA_TUNE_SECONDS each, timed as CODETTA_TUNE_METHOD "
+        "says) in every table, and print shipped / tuned per case",
     )
     t = sub.add_parser("tune", help="tune every GEMM a model's training step runs through codetta (GPU)")
     t.add_argument(
@@ -154,10 +154,10 @@ def main(argv=None) -> int:
         help="rewrite the pending list of the --out table file (keys asked for, not tuned) and stop (no GPU)",
     )  # fmt: skip
     t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
-    t.add_argument("--method", choices=("paired", "sustained"), default=None,
+    t.add_argument("--method", choices=("paired", "sustained", "both"), default=None,
                    help="how candidates are timed (default CODETTA_TUNE_METHOD, else paired): "
                         "paired, call by call; sustained, each in settled blocks of its own "
-                        "(~0.5 s a candidate)")  # fmt: skip
+                        "(~0.5 s a candidate); both, the least worse ratio of the two")  # fmt: skip
     r = sub.add_parser("train", help="train a model for some steps: FSDP2/DDP under torchrun, codetta on/off")
     from codetta.train import add_arguments
 

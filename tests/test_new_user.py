@@ -148,6 +148,16 @@ def test_tune_method_setting(monkeypatch):
     assert [m for m, _ in seen] == ["paired", "sustained"]
     assert seen[0][1]["min_s"] == 0.3
     assert seen[1][1]["settle_ms"] >= 100  # a block must start from its own clock state
+    # "both": a config best under one timing but 5 % behind under the other loses to one
+    # 1 % behind under each
+    p = {"a": 1.00, "b": 1.01, "c": 1.03}
+    t = {"a": 1.05, "b": 1.01, "c": 1.00}
+    monkeypatch.setattr(timing, "paired_ms", lambda fns, **kw: p)
+    monkeypatch.setattr(timing, "sustained_ms", lambda fns, **kw: t)
+    with settings.override(tune_method="both"):
+        scores = tuning._measure({}, 0.3)
+    assert min(scores, key=scores.get) == "b"
+    assert scores["a"] == pytest.approx(1.05) and scores["c"] == pytest.approx(1.03)
 
 
 def test_tune_cli_method_reaches_the_tuner(monkeypatch):

@@ -128,7 +128,8 @@ def ab_settings(how: str) -> dict:
     """The settings of an A/B variant that sets the shipped table against tuning on this
     GPU: "shipped": an empty tuning cache of its own (the shipped table, else its nearest
     entry or the shape rule); "tuned": the shipped table ignored and every shape tuned on
-    its first call (``CODETTA_TUNE_SECONDS`` of paired timing) into a cache of its own."""
+    its first call (``CODETTA_TUNE_SECONDS`` of paired timing, or as ``CODETTA_TUNE_METHOD``
+    says) into a cache of its own."""
     if how not in ("shipped", "tuned"):
         raise ValueError(f"unknown A/B variant {how!r}: shipped or tuned")
     if how not in _AB_DIRS:

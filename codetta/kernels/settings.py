@@ -9,6 +9,7 @@
 | ``CODETTA_TUNE_METHOD`` | paired | how tuning times its candidates: ``paired`` (call by call, side |
 |  |  | by side: the cycles a config takes) or ``sustained`` (each candidate in settled |
 |  |  | blocks of its own: its time at the clock its own power draw sets, NOTES.md) |
+|  |  | or ``both`` (the candidate whose worse ratio to the best of each method is least) |
 | ``CODETTA_SHIPPED`` | 1 | 0: ignore the tuned table shipped with codetta (``kernels/tuned/``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
@@ -108,7 +109,7 @@ class Settings:
 
 
 PINGPONG_POLICIES = ("all", "epilogue-bound")
-TUNE_METHODS = ("paired", "sustained")
+TUNE_METHODS = ("paired", "sustained", "both")
 
 
 def _choice(name: str, value: str, choices: tuple) -> str:

@@ -232,12 +232,30 @@ def _measure(fns: dict, seconds: float = 1.0) -> dict:
     # run at the clock the step's power sets: energy, not cycles, decides there). Blocks
     # without the settling run picked configs that lost 3-10 % (NOTES.md, runs 2-3 of
     # Engine II); settled blocks agree to ~0.5 % between identical variants (run 95).
+    # "both": each candidate scored by the worse of its two ratios to the best candidate of
+    # each method (a ratio counts only if it holds under both timings), reported as that
+    # factor times the best paired time. Run 96: sustained picks gained 1-2 % sustained
+    # and lost 1-4.5 % paired against the paired picks.
     torch.cuda.synchronize()
-    if SETTINGS.tune_method == "sustained":
-        return timing.sustained_ms(
+    method = SETTINGS.tune_method
+    paired = sustained = None
+    if method in ("paired", "both"):
+        paired = timing.paired_ms(
+            fns, min_s=seconds, min_cycles=7 if seconds >= 1.0 else 5, warm_s=seconds / 2
+        )
+    if method in ("sustained", "both"):
+        sustained = timing.sustained_ms(
             fns, block_ms=SUSTAINED_BLOCK_MS, blocks=3, warm_s=0.1, settle_ms=SUSTAINED_SETTLE_MS
         )
-    return timing.paired_ms(fns, min_s=seconds, min_cycles=7 if seconds >= 1.0 else 5, warm_s=seconds / 2)
+    if paired is None or sustained is None:
+        return paired if sustained is None else sustained
+    return both_scores(paired, sustained)
+
+
+def both_scores(paired: dict, sustained: dict) -> dict:
+    """``{cfg: best paired ms x max(paired / best paired, sustained / best sustained)}``."""
+    bp, bs = min(paired.values()), min(sustained.values())
+    return {c: bp * max(paired[c] / bp, sustained[c] / bs) for c in paired}
 
 
 SUSTAINED_BLOCK_MS, SUSTAINED_SETTLE_MS = 60.0, 120.0  # ~0.54 s per candidate timed in full
