@@ -7,7 +7,8 @@ against eager's (relative norm of the difference, the worst parameter), and the 
 eager's (garbage or zeros), not as a bf16 rounding difference.
 
 Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case [variant ...]]
-(variants: eager, codetta, codetta+precompile; the first is the reference)
+(variants: eager, fp32 (the eager model in float32), codetta, codetta+precompile; the
+first is the reference: "fp32 eager codetta" gives each bf16 run's gradient error)
 """
 
 import copy
@@ -29,6 +30,8 @@ def main() -> None:
     ref_grads, ref_loss = None, None
     for name in names:
         model = copy.deepcopy(base).train()
+        if name == "fp32":  # the same weights in float32: a reference for both bf16 runs
+            model = model.float()
         if name.startswith("codetta"):
             codetta.apply_codetta(model)
 
