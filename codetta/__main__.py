@@ -41,6 +41,10 @@ def _bench(args) -> int:
         print("--settle-ms must be >= 0", file=sys.stderr)
         return 2
     harness.OPTIONS.settle_ms = args.settle_ms
+    if args.tune_methods and not args.tuned_ab:
+        print("--tune-methods needs --tuned-ab", file=sys.stderr)
+        return 2
+    harness.OPTIONS.tune_methods = tuple(args.tune_methods or ())
 
     for part in args.parts:  # in the order given
         if part == "model":
@@ -132,6 +136,13 @@ def main(argv=None) -> int:
         help="beside codetta, time codetta:shipped (the shipped table alone) and codetta:tuned (every "
         "shape tuned here on its first call, CODETTA_TUNE_SECONDS each, timed as CODETTA_TUNE_METHOD "
         "says) in every table, and print shipped / tuned per case",
+    )
+    b.add_argument(
+        "--tune-methods",
+        nargs="+",
+        choices=("paired", "sustained", "both"),
+        help="with --tuned-ab: one tuned variant per method (codetta:tuned-paired, ...), each tuning "
+        "into a cache of its own, instead of one codetta:tuned",
     )
     t = sub.add_parser("tune", help="tune every GEMM a model's training step runs through codetta (GPU)")
     t.add_argument(

@@ -149,8 +149,46 @@ def test_tuned_ab_variants(monkeypatch):
     table = res.table()
     assert "[shipped / tuned]" in table and re.search(r"1B fwd\s+1\.048\s+1\.048", table)
     assert re.search(r"largest\s+1\.048", table)
-    with pytest.raises(ValueError, match="shipped or tuned"):
+    with pytest.raises(ValueError, match="shipped, tuned or tuned-<method>"):
         harness.ab_settings("fast")
+    with pytest.raises(ValueError, match="tuned-<method>"):
+        harness.ab_settings("tuned-fast")
+
+
+def test_tuned_ab_per_method(monkeypatch):
+    """bench --tuned-ab --tune-methods both sustained: one tuned variant per method, each
+    tuning by its method into a cache of its own; the table prints shipped / each."""
+    from codetta.bench import harness
+
+    seen = []
+    fns = {"cublas": lambda: None, "codetta": lambda: seen.append((SETTINGS.cache_dir, SETTINGS.tune_method))}
+    monkeypatch.setattr(harness.OPTIONS, "tuned_ab", True)
+    monkeypatch.setattr(harness.OPTIONS, "tune_methods", ("both", "sustained"))
+    ab = harness.with_ab_variants(fns)
+    assert list(ab) == [
+        "cublas",
+        "codetta",
+        "codetta:shipped",
+        "codetta:tuned-both",
+        "codetta:tuned-sustained",
+    ]
+    assert harness.with_ab_variants(ab) is ab
+    assert list(harness.selected(ab)) == list(ab)
+    for name in ("codetta:tuned-both", "codetta:tuned-sustained"):
+        ab[name]()
+    assert [m for _, m in seen] == ["both", "sustained"] and seen[0][0] != seen[1][0]
+    assert SETTINGS.tune_method == "paired"
+    res = Results("t")
+    for variant, ms in (("cublas", 1.0), ("codetta:shipped", 1.1), ("codetta:tuned-both", 1.0),
+                        ("codetta:tuned-sustained", 1.1)):  # fmt: skip
+        res.add(Row("1B fwd", variant, ms, 1e9, 1.0, sustained_ms=ms, baseline_sustained_ms=1.0))
+    table = res.table()
+    assert "[shipped / tuned-both]" in table and "[shipped / tuned-sustained]" in table
+    assert re.search(r"largest\s+1\.100", table) and re.search(r"largest\s+1\.000", table)
+    from codetta.__main__ import main
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert main(["bench", "--tune-methods", "both"]) == 2  # (needs --tuned-ab)
 
 
 def test_cli_tuned_ab():

@@ -117,6 +117,9 @@ class Options:
     # sustained timing: ms of a variant's own calls, untimed, before each of its blocks
     # (timing.sustained_ms; 0 is the method of the runs before 2026-12-01's last)
     settle_ms: float = 120.0
+    # under tuned_ab, one tuned variant per tuning method named here ("codetta:tuned-both",
+    # ...; settings.TUNE_METHODS) instead of the one "codetta:tuned" (CODETTA_TUNE_METHOD)
+    tune_methods: tuple = ()
 
 
 OPTIONS = Options()
@@ -124,28 +127,43 @@ AB_VARIANTS = ("codetta:shipped", "codetta:tuned")
 _AB_DIRS: dict = {}
 
 
+def ab_variants() -> tuple:
+    """The A/B variants' names this run times beside codetta (``--tuned-ab``)."""
+    if not OPTIONS.tune_methods:
+        return AB_VARIANTS
+    return ("codetta:shipped", *(f"codetta:tuned-{m}" for m in OPTIONS.tune_methods))
+
+
 def ab_settings(how: str) -> dict:
     """The settings of an A/B variant that sets the shipped table against tuning on this
     GPU: "shipped": an empty tuning cache of its own (the shipped table, else its nearest
     entry or the shape rule); "tuned": the shipped table ignored and every shape tuned on
     its first call (``CODETTA_TUNE_SECONDS`` of paired timing, or as ``CODETTA_TUNE_METHOD``
-    says) into a cache of its own."""
-    if how not in ("shipped", "tuned"):
-        raise ValueError(f"unknown A/B variant {how!r}: shipped or tuned")
+    says) into a cache of its own;
+    "tuned-METHOD": the same, its candidates timed by that method
+    (``settings.TUNE_METHODS``)."""
+    from ..kernels.settings import TUNE_METHODS
+
+    method = how.partition("-")[2] if how.startswith("tuned-") else None
+    if how not in ("shipped", "tuned") and method not in TUNE_METHODS:
+        raise ValueError(f"unknown A/B variant {how!r}: shipped, tuned or tuned-<method> "
+                         f"({', '.join(TUNE_METHODS)})")  # fmt: skip
     if how not in _AB_DIRS:
         _AB_DIRS[how] = Path(tempfile.mkdtemp(prefix=f"codetta-{how}-"))
     if how == "shipped":
         return {"cache_dir": _AB_DIRS[how], "autotune": False}
-    return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False}
+    extra = {"tune_method": method} if method else {}
+    return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False, **extra}
 
 
 def with_ab_variants(fns: dict) -> dict:
     """``fns`` with "codetta:shipped" and "codetta:tuned" beside "codetta" when the run asks
     for them (``OPTIONS.tuned_ab``)."""
-    if not OPTIONS.tuned_ab or "codetta" not in fns or "codetta:tuned" in fns:
+    names = ab_variants()
+    if not OPTIONS.tuned_ab or "codetta" not in fns or names[-1] in fns:
         return fns
     return {**fns, **{name: with_settings(fns["codetta"], **ab_settings(name.split(":")[1]))
-                      for name in AB_VARIANTS}}  # fmt: skip
+                      for name in names}}  # fmt: skip
 
 
 def selected(fns: dict) -> dict:
@@ -155,7 +173,7 @@ def selected(fns: dict) -> dict:
     keep = OPTIONS.variants
     if keep is None:
         return fns
-    ab = ("codetta", *AB_VARIANTS) if OPTIONS.tuned_ab else ()
+    ab = ("codetta", *ab_variants()) if OPTIONS.tuned_ab else ()
     return {k: v for k, v in fns.items() if k in BASELINES or k in keep or k in ab}
 
 
@@ -173,7 +191,9 @@ def precompile_variants(fns: dict) -> None:
     itself, forward and backward only)."""
     from ..kernels.precompile import precompile
 
-    mine = [fn for name, fn in fns.items() if name.startswith("codetta") and name != "codetta:tuned"]
+    mine = [
+        fn for name, fn in fns.items() if name.startswith("codetta") and not name.startswith("codetta:tuned")
+    ]
     if not mine:
         return
 
@@ -342,22 +362,31 @@ class Results:
         return "\n".join(lines)
 
     def shipped_vs_tuned(self) -> str:
-        """Where both A/B variants ran: per case, codetta:shipped's time / codetta:tuned's
-        under each method, and the largest (issue 11: within 1.02); "" otherwise."""
+        """Where codetta:shipped and a tuned A/B variant ran: per case, shipped's time / each
+        tuned variant's under each method, and the largest (issue 11: within 1.02); ""
+        otherwise."""
         by = {(r.case, r.variant): r for r in self.rows}
+        variants = list(dict.fromkeys(r.variant for r in self.rows))
+        tuned = [v for v in variants if v.startswith("codetta:tuned")]
         cases = [c for c in dict.fromkeys(r.case for r in self.rows)
-                 if (c, "codetta:shipped") in by and (c, "codetta:tuned") in by]  # fmt: skip
+                 if (c, "codetta:shipped") in by and any((c, t) in by for t in tuned)]  # fmt: skip
         if not cases:
             return ""
-        lines = [f"{'[shipped / tuned]':<34}{'paired':>10}{'sustained':>10}"]
-        worst = 0.0
-        for c in cases:
-            s, t = by[(c, "codetta:shipped")], by[(c, "codetta:tuned")]
-            p, q = s.ms / t.ms, s.sustained_ms / t.sustained_ms
-            worst = max(worst, p, q)
-            lines.append(f"{c:<34}{p:>10.3f}{q:>10.3f}")
-        lines.append(f"{'largest':<34}{worst:>10.3f}")
-        return "\n".join(lines)
+        blocks = []
+        for t in tuned:
+            label = "tuned" if t == "codetta:tuned" else t.split(":")[1]
+            lines = [f"{'[shipped / ' + label + ']':<34}{'paired':>10}{'sustained':>10}"]
+            worst = 0.0
+            for c in cases:
+                if (c, t) not in by:
+                    continue
+                s, q = by[(c, "codetta:shipped")], by[(c, t)]
+                a, b = s.ms / q.ms, s.sustained_ms / q.sustained_ms
+                worst = max(worst, a, b)
+                lines.append(f"{c:<34}{a:>10.3f}{b:>10.3f}")
+            lines.append(f"{'largest':<34}{worst:>10.3f}")
+            blocks.append("\n".join(lines))
+        return "\n".join(blocks)
 
     def markdown(self) -> str:
         """The table for a README: each cell 'paired / sustained'."""
