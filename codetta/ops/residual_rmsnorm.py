@@ -33,23 +33,14 @@ from typing import NamedTuple
 import torch
 
 from ..kernels.launch import gemm, parts_fit
-from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
-from ..kernels.reductions import col_sum
+from ..kernels.operands import check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import (
-    ACCUMULATE,
-    GAMMA_WEIGHT_GRAD,
     RESIDUAL_RMS,
     RESIDUAL_SUMSQ,
-    RMS_BACKWARD,
-    RMS_GRAD_PARTIALS,
     RMS_SCALE,
-    STORE_K2,
-    STORE_K3,
-    STORE_K4,
-    STORE_M3,
 )
-from ..programs.norm_rows import gamma_sumsq, rms_backward_finish, rms_backward_rows, rowdot, scale_columns
+from ..programs.norm_rows import gamma_sumsq, scale_columns
 from ..programs.rope import (
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_PAIRS,
@@ -61,10 +52,9 @@ from ..programs.rope import (
 )
 from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived
+from .norm_backward import BACKWARDS, norm_backward
+from .norm_checks import check_args
 from .rope import RoPE, column_freq, rope_operands
-
-BACKWARDS = ("rowwise", "two_pass", "folded")
-_SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: their sum, one launch
 
 
 def _forward_impl(
@@ -194,67 +184,6 @@ def _(
     )
 
 
-def _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
-    """The RMSNorm part of the backward and the next GEMMs' dW: (dx_total, [dW], dgamma).
-    n, the normalized input that dW needs, is [M, d] and dies when this returns,
-    before dy and dW_o allocate theirs (it is not kept to the end)."""
-    d = x.shape[1]
-    if not ws:  # no next GEMM: the incoming gradient is the norm output's
-        dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps)
-        return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype)
-    if len(ws) > 1:
-        # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i in one launch, one
-        # rounding (up to four products: K parts, kernels/program.py; q, k, v: three), any
-        # further product accumulated onto them in its epilogue (no separate adds)
-        parts = {}
-        for i, (dz_i, w_i) in enumerate(zip(dzs[1:4], ws[1:4]), 1):
-            parts[f"a{i}"], parts[f"w{i}"] = dz_i, w_i.t()
-        dh = gemm(dzs[0], ws[0].t(), epilogue=_SUMS[min(len(ws), 4)], **parts)
-        for dz_i, w_i in zip(dzs[4:], ws[4:]):
-            dh = gemm(dz_i, w_i.t(), epilogue=ACCUMULATE, c=dh)
-        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
-        dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
-        heights = tuple(dz_i.shape[1] for dz_i in dzs)
-        if len(dzs) == 3 and SETTINGS.qkv_one_launch and parts_fit(STORE_M3, x.device, heights=heights):
-            # the three weight gradients from one launch (M parts: dq^T, dk^T, dv^T stacked)
-            return (
-                dx_total,
-                list(gemm(dzs[0].t(), n.t(), epilogue=STORE_M3, a1=dzs[1].t(), a2=dzs[2].t())),
-                dgamma,
-            )
-        return dx_total, [gemm(dz_i.t(), n.t()) for dz_i in dzs], dgamma
-    dz, w = dzs[0], ws[0]
-    if fold_gamma:
-        # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
-        # without gamma; dW = (dz^T n') gamma and dgamma = colsum(W * dz^T n') in the
-        # dW GEMM's epilogue
-        dn = gemm(dz, w_gamma.t())
-        dx_total, n, _ = rms_backward_rows(dn, x, dx, sumsq, None, eps, dx_out=dn)
-        gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
-        return dx_total, [gw.dw], gw.dgamma.to(gamma.dtype)
-    if mode == "rowwise":
-        # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
-        dh = gemm(dz, w.t())
-        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
-        dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
-    elif mode == "folded":
-        # zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
-        bw = gemm(
-            dz, w.t(), epilogue=RMS_BACKWARD, x=x, dres=dx, sumsq=sumsq, zeta=rowdot(dz, z), gamma=gamma,
-            inv_d=1.0 / d, eps=eps,
-        )  # fmt: skip
-        dx_total, n, dgamma = bw.dx, bw.n, bw.dgamma.to(gamma.dtype)
-    else:
-        # two-pass: the dX epilogue stores dn with zeta and dgamma; one elementwise pass
-        # finishes dx and n (no z saved, no pass over dz and z)
-        bw = gemm(
-            dz, w.t(), epilogue=RMS_GRAD_PARTIALS, x=x, sumsq=sumsq, gamma=gamma, inv_d=1.0 / d, eps=eps
-        )
-        dx_total, n = rms_backward_finish(bw.dn, x, dx, sumsq, bw.zeta, gamma, eps, dx_out=bw.dn)
-        dgamma = bw.dgamma.to(gamma.dtype)
-    return dx_total, [gemm(dz.t(), n.t())], dgamma
-
-
 def _backward_impl(
     dx: torch.Tensor | None,
     dzs: list[torch.Tensor],
@@ -296,7 +225,7 @@ def _backward_impl(
                 dqk.append(dw.to(qk_ws[i].dtype))
             else:
                 dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling, pairs=rope_pairs)
-    dx_total, dws, dgamma = _norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
+    dx_total, dws, dgamma = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
         dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)
     else:
@@ -435,63 +364,6 @@ _forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backwa
 _backward_fast = FastOp(_backward, _backward_impl)
 
 
-def _weights(weight) -> tuple[list, list[str]]:
-    """The next GEMM's weight(s) as a list, with the names errors use."""
-    if isinstance(weight, (list, tuple)):
-        if not weight:
-            raise ValueError("weight: an empty sequence (give one [N, d] tensor or several)")
-        return list(weight), [f"weight[{i}]" for i in range(len(weight))]
-    return [weight], ["weight"]
-
-
-def _check(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
-    """Validate the operator's arguments (naming them as the caller does, ``names``: the
-    next weights'); return the weights as a list and eps."""
-    ws, w_names = ([], []) if weight is None else _weights(weight)
-    w_names = list(names) if names else w_names
-    named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, **dict(zip(w_names, ws))}
-    for name, t in named.items():
-        check_tensor(name, t)
-    check_same_device(named)
-    for name in ("y", "w_o", "residual", *w_names):
-        check_gemm_dtype(name, named[name], on_gpu_too=False)
-    for name in ("w_o", "residual", *w_names):
-        if named[name].dtype != y.dtype:
-            raise TypeError(f"{name} ({named[name].dtype}) must have y's dtype ({y.dtype})")
-    check_gemm_dtype("y", y)
-    check_dtype("gamma", gamma, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
-    for name in ("w_o", *w_names):
-        if named[name].dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(named[name].shape)}")
-    if y.dim() < 1 or y.shape[-1] != w_o.shape[1]:
-        raise ValueError(
-            f"y has {y.shape[-1] if y.dim() else 0} features but w_o [d, K] expects K={w_o.shape[1]}"
-        )
-    d = w_o.shape[0]
-    if residual.shape[-1] != d:
-        raise ValueError(f"residual has {residual.shape[-1]} features but w_o produces d={d} (w_o is [d, K])")
-    if y.shape[:-1] != residual.shape[:-1]:
-        raise ValueError(f"y {tuple(y.shape)} and residual {tuple(residual.shape)} must share leading dims")
-    if gamma.shape != (d,):
-        raise ValueError(f"gamma must have shape ({d},), got {tuple(gamma.shape)}")
-    for name, w in zip(w_names, ws):
-        if w.shape[1] != d:
-            raise ValueError(f"{name} must be [N, {d}], got {tuple(w.shape)}")
-    unit = 16 // y.element_size()
-    sizes = [("y's features K", w_o.shape[1]), ("the hidden size d", d)]
-    sizes += [(f"{name}'s N", w.shape[0]) for name, w in zip(w_names, ws)]
-    for what, size in sizes:
-        if size % unit:
-            raise ValueError(
-                f"{what} = {size} must be a multiple of {unit} for {y.dtype} "
-                "(TMA moves rows in 16-byte units)"
-            )
-    eps = torch.finfo(y.dtype).eps if eps is None else eps
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return ws, float(eps)
-
-
 class SwiGLU(NamedTuple):
     """``y = silu(gate) * up`` with the gate and up projections it came from
     (``residual_rmsnorm_swiglu`` returns one). Given as ``residual_rmsnorm_linear``'s
@@ -522,7 +394,7 @@ def residual_rmsnorm_swiglu(
     (its backward then forms dgate and dup in its dX GEMM's epilogue). Arguments as
     ``residual_rmsnorm_linear``'s; differentiable in every tensor.
     """
-    ws, eps = _check(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
+    ws, eps = check_args(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
     if w_gate.shape != w_up.shape:
         raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have one shape")
     lead = residual.shape[:-1]
@@ -592,7 +464,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     rows = x.reshape(M, d).contiguous()
     # the o-projection of the general operator, absent: [M, 0] @ [d, 0]^T
     y, w_o = x.new_empty((M, 0)), x.new_empty((d, 0))
-    ws, eps = _check(y, w_o, rows, gamma, weight, eps)
+    ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     _, zs, _, _ = _forward_fast(
         y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps,
@@ -616,7 +488,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
             if t.shape != y.shape or t.dtype != y.dtype or t.device != y.device:
                 raise ValueError(f"{name} must match y.y ({y.dtype} {tuple(y.shape)} on {y.device})")
         gate_up = [t.reshape(-1, t.shape[-1]).contiguous() for t in gate_up]
-    ws, eps = _check(y, w_o, residual, gamma, weight, eps)
+    ws, eps = check_args(y, w_o, residual, gamma, weight, eps)
     if gate_up and (fold_gamma or backward != "rowwise"):
         raise ValueError("a SwiGLU y takes the default backward (rowwise, no fold_gamma)")
     if backward not in BACKWARDS:

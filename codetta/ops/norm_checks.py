@@ -1,0 +1,66 @@
+"""Argument checks of the residual + RMSNorm operators (errors name the argument)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
+
+
+def weights_of(weight) -> tuple[list, list[str]]:
+    """The next GEMM's weight(s) as a list, with the names errors use."""
+    if isinstance(weight, (list, tuple)):
+        if not weight:
+            raise ValueError("weight: an empty sequence (give one [N, d] tensor or several)")
+        return list(weight), [f"weight[{i}]" for i in range(len(weight))]
+    return [weight], ["weight"]
+
+
+def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
+    """Validate the operator's arguments (naming them as the caller does, ``names``: the
+    next weights'); return the weights as a list and eps."""
+    ws, w_names = ([], []) if weight is None else weights_of(weight)
+    w_names = list(names) if names else w_names
+    named = {"y": y, "w_o": w_o, "residual": residual, "gamma": gamma, **dict(zip(w_names, ws))}
+    for name, t in named.items():
+        check_tensor(name, t)
+    check_same_device(named)
+    for name in ("y", "w_o", "residual", *w_names):
+        check_gemm_dtype(name, named[name], on_gpu_too=False)
+    for name in ("w_o", "residual", *w_names):
+        if named[name].dtype != y.dtype:
+            raise TypeError(f"{name} ({named[name].dtype}) must have y's dtype ({y.dtype})")
+    check_gemm_dtype("y", y)
+    check_dtype("gamma", gamma, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
+    for name in ("w_o", *w_names):
+        if named[name].dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(named[name].shape)}")
+    if y.dim() < 1 or y.shape[-1] != w_o.shape[1]:
+        raise ValueError(
+            f"y has {y.shape[-1] if y.dim() else 0} features but w_o [d, K] expects K={w_o.shape[1]}"
+        )
+    d = w_o.shape[0]
+    if residual.shape[-1] != d:
+        raise ValueError(f"residual has {residual.shape[-1]} features but w_o produces d={d} (w_o is [d, K])")
+    if y.shape[:-1] != residual.shape[:-1]:
+        raise ValueError(f"y {tuple(y.shape)} and residual {tuple(residual.shape)} must share leading dims")
+    if gamma.shape != (d,):
+        raise ValueError(f"gamma must have shape ({d},), got {tuple(gamma.shape)}")
+    for name, w in zip(w_names, ws):
+        if w.shape[1] != d:
+            raise ValueError(f"{name} must be [N, {d}], got {tuple(w.shape)}")
+    unit = 16 // y.element_size()
+    sizes = [("y's features K", w_o.shape[1]), ("the hidden size d", d)]
+    sizes += [(f"{name}'s N", w.shape[0]) for name, w in zip(w_names, ws)]
+    for what, size in sizes:
+        if size % unit:
+            raise ValueError(
+                f"{what} = {size} must be a multiple of {unit} for {y.dtype} "
+                "(TMA moves rows in 16-byte units)"
+            )
+    eps = torch.finfo(y.dtype).eps if eps is None else eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return ws, float(eps)
