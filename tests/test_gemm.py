@@ -552,3 +552,44 @@ def test_tail_split_spills_decided_before_the_first_launch(spills, monkeypatch):
     engine.launch(call, cfg, [out])
     split = 1 if spills else 2
     assert launches == [(2, True), (2, True), (split, False), (split, False)]
+
+
+def test_pingpong_tail_plan_and_portable_tail_only(dtype, device):
+    """The ping-pong mainloop's tail split: the plan (main tiles = whole waves of its grid,
+    the rest split along K), and the portable kernel's TAIL_ONLY launch, which must write
+    exactly the tail tiles, bit-equal to the portable tail split of the same tiles (the
+    ping-pong kernel itself runs on sm_90 only: test_pingpong.py)."""
+    import dataclasses
+
+    from codetta.kernels import mainloop
+    from codetta.kernels.operands import make_call
+    from codetta.programs import ACCUMULATE, STORE
+
+    big = configs.Config(128, 128, 64, 8, 2, 5, 4, pingpong=True, tail_split=8)
+    with settings.override(tail_split=True):
+        plan = engines.pingpong_tail(big, 16384, 4096, 4096, 132)  # 4096 tiles: 31 waves and 4
+    assert (plan.main, plan.tail, plan.splits, plan.grid) == (4092, 4, 8, 132)
+    assert plan.cfg == configs.pingpong_tail_config(big) and not plan.cfg.pingpong
+    assert engines.pingpong_tail(big, 16384, 2048, 2048, 132) is None  # a tail of 68: no room to split
+    assert engines.pingpong_tail(big, 1000, 1024, 2048, 132) is None  # one wave
+    assert engines.pingpong_tail(dataclasses.replace(big, tail_split=1), 16384, 4096, 4096, 132) is None
+    if device != "cpu":
+        return
+    (M, N, K), cfg, sms, _ = _tail_case(device)
+    pp = dataclasses.replace(cfg, pingpong=True)
+    tail = engines.pingpong_tail(pp, M, N, K, sms)
+    assert tail is not None and tail.tail == (-(-M // cfg.block_m) * -(-N // cfg.block_n)) % sms
+    a, w = _make(M, N, K, dtype, device, "nn")
+    c = rand(M, N, dtype=dtype, device=device)
+    for prog, ops in ((STORE, {}), (ACCUMULATE, {"c": c})):
+        split = codetta.gemm(a, w, epilogue=prog, config=tail.cfg, **ops)  # the portable tail split
+        out = torch.full_like(split, 7.0)  # a tile the tail-only launch must not touch keeps it
+        mine = torch.zeros_like(split, dtype=torch.bool)
+        n_m, n_n = -(-M // cfg.block_m), -(-N // cfg.block_n)
+        for t in range(tail.main, tail.main + tail.tail):
+            pm, pn = mainloop.tile_coords.fn(t, n_m, n_n, cfg.group_m)
+            mine[pm * cfg.block_m : (pm + 1) * cfg.block_m, pn * cfg.block_n : (pn + 1) * cfg.block_n] = True
+        engines.TRITON.launch_tail(make_call(prog, a, w, ops), tail, [out])
+        assert torch.equal(out[mine], split[mine]), f"{prog.name}: the tail tiles differ from the tail split"
+        assert (out[~mine] == 7.0).all(), f"{prog.name}: the tail-only launch wrote a main tile"
+    assert not engines.tail_counters(a.device).any()

@@ -4,7 +4,7 @@ rules that size a launch from one (tail split, occupancy)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -211,12 +211,29 @@ PINGPONG_F32_RING_CANDIDATES = (
 PINGPONG_64_ROW_CANDIDATES = tuple(Config(64, 128, 64, 8, 1, s, 4, pingpong=True) for s in (5, 6, 7)) + tuple(
     Config(64, 256, 64, 8, 2, s, 4, pingpong=True) for s in (3, 4)
 )
-ALL_PINGPONG = frozenset(
+_ALL_PINGPONG_UNSPLIT = (
     _pingpong((5, 4), (1, 2, 4))
     + _pingpong((5, 4), (1, 2), block_n=64)
     + PINGPONG_F32_RING_CANDIDATES
     + PINGPONG_64_ROW_CANDIDATES
 )
+# Tail split on the ping-pong mainloop (``PingPongEngine``: the last partial wave's tiles
+# run split along K on the portable mainloop, after the ping-pong kernel ran the rest):
+# candidates only with ``CODETTA_PINGPONG_TAIL=1`` (not yet run on a GPU), for programs
+# that allow a tail split
+PINGPONG_TAIL_SPLIT = 4
+ALL_PINGPONG = frozenset(
+    _ALL_PINGPONG_UNSPLIT + tuple(replace(c, tail_split=PINGPONG_TAIL_SPLIT) for c in _ALL_PINGPONG_UNSPLIT)
+)
+
+
+def pingpong_tail_config(cfg: Config) -> Config:
+    """The portable mainloop's config for a ping-pong config's split tail: the same tile,
+    grouping and epilogue split (so its tile order and partial outputs are the ping-pong
+    kernel's), 3 A/B stages, one warpgroup per 128x128 tile."""
+    warps = 4 if cfg.block_m * cfg.block_n <= 128 * 128 else 8
+    return Config(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.epi_split, 3, warps,
+                  tail_split=cfg.tail_split)  # fmt: skip
 
 
 # A tail part gets at least this many K blocks on the GPU (fewer would not fill

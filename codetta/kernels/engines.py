@@ -192,7 +192,7 @@ class TritonEngine:
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
             "FLATTEN": cfg.flatten, "WARP_SPECIALIZE": cfg.warp_specialize,
-            "IEEE": dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split,
+            "IEEE": dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split, "TAIL_ONLY": False,
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:
@@ -283,6 +283,23 @@ class TritonEngine:
                 grid=(plan.grid,), warmup=warmup, num_warps=c.num_warps, num_stages=c.num_stages,
             )  # fmt: skip
 
+    def _tail_plan(self, call: GemmCall, tail) -> _Plan:
+        """The portable launch of a ping-pong launch's split tail (``PingPongTail``)."""
+        cfg = tail.cfg
+        consts = self.constexprs(call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, tail.grid)
+        consts["TAIL_ONLY"] = True
+        return _Plan(cfg=cfg, descs=slot_descs(call, cfg, whole_seed=True), grid=tail.tail * tail.splits,
+                     splits=tail.splits, ws_numel=tail.tail * tail.splits * cfg.block_m * cfg.block_n,
+                     consts=consts)  # fmt: skip
+
+    def launch_tail(self, call: GemmCall, tail, outs: list, warmup: bool = False):
+        """Run (``warmup``: compile) only the split tail tiles of a ping-pong launch."""
+        return self._run(call, self._tail_plan(call, tail), outs, warmup)
+
+    def bind_tail(self, call: GemmCall, tail, outs: list, compiled):
+        """``bind`` for ``launch_tail``."""
+        return self._bind_plan(call, self._tail_plan(call, tail), outs, compiled)
+
     def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
         """A launcher for later calls of this exact signature (shapes, strides, dtypes,
         alignment) that skips the JIT's per-call binding: ``fn(a, w, inputs, outs, stream)``.
@@ -290,6 +307,9 @@ class TritonEngine:
         plan = self._plans.get(self._plan_key(call, cfg))
         if plan is None or compiled is None:
             return None
+        return self._bind_plan(call, plan, outs, compiled)
+
+    def _bind_plan(self, call: GemmCall, plan: _Plan, outs: list, compiled):
         kernel = DirectKernel(gemm_kernel, compiled, 20, plan.consts, plan.grid)
         a_spec, b_spec = _matrix_specs(call, plan.cfg)
         specs = _slot_specs(call, plan.descs, outs)
@@ -345,6 +365,9 @@ class PingPongEngine:
 
     def __init__(self):
         self._consts: dict = {}  # constexpr dicts, built once per kernel variant
+        self._tail_spills: set = set()  # (program, config, dtype, layout, device): tail kernel spills
+        self._checked: set = set()  # launch keys whose tail kernel's spills were read
+        self._tail_kernels: dict = {}  # launch key -> the compiled tail kernel (for bind)
 
     @staticmethod
     def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:
@@ -357,9 +380,9 @@ class PingPongEngine:
         if not program.pingpong:
             return []
         if program.pingpong_configs is not None:
-            return fitting_sub_tiles(program, program.pingpong_configs)
+            return fitting_sub_tiles(program, self._with_tail(program, program.pingpong_configs))
         if self.ring_dtype(program, None) == torch.float32:
-            return fitting_sub_tiles(program, configs.PINGPONG_F32_RING_CANDIDATES)
+            return fitting_sub_tiles(program, self._with_tail(program, configs.PINGPONG_F32_RING_CANDIDATES))
         if program.pair_slot >= 0:
             return fitting_sub_tiles(program, configs.PINGPONG_PAIRED_CANDIDATES)
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
@@ -376,7 +399,15 @@ class PingPongEngine:
         if loads:  # the tile inputs' prefetch buffer fits beside 4 A/B stages, not 5
             four = (dataclasses.replace(c, num_stages=4) for c in cfgs)
             cfgs = cfgs + tuple(c for c in four if self.prefetches(program, c, torch.bfloat16))
-        return fitting_sub_tiles(program, cfgs)
+        return fitting_sub_tiles(program, self._with_tail(program, cfgs))
+
+    @staticmethod
+    def _with_tail(program: Program, cfgs) -> tuple:
+        """With ``CODETTA_PINGPONG_TAIL=1``, each candidate also with its tail split."""
+        cfgs = tuple(cfgs)
+        if not (SETTINGS.pingpong_tail and program.tail_split):
+            return cfgs
+        return cfgs + tuple(dataclasses.replace(c, tail_split=configs.PINGPONG_TAIL_SPLIT) for c in cfgs)
 
     @staticmethod
     def ring_slots(program: Program, cfg: Config, dtype: torch.dtype) -> int:
@@ -457,7 +488,7 @@ class PingPongEngine:
         sig = {
             "a_desc": desc([bk, bm] if a_t else [bm, bk]),
             "b_desc": desc([bk, bn] if b_t else [bn, bk]),
-            "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32",
+            "M": "i32", "N": "i32", "K": "i32", "GROUP_M": "i32", "TILES": "i32",
         }  # fmt: skip
         for i, op in enumerate(program.slots):
             if op.kind in (Kind.PAIRED_WEIGHT, Kind.K_PART_B, Kind.N_PART):
@@ -484,28 +515,60 @@ class PingPongEngine:
         sms = device.grid_sms(call.device.index or 0)
         return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
 
+    def tail_plan(self, call: GemmCall, cfg: Config) -> PingPongTail | None:
+        """How the call's last partial wave is split (None: it runs as it is); a config
+        whose split tail kernel spilled registers runs unsplit."""
+        spilled = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device) in self._tail_spills
+        if spilled or not call.program.tail_split:
+            return None
+        return pingpong_tail(cfg, call.M, call.N, call.K, self._grid(call, cfg), SETTINGS.tail_split)
+
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
-        the compiled kernel."""
+        the compiled kernel. With a split tail, the ping-pong kernel runs the main tiles
+        and the portable kernel the tail (``pingpong_tail``)."""
         why = self.unsupported(call)
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
+        tail = self.tail_plan(call, cfg)
+        key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
+               call.device)  # fmt: skip
+        if tail is not None and not warmup and key not in self._checked:
+            # decided before the first real launch (the first call is final, as the
+            # portable tail split's): a tail kernel that spills runs the config unsplit
+            self._checked.add(key)
+            if not device.interpreting() and _spills(TRITON.launch_tail(call, tail, outs, warmup=True)):
+                self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
+                tail = None
         a_desc, b_desc = _matrix_descs(_gl_desc, call, cfg)
         specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         slots = [v if d is None else _gl_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
+        tiles = _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n) if tail is None else tail.main
         with device.on_device(call.device):
-            return pingpong.pingpong_kernel.run(
-                a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, *slots, **self._consts_of(call, cfg),
-                grid=(self._grid(call, cfg),), warmup=warmup, num_warps=cfg.num_warps,
-                maxnreg=pingpong.MAXNREG,
+            kernel = pingpong.pingpong_kernel.run(
+                a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, tiles, *slots,
+                **self._consts_of(call, cfg), grid=(self._grid(call, cfg),), warmup=warmup,
+                num_warps=cfg.num_warps, maxnreg=pingpong.MAXNREG,
             )  # fmt: skip
+        if tail is not None:
+            self._tail_kernels[key] = TRITON.launch_tail(call, tail, outs, warmup=warmup)
+        return kernel
 
     def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
         """As ``TritonEngine.bind``."""
         if compiled is None:
             return None
-        kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 18, self._consts_of(call, cfg),
+        tail = self.tail_plan(call, cfg)
+        tail_run = None
+        if tail is not None:
+            key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
+                   call.device)  # fmt: skip
+            tail_kernel = self._tail_kernels.get(key)
+            tail_run = None if tail_kernel is None else TRITON.bind_tail(call, tail, outs, tail_kernel)
+            if tail_run is None:
+                return None
+        kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 19, self._consts_of(call, cfg),
                               self._grid(call, cfg))  # fmt: skip
         a_spec, b_spec = _matrix_specs(call, cfg)
         slot_specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
@@ -517,12 +580,48 @@ class PingPongEngine:
         b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))
         pad = (None,) * (MAX_OPERANDS - len(specs))
         M, N, K, group_m = call.M, call.N, call.K, cfg.group_m
+        tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) if tail is None else tail.main
 
         def run(a, w, inputs, outs, stream):
             slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*inputs, *outs))]
-            kernel(stream, tma_desc(a, *a_spec), tma_desc(w, *b_spec), M, N, K, group_m, *slots, *pad)
+            kernel(stream, tma_desc(a, *a_spec), tma_desc(w, *b_spec), M, N, K, group_m, tiles, *slots, *pad)
+            if tail_run is not None:
+                tail_run(a, w, inputs, outs, stream)
 
         return run
+
+
+@dataclasses.dataclass(frozen=True)
+class PingPongTail:
+    """A ping-pong launch's split tail: the ping-pong kernel runs the first ``main`` tiles
+    (whole waves of its ``grid``), then the portable kernel (config ``cfg``: the same tile,
+    grouping and epilogue split) the last ``tail`` tiles, each split along K into
+    ``splits`` parts on ``tail * splits`` programs, its tile order the ping-pong grid's."""
+
+    main: int
+    tail: int
+    splits: int
+    grid: int
+    cfg: Config
+
+
+def pingpong_tail(
+    cfg: Config, M: int, N: int, K: int, grid: int, enabled: bool = True
+) -> PingPongTail | None:
+    """The split of a ping-pong launch's last partial wave (None: no tail split). A CTA
+    runs the tiles t = its index (mod grid), so the last ``tiles % grid`` tiles make the
+    round that leaves the other SMs idle."""
+    if cfg.tail_split < 2 or not cfg.pingpong:
+        return None
+    tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
+    if tiles <= grid:  # one wave or less: nothing runs beside a split
+        return None
+    min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
+    splits = configs.tail_splits(cfg, tiles, grid, _cdiv(K, cfg.block_k), min_k, enabled)
+    if splits < 2:
+        return None
+    tail = tiles % grid
+    return PingPongTail(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
 
 
 def _stream_of(dev: torch.device) -> int:

@@ -35,7 +35,9 @@ instead split along K into ``tail_splits`` parts run by different programs
 workspace and bumps the tile's arrival counter; the part that arrives last
 resets the counter, sums the partials in part order (so results are
 bit-identical run to run, whoever finishes last) and runs the epilogue on the
-whole tile. Nothing waits on another program.
+whole tile. Nothing waits on another program. ``TAIL_ONLY`` runs the tail alone (grid
+``tail * tail_splits``, ``NUM_SMS`` the grid whose tail it is): the split tail of a
+ping-pong launch, whose kernel ran the other tiles (``engines.PingPongEngine``).
 """
 
 import triton
@@ -239,7 +241,7 @@ def gemm_kernel(
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
-    TAIL_SPLIT: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr, TAIL_ONLY: tl.constexpr,
 ):  # fmt: skip
     ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     ELEM: tl.constexpr = a_desc.dtype
@@ -255,11 +257,16 @@ def gemm_kernel(
         if tail_splits > 1:
             tail = num_tiles % NUM_SMS
     main_tiles = num_tiles - tail
+    # TAIL_ONLY: the tail alone (the ping-pong mainloop ran the main tiles; NUM_SMS is its
+    # grid, this launch's is tail * tail_splits)
+    main_end = main_tiles
+    if TAIL_ONLY:
+        main_end = 0
     # a separate counter for the epilogue lets the compiler pipeline the next
     # tile's loads across this tile's epilogue when the loops are flattened
     tile_id_c = start_pid - NUM_SMS
 
-    for tile_id in tl.range(start_pid, main_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(start_pid, main_end, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_am = pid_m * BLOCK_M
         off_bn = pid_n * BLOCK_N

@@ -34,10 +34,11 @@ gets a ring of RING_SLOTS = 2 sub-tiles (``PingPongEngine.ring_slots``) and its 
 streams through it one sub-tile ahead (``_streamed_seed``): 4-5 stages.
 
 Layouts: A_T / B_T as in ``mainloop.py``; wgmma reads a transposed tile through
-a permuted view of its shared buffer. No tail split: the last partial wave
-runs as it is. A paired weight (``PairedWeight``: SwiGLU's gate and up) is
-loaded into the same B stage below the first weight's rows, so one wgmma of
-twice the tile's width forms both products; the epilogue splits the
+a permuted view of its shared buffer. The kernel runs the first ``TILES`` tiles in
+tile order (all of them, or all but the last partial wave's, which then run split
+along K on the portable mainloop: ``PingPongEngine``'s tail split). A paired weight
+(``PairedWeight``: SwiGLU's gate and up) is loaded into the same B stage below the
+first weight's rows, so one wgmma of twice the tile's width forms both products; the epilogue splits the
 accumulator into the two halves and hands the body their sub-tiles as a pair.
 K parts (``KPart``): the loader issues each part's stages after the tile's own, from
 the part's descriptors; the consumers see one longer K loop. N parts (``NPart``): the
@@ -67,12 +68,13 @@ from . import primitives as P
 
 @gluon.jit
 def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
-    """Grouped order (as the portable mainloop): GROUP_M row-blocks share W tiles in L2."""
+    """Grouped order, the portable mainloop's exactly (``mainloop.tile_coords``: a tail
+    split runs the last tiles there): GROUP_M row-blocks share W tiles in L2."""
     in_group = GROUP_M * num_pid_n
     group = tile // in_group
     first_m = group * GROUP_M
     size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % in_group) % size_m
+    pid_m = first_m + tile % size_m
     pid_n = (tile % in_group) // size_m
     return pid_m, pid_n
 
@@ -112,7 +114,7 @@ def _load_part(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_til
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, TILES,
             o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, KPARTS: gl.constexpr,
             NPARTS: gl.constexpr, MPARTS: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
             PAIRED: gl.constexpr):  # fmt: skip
@@ -128,7 +130,7 @@ def _loader(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROU
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     it = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), TILES, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -327,8 +329,9 @@ def _streamed_seed(block, seed, ring, seed_bar, sd_phase, off_m, next_n, j: gl.c
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine, go_other, M, N, K, GROUP_M,
-              o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr, SEED: gl.constexpr,
-              KPARTS: gl.constexpr, NPARTS: gl.constexpr, MPARTS: gl.constexpr, OUT_PARTS: gl.constexpr,
+              TILES, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: gl.constexpr,
+              SEED: gl.constexpr, KPARTS: gl.constexpr, NPARTS: gl.constexpr, MPARTS: gl.constexpr,
+              OUT_PARTS: gl.constexpr,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr,
               A_T: gl.constexpr, B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr,
               IN_TILES: gl.constexpr, PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
@@ -355,7 +358,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
     n_done = 0
     ld_phase = 0
     sd_phase = 0
-    for tile in range(gl.program_id(0) + C * nprog, num_pid_m * num_pid_n, 2 * nprog):
+    for tile in range(gl.program_id(0) + C * nprog, TILES, 2 * nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -408,7 +411,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
 
 
 @gluon.jit
-def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
+def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, TILES, o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
                     NUM_OPS: gl.constexpr, SEED: gl.constexpr, PAIR: gl.constexpr, KPARTS: gl.constexpr,
                     NPARTS: gl.constexpr, MPARTS: gl.constexpr, OUT_PARTS: gl.constexpr, BODY: gl.constexpr,
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
@@ -451,20 +454,20 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, o0, o1, o2, o3, o4, o5, o6
     gl.warp_specialize(
         [
             (_consumer, (a_bufs, b_bufs, ready, empty, ring0, inb0, seed_bars.index(0), ld_bars.index(0),
-                         go.index(0), go.index(1), M, N, K, GROUP_M,
+                         go.index(0), go.index(1), M, N, K, GROUP_M, TILES,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
                          NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
                          B_T, 0, PAIRED, IN_TILES,
                          PREFETCH,
                          EPI_SPLIT)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
-                         go.index(1), go.index(0), M, N, K, GROUP_M,
+                         go.index(1), go.index(0), M, N, K, GROUP_M, TILES,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
                          NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
                          B_T, 1, PAIRED, IN_TILES,
                          PREFETCH,
                          EPI_SPLIT)),
-            (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M,
+            (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, TILES,
                        o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS, KPARTS, NPARTS, MPARTS, A_T,
                        B_T, PAIRED)),
         ],
