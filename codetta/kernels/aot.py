@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .configs import Config
+from .configs import PINGPONG_TAIL_SPLIT, Config, pingpong_tail_config
 from .engines import PINGPONG, TRITON
 from .mainloop import gemm_kernel
 from .pingpong import MAXNREG, pingpong_kernel
@@ -74,9 +74,11 @@ def _in_kinds(program: Program) -> tuple:
     return tuple((k, s, i, 64 if k == Kind.ROW_TABLE else w) for k, s, i, w in program.in_kinds)
 
 
-def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t=False, num_sms=132):
+def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False, b_t=False, num_sms=132,
+                 tail_only: bool = False):  # fmt: skip
     """Compile one kernel variant for sm_90a with the engine's own signature and
-    constexprs (those a launch uses); return triton's compiled kernel."""
+    constexprs (those a launch uses); return triton's compiled kernel. ``tail_only``:
+    the portable kernel as a ping-pong launch's split tail runs it (``TAIL_ONLY``)."""
     if cfg.pingpong:
         from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -90,6 +92,7 @@ def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False,
         constexprs = TRITON.constexprs(
             program, _in_kinds(program), cfg, dtype, a_t, b_t, num_sms * cfg.occupancy
         )
+        constexprs["TAIL_ONLY"] = tail_only
         constexprs.update({f"o{i}": None for i in range(len(program.slots), MAX_OPERANDS)})
         src = ASTSource(gemm_kernel, signature, constexprs, _aligned_attrs(signature, constexprs))
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -153,15 +156,20 @@ def _check_one(i: int) -> tuple[str, list[str]]:
     """Compile and inspect job i; (its report line, its problems)."""
     from .configs import fits
 
-    program, cfg, dtype, a_t, b_t = _JOBS[i]
+    program, cfg, dtype, a_t, b_t, tail_only = (*_JOBS[i], False)[:6]
     name = f"{program.name} {cfg.short()} {str(dtype)[6:]} {'t' if a_t else 'n'}{'t' if b_t else 'n'}"
+    name += " (ping-pong tail)" if tail_only else ""
     try:
-        rep = inspect(compile_sm90(program, cfg, dtype, a_t, b_t), name)
+        rep = inspect(compile_sm90(program, cfg, dtype, a_t, b_t, tail_only=tail_only), name)
     except Exception as exc:  # noqa: BLE001 - any compile failure is a finding
         return f"{name}: does not compile", [f"{name}: does not compile: {str(exc).splitlines()[-1][:300]}"]
     found = rep.problems()
     note = ""
-    if found and cfg.tail_split > 1:
+    if tail_only and rep.stack_bytes:
+        # the launcher then runs the ping-pong config unsplit (PingPongEngine.launch)
+        note = f" (spills {rep.stack_bytes} B: its ping-pong config runs unsplit)"
+        found = [p for p in found if "spill" not in p]
+    elif found and cfg.tail_split > 1:
         # the launcher runs a config whose tail path spills unsplit: check that kernel instead
         note = f" (tail split spills {rep.stack_bytes} B: runs unsplit)"
         cfg = dataclasses.replace(cfg, tail_split=1)
@@ -187,6 +195,15 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     ]
     for cfg in (TRITON.candidates(STORE)[0], PINGPONG.candidates(STORE)[0]):
         jobs += [(STORE, cfg, dt, a_t, b_t) for dt in (torch.bfloat16, torch.float16) for a_t, b_t in layouts]
+    # the portable kernels that run the ping-pong candidates' split tails (CODETTA_PINGPONG_TAIL)
+    for program in programs:
+        if not program.tail_split:
+            continue
+        tails = dict.fromkeys(
+            pingpong_tail_config(dataclasses.replace(c, tail_split=PINGPONG_TAIL_SPLIT))
+            for c in PINGPONG.candidates(program)
+        )
+        jobs += [(program, t, torch.bfloat16, a_t, b_t, True) for t in tails for a_t, b_t in program.layouts]
     _JOBS[:] = jobs
     problems = []
     with ProcessPoolExecutor(

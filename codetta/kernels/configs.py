@@ -221,7 +221,7 @@ _ALL_PINGPONG_UNSPLIT = (
 # run split along K on the portable mainloop, after the ping-pong kernel ran the rest):
 # candidates only with ``CODETTA_PINGPONG_TAIL=1`` (not yet run on a GPU), for programs
 # that allow a tail split
-PINGPONG_TAIL_SPLIT = 4
+PINGPONG_TAIL_SPLIT = 8  # (a tail of 4 tiles at 8B widths: 32 parts on 132 SMs)
 ALL_PINGPONG = frozenset(
     _ALL_PINGPONG_UNSPLIT + tuple(replace(c, tail_split=PINGPONG_TAIL_SPLIT) for c in _ALL_PINGPONG_UNSPLIT)
 )
