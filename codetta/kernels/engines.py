@@ -5,7 +5,8 @@ the ahead-of-time sm_90a compile check (``aot.py``).
 ``TRITON`` (``mainloop.py``) runs every program everywhere, the interpreter
 included; ``PINGPONG`` (``pingpong.py``) runs bf16/fp16 programs on sm_90 GPUs.
 Operand slots carry, in the program's slot order: a TMA descriptor per tile
-operand, a pointer per vector, table or reduction workspace, a float per scalar.
+operand, a pointer per vector, table or reduction workspace, a float per scalar
+(their shapes and blocks: ``descriptors.py``).
 """
 
 from __future__ import annotations
@@ -17,136 +18,31 @@ from dataclasses import dataclass
 import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs, device, pingpong
 from .configs import Config
+from .descriptors import (
+    cdiv,
+    dummy,
+    matrix_descs,
+    matrix_specs,
+    slot_descs,
+    slot_dtype,
+    slot_specs,
+    tail_counters,
+    tile_block,
+    tma_desc,
+)
 from .direct import DirectKernel
 from .mainloop import gemm_kernel
-from .operands import GemmCall, leading_stride
-from .program import MAX_OPERANDS, REDUCTIONS, Kind, Program
+from .operands import GemmCall
+from .program import MAX_OPERANDS, Kind, Program
 from .settings import SETTINGS
 
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
        torch.int64: "i64"}  # fmt: skip
-_K_PARTS = (Kind.K_PART_A, Kind.K_PART_B)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 _GL_RING_DTYPES = {**_GL_DTYPES, torch.float32: gl.float32}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is a constexpr function: slow on the host path
-
-
-def tma_desc(base: torch.Tensor, shape, strides, block, layout=None):
-    """A host TMA descriptor (Triton's, or Gluon's with ``layout``) built without its
-    dataclass checks: the operands were validated once already (operands.py), and the
-    checks cost ~10 us a descriptor, several per launch."""
-    d = object.__new__(TensorDescriptor if layout is None else GluonTensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block, "zero"
-    if layout is not None:
-        d.layout = layout
-    return d
-
-
-def tile_block(op, cfg: Config, whole: bool = False) -> list[int]:
-    """The TMA block of a tile operand: a sub-tile (half as wide for a HalfTile), or
-    the whole tile (the portable mainloop's seed)."""
-    width = cfg.block_n if whole else cfg.sub_n
-    return [cfg.block_m, width // 2 if op.kind is Kind.HALF_TILE else width]
-
-
-def slot_dtype(op, dtype: torch.dtype) -> torch.dtype:
-    """The dtype a slot's tensor has in the ahead-of-time compile (a launch specializes
-    on the real tensors)."""
-    if op.kind in REDUCTIONS or op.kind in (Kind.PER_ROW, Kind.PER_COL, Kind.ROW_TABLE):
-        return torch.float32
-    if op.kind is Kind.PER_ROW_INDEX:
-        return torch.int64
-    return op.dtype or dtype
-
-
-def _matrix_specs(call: GemmCall, cfg: Config):
-    """(shape, strides, block) of the A and B descriptors."""
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    M, N, K = call.a.shape[0], call.w.shape[0], call.K  # (a's and the weight's own, not the parts')
-    a_lead, w_lead = leading_stride(call.a, call.a_t), leading_stride(call.w, call.b_t)
-    a = ([K, M], [a_lead, 1], [bk, bm]) if call.a_t else ([M, K], [a_lead, 1], [bm, bk])
-    b = ([K, N], [w_lead, 1], [bk, bn]) if call.b_t else ([N, K], [w_lead, 1], [bn, bk])
-    return a, b
-
-
-def _matrix_descs(make, call: GemmCall, cfg: Config):
-    """The A and B descriptors (``make(t, shape, strides, block)``)."""
-    a, b = _matrix_specs(call, cfg)
-    return make(call.a, *a), make(call.w, *b)
-
-
-def _slot_specs(call: GemmCall, descs, outs) -> tuple:
-    """Per slot, (shape, strides, block) of a tile operand's (or a paired weight's)
-    descriptor, or None. ``descs``: per slot, (shape, block[, transposed]) or None."""
-    return tuple(
-        None if d is None else (d[0], [leading_stride(v, len(d) > 2 and d[2]), 1], d[1])
-        for d, v in zip(descs, call.inputs + tuple(outs))
-    )
-
-
-def _pair_desc(call: GemmCall, cfg: Config) -> tuple:
-    """(shape, block, transposed) of a paired weight's descriptor: laid out as B."""
-    _, (shape, _, block) = _matrix_specs(call, cfg)
-    return shape, block, call.b_t
-
-
-def _k_part_desc(op, value, call: GemmCall, cfg: Config) -> tuple:
-    """(shape, block, transposed) of a K part's descriptor: its A laid out as A, its
-    weight as B, with its own K."""
-    rows, k = value.shape
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if op.kind is Kind.K_PART_A:
-        return ([k, rows], [bk, bm], True) if call.a_t else ([rows, k], [bm, bk], False)
-    return ([k, rows], [bk, bn], True) if call.b_t else ([rows, k], [bn, bk], False)
-
-
-def _tile_shape(op, call: GemmCall) -> list[int]:
-    dims = call.out_dims(op) if op.kind in (Kind.TILE, Kind.TILE_PART) else None
-    if dims is not None:
-        return list(dims)
-    return [call.M, call.N // 2 if op.kind is Kind.HALF_TILE else call.N]
-
-
-def _m_part_desc(value, call: GemmCall, cfg: Config) -> tuple:
-    """(shape, block, transposed) of a further A along M: laid out as A."""
-    m, k = value.shape
-    bm, bk = cfg.block_m, cfg.block_k
-    return ([k, m], [bk, bm], True) if call.a_t else ([m, k], [bm, bk], False)
-
-
-def _n_part_desc(value, call: GemmCall, cfg: Config) -> tuple:
-    """(shape, block, transposed) of a further weight along N: laid out as B."""
-    n, k = value.shape
-    bn, bk = cfg.block_n, cfg.block_k
-    return ([k, n], [bk, bn], True) if call.b_t else ([n, k], [bn, bk], False)
-
-
-def slot_descs(call: GemmCall, cfg: Config, whole_seed: bool) -> tuple:
-    """Per slot, (TMA shape, block) of a tile operand (a seed's block the whole tile with
-    ``whole_seed``: the portable mainloop loads it at once), (shape, block, transposed) of
-    a paired weight, or None."""
-    values = call.inputs + (None,) * len(call.program.outputs)
-    return tuple(
-        (_tile_shape(op, call), tile_block(op, cfg, whole=whole_seed and op.kind is Kind.SEED))
-        if op.is_tile or op.kind is Kind.TILE_PART
-        else _pair_desc(call, cfg)
-        if op.kind is Kind.PAIRED_WEIGHT
-        else _k_part_desc(op, v, call, cfg)
-        if op.kind in _K_PARTS
-        else _n_part_desc(v, call, cfg)
-        if op.kind is Kind.N_PART
-        else _m_part_desc(v, call, cfg)
-        if op.kind is Kind.M_PART
-        else None
-        for op, v in zip(call.program.slots, values)
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -227,9 +123,9 @@ class TritonEngine:
         num_sms = (
             configs.INTERPRETER_NUM_SMS if interp else device.grid_sms(call.device.index or 0) * cfg.occupancy
         )
-        tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
+        tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
-        splits = configs.tail_splits(cfg, tiles, num_sms, _cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
+        splits = configs.tail_splits(cfg, tiles, num_sms, cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
         tail = tiles % num_sms
         grid = min(num_sms, max(tiles, tail * splits)) if splits > 1 else min(num_sms, tiles)
         return _Plan(
@@ -267,15 +163,15 @@ class TritonEngine:
         return self._run(call, plan, outs, warmup)
 
     def _run(self, call: GemmCall, plan, outs: list, warmup: bool):
-        a_desc, b_desc = _matrix_descs(tma_desc, call, plan.cfg)
-        specs = _slot_specs(call, plan.descs, outs)
+        a_desc, b_desc = matrix_descs(tma_desc, call, plan.cfg)
+        specs = slot_specs(call, plan.descs, outs)
         slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
         if plan.splits > 1:
             ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=call.device)
             counts = tail_counters(call.device)
         else:
-            ws, counts = _dummy(call.device, torch.float32), _dummy(call.device, torch.int32)
+            ws, counts = dummy(call.device, torch.float32), dummy(call.device, torch.int32)
         c = plan.cfg
         with device.on_device(call.device):
             return gemm_kernel.run(
@@ -311,11 +207,11 @@ class TritonEngine:
 
     def _bind_plan(self, call: GemmCall, plan: _Plan, outs: list, compiled):
         kernel = DirectKernel(gemm_kernel, compiled, 20, plan.consts, plan.grid)
-        a_spec, b_spec = _matrix_specs(call, plan.cfg)
-        specs = _slot_specs(call, plan.descs, outs)
+        a_spec, b_spec = matrix_specs(call, plan.cfg)
+        specs = slot_specs(call, plan.descs, outs)
         pad = (None,) * (MAX_OPERANDS - len(specs))
         M, N, K, splits, ws_numel, dev = call.M, call.N, call.K, plan.splits, plan.ws_numel, call.device
-        dummies = _dummy(dev, torch.float32), _dummy(dev, torch.int32)
+        dummies = dummy(dev, torch.float32), dummy(dev, torch.int32)
 
         def run(a, w, inputs, outs, stream):
             slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*inputs, *outs))]
@@ -342,7 +238,14 @@ def _in_tiles(program: Program) -> tuple:
 
 
 def _slot_type(op, dtype, block) -> str:
-    if op.is_tile or op.kind in (Kind.PAIRED_WEIGHT, Kind.N_PART, Kind.M_PART, Kind.TILE_PART, *_K_PARTS):
+    if op.is_tile or op.kind in (
+        Kind.PAIRED_WEIGHT,
+        Kind.N_PART,
+        Kind.M_PART,
+        Kind.TILE_PART,
+        Kind.K_PART_A,
+        Kind.K_PART_B,
+    ):
         return f"tensordesc<{_TY[slot_dtype(op, dtype)]}[{block[0]}, {block[1]}]>"
     if op.kind is Kind.SCALAR:
         return "fp32"
@@ -513,7 +416,7 @@ class PingPongEngine:
     @staticmethod
     def _grid(call: GemmCall, cfg: Config) -> int:
         sms = device.grid_sms(call.device.index or 0)
-        return min(sms, _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n))
+        return min(sms, cdiv(call.M, cfg.block_m) * cdiv(call.N, cfg.block_n))
 
     def tail_plan(self, call: GemmCall, cfg: Config) -> PingPongTail | None:
         """How the call's last partial wave is split (None: it runs as it is); a config
@@ -540,11 +443,11 @@ class PingPongEngine:
             if not device.interpreting() and _spills(TRITON.launch_tail(call, tail, outs, warmup=True)):
                 self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
                 tail = None
-        a_desc, b_desc = _matrix_descs(_gl_desc, call, cfg)
-        specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
+        a_desc, b_desc = matrix_descs(_gl_desc, call, cfg)
+        specs = slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         slots = [v if d is None else _gl_desc(v, *d) for d, v in zip(specs, (*call.inputs, *outs))]
         slots += [None] * (MAX_OPERANDS - len(slots))
-        tiles = _cdiv(call.M, cfg.block_m) * _cdiv(call.N, cfg.block_n) if tail is None else tail.main
+        tiles = cdiv(call.M, cfg.block_m) * cdiv(call.N, cfg.block_n) if tail is None else tail.main
         with device.on_device(call.device):
             kernel = pingpong.pingpong_kernel.run(
                 a_desc, b_desc, call.M, call.N, call.K, cfg.group_m, tiles, *slots,
@@ -570,17 +473,17 @@ class PingPongEngine:
                 return None
         kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 19, self._consts_of(call, cfg),
                               self._grid(call, cfg))  # fmt: skip
-        a_spec, b_spec = _matrix_specs(call, cfg)
-        slot_specs = _slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
+        a_spec, b_spec = matrix_specs(call, cfg)
+        per_slot = slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)
         specs = tuple(
             None if s is None else (*s, _gl_layout(tuple(s[2]), slot_dtype(op, call.dtype)))
-            for op, s in zip(call.program.slots, slot_specs)
+            for op, s in zip(call.program.slots, per_slot)
         )
         a_spec = (*a_spec, _gl_layout(tuple(a_spec[2]), call.dtype))
         b_spec = (*b_spec, _gl_layout(tuple(b_spec[2]), call.dtype))
         pad = (None,) * (MAX_OPERANDS - len(specs))
         M, N, K, group_m = call.M, call.N, call.K, cfg.group_m
-        tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n) if tail is None else tail.main
+        tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n) if tail is None else tail.main
 
         def run(a, w, inputs, outs, stream):
             slots = [v if d is None else tma_desc(v, *d) for d, v in zip(specs, (*inputs, *outs))]
@@ -613,19 +516,15 @@ def pingpong_tail(
     round that leaves the other SMs idle."""
     if cfg.tail_split < 2 or not cfg.pingpong:
         return None
-    tiles = _cdiv(M, cfg.block_m) * _cdiv(N, cfg.block_n)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if tiles <= grid:  # one wave or less: nothing runs beside a split
         return None
     min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
-    splits = configs.tail_splits(cfg, tiles, grid, _cdiv(K, cfg.block_k), min_k, enabled)
+    splits = configs.tail_splits(cfg, tiles, grid, cdiv(K, cfg.block_k), min_k, enabled)
     if splits < 2:
         return None
     tail = tiles % grid
     return PingPongTail(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
-
-
-def _stream_of(dev: torch.device) -> int:
-    return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
 
 
 def _spills(kernel) -> int:
@@ -636,28 +535,6 @@ def _spills(kernel) -> int:
     kernel.run  # noqa: B018
     return kernel.n_spills or 0
 
-
-def tail_counters(dev: torch.device, stream: int | None = None) -> torch.Tensor:
-    """Per-tile arrival counters of the tail split, zero between launches (the last
-    part of each tile resets its counter). One buffer per device and stream (default:
-    the current one), so launches on different streams never share one."""
-    key = (dev, _stream_of(dev) if stream is None else stream)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        buf = _COUNTERS[key] = torch.zeros(1024, dtype=torch.int32, device=dev)
-    return buf
-
-
-def _dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    # stands in for the workspace and counters when no tile is split (never read)
-    buf = _DUMMIES.get((dev, dtype))
-    if buf is None:
-        buf = _DUMMIES[dev, dtype] = torch.zeros(16, dtype=dtype, device=dev)
-    return buf
-
-
-_COUNTERS: dict = {}
-_DUMMIES: dict = {}
 
 TRITON = TritonEngine()
 PINGPONG = PingPongEngine()
