@@ -90,7 +90,8 @@ def test_precompile_then_step_compiles_nothing_and_matches(monkeypatch):
 
 @pytest.mark.gpu
 def test_precompile_refuses_a_step_that_changes_the_weights():
-    """A step with an optimizer step in it ran on unwritten outputs: precompile says so."""
+    """A step with an optimizer step in it would run on unwritten outputs: precompile
+    refuses it before the parameters change, with or without the model."""
     model = _patched_llama("cuda")
     ids = torch.randint(0, 512, (2, 256), device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -99,8 +100,25 @@ def test_precompile_refuses_a_step_that_changes_the_weights():
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         opt.step()
 
-    with pytest.raises(RuntimeError, match="changed the model's parameters in place"):
+    with pytest.raises(RuntimeError, match=r"ran SGD.step\(\)"):
         codetta.precompile(step, model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"ran SGD.step\(\)"):
+        codetta.precompile(step)  # (without a model to check: refused before the step changes them)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_no_optimizer_steps_inside_precompile():
+    """The guard precompile runs its dry run under: an optimizer step raises before it
+    changes a parameter; outside it, steps run as usual."""
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.full((3,), 2.0)
+    for opt in (torch.optim.SGD([w], lr=0.5), torch.optim.AdamW([w], lr=0.5)):
+        with pc.no_optimizer_steps(), pytest.raises(RuntimeError, match=f"ran {type(opt).__name__}.step"):
+            opt.step()
+        assert torch.equal(w.detach(), torch.ones(3))
+    torch.optim.SGD([w], lr=0.5).step()
+    assert torch.equal(w.detach(), torch.zeros(3))
 
 
 def test_every_row_pass_launch_goes_through_precompile():

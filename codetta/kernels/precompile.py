@@ -15,7 +15,10 @@ its winner compiled, on its first real call).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import device
 from .compile_pool import compiling_in_children
@@ -64,7 +67,8 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
         raise RuntimeError("codetta.precompile is already running (it does not nest)")
     versions = [p._version for p in model.parameters()] if model is not None else []
     with compiling_in_children(workers) as mode:
-        with override(autotune=False), torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+        with override(autotune=False), torch.random.fork_rng(devices=[torch.cuda.current_device()]), \
+                no_optimizer_steps():  # fmt: skip
             _ACTIVE = True
             try:
                 step()
@@ -87,6 +91,26 @@ def precompile(step, model: torch.nn.Module | None = None, workers: int | None =
                 "the forward and backward, and reload the weights"
             )
     return compiling
+
+
+@contextlib.contextmanager
+def no_optimizer_steps():
+    """Inside: any ``torch.optim`` optimizer's step raises before it changes a parameter.
+    A step in precompile's dry run would train on the garbage gradients of unwritten
+    outputs (run 98's benchmark did, with or without a ``model`` to check: NOTES.md)."""
+
+    def refuse(optimizer, args, kwargs):
+        raise RuntimeError(
+            f"codetta.precompile: the step ran {type(optimizer).__name__}.step(); in precompile's dry "
+            "run codetta's kernels do not run, so its gradients are garbage. Pass only the forward "
+            "and backward"
+        )
+
+    handle = register_optimizer_step_pre_hook(refuse)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 __all__ = ["precompile"]
