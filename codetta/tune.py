@@ -256,8 +256,6 @@ def main(args) -> int:
         if out.is_dir() or args.out.endswith("/"):
             out = out / (configs.gpu_slug(dev.name(0)) + ".json")
     if getattr(args, "method", None) is not None:
-        from .kernels.settings import override
-
         with override(tune_method=args.method):
             return _tune_all(args, calls, out)
     return _tune_all(args, calls, out)

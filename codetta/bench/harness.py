@@ -142,12 +142,10 @@ def ab_settings(how: str) -> dict:
     says) into a cache of its own;
     "tuned-METHOD": the same, its candidates timed by that method
     (``settings.TUNE_METHODS``)."""
-    from ..kernels.settings import TUNE_METHODS
-
     method = how.partition("-")[2] if how.startswith("tuned-") else None
-    if how not in ("shipped", "tuned") and method not in TUNE_METHODS:
+    if how not in ("shipped", "tuned") and method not in settings.TUNE_METHODS:
         raise ValueError(f"unknown A/B variant {how!r}: shipped, tuned or tuned-<method> "
-                         f"({', '.join(TUNE_METHODS)})")  # fmt: skip
+                         f"({', '.join(settings.TUNE_METHODS)})")  # fmt: skip
     if how not in _AB_DIRS:
         _AB_DIRS[how] = Path(tempfile.mkdtemp(prefix=f"codetta-{how}-"))
     if how == "shipped":

@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .configs import PINGPONG_TAIL_SPLIT, Config, pingpong_tail_config
+from .configs import PINGPONG_TAIL_SPLIT, Config, fits, pingpong_tail_config
 from .engines import PINGPONG, TRITON
 from .mainloop import gemm_kernel
 from .pingpong import MAXNREG, pingpong_kernel
@@ -154,8 +154,6 @@ _JOBS: list = []  # check_all's jobs, inherited by its forked workers (programs 
 
 def _check_one(i: int) -> tuple[str, list[str]]:
     """Compile and inspect job i; (its report line, its problems)."""
-    from .configs import fits
-
     program, cfg, dtype, a_t, b_t, tail_only = (*_JOBS[i], False)[:6]
     name = f"{program.name} {cfg.short()} {str(dtype)[6:]} {'t' if a_t else 'n'}{'t' if b_t else 'n'}"
     name += " (ping-pong tail)" if tail_only else ""

@@ -134,7 +134,9 @@ def fits(cfg: Config, shared: int, regs: int) -> bool:
 TAIL_SPLIT = 4
 
 
-def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
+def config_grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
+    """Portable candidates: every (block_m, block_n, stages, warps) of ``tiles`` with every
+    epilogue split and flatten flag (the programs' own candidate lists use it too)."""
     return [
         Config(bm, bn, block_k, 8, split, stages, warps, flatten, False, occupancy, TAIL_SPLIT)
         for bm, bn, stages, warps in tiles
@@ -147,34 +149,34 @@ def _grid(tiles, splits, flattens=(False, True), block_k=64, occupancy=1):
 # plus two programs per SM on 128x128 tiles. Pruned to the configurations that won
 # a tuning run on the H200 (NOTES.md: the tuning caches of runs 18-23).
 PLAIN_CANDIDATES = (
-    _grid(((128, 256, 3, 8),), (1,))
-    + _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (2,))
-    + _grid(((256, 128, 4, 8),), (2,), (False,))
-    + _grid(((128, 128, 4, 4),), (1,), (True,))
-    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
+    config_grid(((128, 256, 3, 8),), (1,))
+    + config_grid(((128, 256, 3, 8), (128, 256, 4, 8)), (2,))
+    + config_grid(((256, 128, 4, 8),), (2,), (False,))
+    + config_grid(((128, 128, 4, 4),), (1,), (True,))
+    + config_grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
 )
 
 # Programs that stream extra tiles through shared memory in the epilogue: their
 # TMA buffers are per sub-tile, so they split the epilogue finer.
 STREAMING_CANDIDATES = (
-    _grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,))
-    + _grid(((256, 128, 3, 8),), (2,))
-    + _grid(((128, 128, 4, 8),), (2,))
+    config_grid(((128, 256, 3, 8), (128, 256, 4, 8)), (4,))
+    + config_grid(((256, 128, 3, 8),), (2,))
+    + config_grid(((128, 128, 4, 8),), (2,))
 )
 
 # Programs whose accumulator is seeded from a tile: flattening the loops defeats
 # the pipelining there (measured 2x slower), so none is flattened.
 SEEDED_CANDIDATES = (
-    _grid(((128, 256, 3, 8), (256, 128, 3, 8)), (2, 4), (False,))
-    + _grid(((128, 256, 4, 8),), (4,), (False,))
-    + _grid(((256, 128, 4, 8),), (2,), (False,))
-    + _grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
+    config_grid(((128, 256, 3, 8), (256, 128, 3, 8)), (2, 4), (False,))
+    + config_grid(((128, 256, 4, 8),), (4,), (False,))
+    + config_grid(((256, 128, 4, 8),), (2,), (False,))
+    + config_grid(((128, 128, 3, 4),), (2,), (False,), occupancy=2)
 )
 
 # Programs with two tile inputs and two tile outputs (the RMSNorm backward): 128x256
 # tiles spill there (the whole fp32 tile stays live while a sub-tile's loads, vectors
 # and outputs are held), so 128x128 tiles with 8 warps.
-BACKWARD_CANDIDATES = _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (2, 4), (False,)) + _grid(
+BACKWARD_CANDIDATES = config_grid(((128, 128, 4, 8), (128, 128, 3, 8)), (2, 4), (False,)) + config_grid(
     ((128, 128, 4, 8),), (4,), (True,)
 )
 

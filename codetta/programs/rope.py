@@ -9,7 +9,7 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from .. import reference as ref
 from ..kernels import device, precompile
 from ..kernels import primitives as P
-from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, _grid
+from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, config_grid
 from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile, with_n_parts
 from .norm import rms_scale_of
 from .norm_rows import torch_path
@@ -242,7 +242,8 @@ def _head_check(head_dim):
 # sub-tiles of 128x256 tiles spilling (the whole fp32 tile stays live under the
 # rotation's temporaries): out
 _ROPE_CANDIDATES = tuple(
-    _grid(((128, 256, 3, 8),), (1, 4)) + _grid(((128, 128, 4, 8), (128, 128, 3, 8)), (1, 2), (False,))
+    config_grid(((128, 256, 3, 8),), (1, 4))
+    + config_grid(((128, 128, 4, 8), (128, 128, 3, 8)), (1, 2), (False,))
 )
 
 
@@ -250,7 +251,7 @@ def _rope_candidates(hd: int) -> tuple:
     """Narrow heads (16, 32: tiny test models) split 64- or 128-wide tiles in four."""
     if hd >= 64:
         return _ROPE_CANDIDATES
-    return _ROPE_CANDIDATES + tuple(_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
+    return _ROPE_CANDIDATES + tuple(config_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
 
 
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
@@ -302,7 +303,9 @@ RMS_QKNORM_ROPE = _rope_programs(
 # this convention). Head dims without a ping-pong candidate (all but 128) take the
 # portable-only body: at head dim 64 (both programs in CI's list) no candidate spills;
 # at 256 the 128x256 tiles still do (0.6-3 KB; no model here has such heads)
-_PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,)))
+_PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(
+    config_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,))
+)
 
 
 def _pairs_pingpong(hd: int) -> dict:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.configs import BACKWARD_CANDIDATES, _grid
+from ..kernels.configs import BACKWARD_CANDIDATES, config_grid
 from ..kernels.program import PairedWeight, PerRow, Program, Scalar, Tile
 from .norm import rms_scale_of
 
@@ -80,7 +80,8 @@ def dswiglu_reference(dy, g, u) -> dict:
 # tile's registers) and smaller; the epilogue writes three tiles, so flattened loops
 # (the next tile's loads start during this tile's epilogue) are candidates too
 PAIRED_CANDIDATES = tuple(
-    _grid(((128, 128, 3, 8), (128, 128, 4, 8)), (2, 4)) + _grid(((128, 64, 4, 4),), (1, 2), (False,))
+    config_grid(((128, 128, 3, 8), (128, 128, 4, 8)), (2, 4))
+    + config_grid(((128, 64, 4, 4),), (1, 2), (False,))
 )
 
 _OUTS = (Tile("g"), Tile("u"), Tile("y"))
