@@ -570,7 +570,11 @@ def test_pingpong_tail_plan_and_portable_tail_only(dtype, device):
         plan = engines.pingpong_tail(big, 16384, 4096, 4096, 132)  # 4096 tiles: 31 waves and 4
     assert (plan.main, plan.tail, plan.splits, plan.grid) == (4092, 4, 8, 132)
     assert plan.cfg == configs.pingpong_tail_config(big) and not plan.cfg.pingpong
-    assert engines.pingpong_tail(big, 16384, 2048, 2048, 132) is None  # a tail of 68: no room to split
+    # a tail of 68 tiles (1B widths): 7 parts in 4 waves of 132, 0.57 of a tile's time instead of 1
+    plan = engines.pingpong_tail(big, 16384, 2048, 2048, 132)
+    assert (plan.main, plan.tail, plan.splits) == (1980, 68, 7)
+    assert configs.pingpong_tail_splits(big, 24, 132, 32, 4) == 5  # 120 parts: one wave of 1/5
+    assert configs.pingpong_tail_splits(big, 68, 132, 8, 4) == 1  # K too short to split
     assert engines.pingpong_tail(big, 1000, 1024, 2048, 132) is None  # one wave
     assert engines.pingpong_tail(dataclasses.replace(big, tail_split=1), 16384, 4096, 4096, 132) is None
     if device != "cpu":

@@ -499,7 +499,8 @@ class PingPongTail:
     """A ping-pong launch's split tail: the ping-pong kernel runs the first ``main`` tiles
     (whole waves of its ``grid``), then the portable kernel (config ``cfg``: the same tile,
     grouping and epilogue split) the last ``tail`` tiles, each split along K into
-    ``splits`` parts on ``tail * splits`` programs, its tile order the ping-pong grid's."""
+    ``splits`` parts on ``tail * splits`` programs (more than the grid where that is
+    faster: they queue), its tile order the ping-pong grid's."""
 
     main: int
     tail: int
@@ -519,11 +520,13 @@ def pingpong_tail(
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if tiles <= grid:  # one wave or less: nothing runs beside a split
         return None
+    tail = tiles % grid
+    if not enabled or tail == 0:
+        return None
     min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
-    splits = configs.tail_splits(cfg, tiles, grid, cdiv(K, cfg.block_k), min_k, enabled)
+    splits = configs.pingpong_tail_splits(cfg, tail, grid, cdiv(K, cfg.block_k), min_k)
     if splits < 2:
         return None
-    tail = tiles % grid
     return PingPongTail(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
 
 
