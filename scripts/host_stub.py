@@ -22,6 +22,7 @@ from codetta.bench import qkv
 from codetta.bench.harness import print_profile
 
 rr = importlib.import_module("codetta.ops.residual_rmsnorm")  # (codetta.ops exports a function so named)
+nb = importlib.import_module("codetta.ops.norm_backward")  # (the norm's backward and the next dW GEMMs)
 
 
 def _stub_gemm(a, w, *, epilogue=None, out=None, **operands):
@@ -37,10 +38,17 @@ def stub_kernels() -> None:
     rr.gemm = _stub_gemm
     rr.gamma_sumsq = lambda x, g: (torch.empty_like(x), torch.empty(x.shape[0]))
     rr.unrotate_half_rows = lambda d, pos, half, scaling, pairs=False: torch.empty_like(d)
-    rr.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None: (
+    nb.gemm = _stub_gemm
+    nb.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None: (
         h, torch.empty_like(x), torch.empty(4, x.shape[1])
     )  # fmt: skip
-    rr.col_sum = lambda parts, dtype=None: torch.empty(parts.shape[1], dtype=dtype)
+    nb.col_sum = lambda parts, dtype=None: torch.empty(parts.shape[1], dtype=dtype)
+    nb.rms_backward_finish = lambda dn, x, dx, sumsq, zeta, gamma, eps, dx_out=None: (dn, torch.empty_like(x))
+    for mod in (rr, nb):  # every kernel the operator's modules call is stubbed, or this times it
+        missed = [n for n in ("gemm", "rms_backward_rows", "col_sum", "rms_backward_finish")
+                  if hasattr(mod, n) and getattr(mod, n).__module__ not in (__name__,)]  # fmt: skip
+        if missed:
+            raise RuntimeError(f"host_stub: {mod.__name__} calls kernels not stubbed here: {missed}")
 
 
 class _Nothing(torch.autograd.Function):
