@@ -573,8 +573,8 @@ def test_pingpong_tail_plan_and_portable_tail_only(dtype, device):
     # a tail of 68 tiles (1B widths): 7 parts in 4 waves of 132, 0.57 of a tile's time instead of 1
     plan = engines.pingpong_tail(big, 16384, 2048, 2048, 132)
     assert (plan.main, plan.tail, plan.splits) == (1980, 68, 7)
-    assert configs.pingpong_tail_splits(big, 24, 132, 32, 4) == 5  # 120 parts: one wave of 1/5
-    assert configs.pingpong_tail_splits(big, 68, 132, 8, 4) == 1  # K too short to split
+    assert configs.launch_tail_splits(big, 24, 132, 32, 4) == 5  # 120 parts: one wave of 1/5
+    assert configs.launch_tail_splits(big, 68, 132, 8, 4) == 1  # K too short to split
     assert engines.pingpong_tail(big, 1000, 1024, 2048, 132) is None  # one wave
     assert engines.pingpong_tail(dataclasses.replace(big, tail_split=1), 16384, 4096, 4096, 132) is None
     if device != "cpu":
@@ -597,3 +597,38 @@ def test_pingpong_tail_plan_and_portable_tail_only(dtype, device):
         assert torch.equal(out[mine], split[mine]), f"{prog.name}: the tail tiles differ from the tail split"
         assert (out[~mine] == 7.0).all(), f"{prog.name}: the tail-only launch wrote a main tile"
     assert not engines.tail_counters(a.device).any()
+
+
+def test_tail_launch_splits_a_tail_too_large_for_the_launch(dtype, device):
+    """CODETTA_TAIL_LAUNCH=1: a last partial wave too large to split within the launch (two
+    parts of each tail tile would not fit the grid) runs split in a launch of its own
+    after the rest (MAIN_ONLY, then TAIL_ONLY): the unsplit result up to summation order,
+    the same bits on a second call, the counters left at zero; the seed in the first part."""
+    import dataclasses
+
+    from codetta.kernels.operands import make_call
+    from codetta.programs import ACCUMULATE, STORE
+
+    if device == "cpu":  # 5 tiles of 32x32 on 3 programs: a tail of 2, in 3 parts
+        (M, N, K), cfg, sms = (160, 32, 256), configs.INTERPRETER_CONFIG, configs.INTERPRETER_NUM_SMS
+    else:  # 200 tiles of 128x128: a tail of 68 on 132 SMs, in 3 parts
+        cfg = configs.Config(128, 128, 64, 8, 2, 4, 4, tail_split=4)
+        (M, N, K), sms = (3200, 1024, 2048), engines.device.grid_sms(0)
+    a, w = _make(M, N, K, dtype, device, "nn")
+    c = rand(M, N, dtype=dtype, device=device)
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    assert configs.tail_splits(cfg, tiles, sms, -(-K // cfg.block_k), 1) == 1, "the launch could split this"
+    cases = ((STORE, {}, a.double() @ w.double().t(), a @ w.t()),
+             (ACCUMULATE, {"c": c}, c.double() + a.double() @ w.double().t(), c + a @ w.t()))  # fmt: skip
+    for prog, ops, ref, same_dtype in cases:
+        unsplit = codetta.gemm(a, w, epilogue=prog, config=dataclasses.replace(cfg, tail_split=1), **ops)
+        assert_within(f"{prog.name} unsplit", unsplit, ref, same_dtype)
+        with settings.override(tail_launch=True):
+            plan = engines.TRITON.launch_plan(make_call(prog, a, w, ops), cfg)
+            assert plan.tail is not None and plan.tail.tail == tiles % sms and plan.tail.splits >= 2
+            split = codetta.gemm(a, w, epilogue=prog, config=cfg, **ops)
+            assert torch.equal(split, codetta.gemm(a, w, epilogue=prog, config=cfg, **ops))
+        assert_within(f"{prog.name} split", split, ref, same_dtype)
+        assert not engines.tail_counters(a.device).any(), "a tail counter was left non-zero"
+    with settings.override(tail_launch=False):
+        assert engines.TRITON.launch_plan(make_call(STORE, a, w, {}), cfg).tail is None

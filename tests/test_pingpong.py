@@ -269,7 +269,7 @@ TAIL_PROGRAMS = [p for p in PROGRAMS if p.tail_split]
 @hopper
 @pytest.mark.parametrize("prog", TAIL_PROGRAMS, ids=lambda p: p.name)
 def test_tail_split(prog):
-    """CODETTA_PINGPONG_TAIL=1: each ping-pong candidate also with its tail split (the last
+    """CODETTA_TAIL_LAUNCH=1: each ping-pong candidate also with its tail split (the last
     partial wave's tiles split along K on the portable mainloop after the ping-pong kernel
     ran the rest): against fp64, the same bits on a second call, the counters left at zero."""
     from codetta.kernels import engines, settings
@@ -282,7 +282,7 @@ def test_tail_split(prog):
     y, w = _make(M, N, K, dtype, ("t" if a_t else "n") + ("t" if b_t else "n"))
     operands = _operands(prog, M, N, dtype, K)
     call = make_call(prog, y, w, operands)
-    with settings.override(pingpong_tail=True):
+    with settings.override(tail_launch=True):
         cands = [c for c in PINGPONG.candidates(prog) if c.tail_split > 1]
         assert cands, "no tail-split candidates"
         for cfg in cands:

@@ -193,7 +193,7 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     ]
     for cfg in (TRITON.candidates(STORE)[0], PINGPONG.candidates(STORE)[0]):
         jobs += [(STORE, cfg, dt, a_t, b_t) for dt in (torch.bfloat16, torch.float16) for a_t, b_t in layouts]
-    # the portable kernels that run the ping-pong candidates' split tails (CODETTA_PINGPONG_TAIL)
+    # the portable kernels that run the ping-pong candidates' split tails (CODETTA_TAIL_LAUNCH)
     for program in programs:
         if not program.tail_split:
             continue

@@ -221,7 +221,7 @@ _ALL_PINGPONG_UNSPLIT = (
 )
 # Tail split on the ping-pong mainloop (``PingPongEngine``: the last partial wave's tiles
 # run split along K on the portable mainloop, after the ping-pong kernel ran the rest):
-# candidates only with ``CODETTA_PINGPONG_TAIL=1`` (not yet run on a GPU), for programs
+# candidates only with ``CODETTA_TAIL_LAUNCH=1`` (not yet run on a GPU), for programs
 # that allow a tail split
 PINGPONG_TAIL_SPLIT = 8  # (a tail of 4 tiles at 8B widths: 32 parts on 132 SMs)
 ALL_PINGPONG = frozenset(
@@ -257,7 +257,7 @@ def tail_splits(cfg: Config, tiles: int, programs: int, k_blocks: int, min_k_blo
     return s if s >= 2 else 1
 
 
-def pingpong_tail_splits(cfg: Config, tail: int, grid: int, k_blocks: int, min_k_blocks: int) -> int:
+def launch_tail_splits(cfg: Config, tail: int, grid: int, k_blocks: int, min_k_blocks: int) -> int:
     """How many K parts each of a ping-pong launch's ``tail`` last tiles is split into (1 =
     none). The parts run as their own launch after the ping-pong kernel (``engines.
     pingpong_tail``), so they need not fit one wave: ``tail * s`` parts take
@@ -265,6 +265,8 @@ def pingpong_tail_splits(cfg: Config, tail: int, grid: int, k_blocks: int, min_k
     fewest parts among equals). 68 tail tiles on 132 SMs: 7 parts, 0.57 of a tile's time
     instead of 1."""
     best, best_time = 1, 1.0
+    if tail <= 0:
+        return 1
     for s in range(2, min(cfg.tail_split, k_blocks // min_k_blocks) + 1):
         t = -(-tail * s // grid) / s
         if t < best_time - 1e-9:

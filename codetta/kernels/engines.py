@@ -53,6 +53,7 @@ class _Plan:
     splits: int  # K parts of each tail tile (1: no tail split)
     ws_numel: int  # fp32 elements of the tail split's partial tiles
     consts: dict
+    tail: TailLaunch | None = None  # a tail split as a launch of its own, after this one's
 
 
 class TritonEngine:
@@ -65,6 +66,7 @@ class TritonEngine:
         self._tail_spills: set = set()
         self._plans: dict = {}  # launch plans, built once per (call shape, config)
         self._checked: set = set()  # plan keys whose tail split's spills were read
+        self._tail_kernels: dict = {}  # plan key -> the compiled tail launch's kernel (for bind)
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -89,6 +91,7 @@ class TritonEngine:
             "GROUP_M": cfg.group_m, "EPI_SPLIT": cfg.epi_split, "NUM_SMS": num_sms,
             "FLATTEN": cfg.flatten, "WARP_SPECIALIZE": cfg.warp_specialize,
             "IEEE": dtype == torch.float32, "TAIL_SPLIT": cfg.tail_split, "TAIL_ONLY": False,
+            "MAIN_ONLY": False,
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:
@@ -127,6 +130,23 @@ class TritonEngine:
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
         splits = configs.tail_splits(cfg, tiles, num_sms, cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
         tail = tiles % num_sms
+        if (
+            splits < 2
+            and tail > 0
+            and SETTINGS.tail_launch
+            and SETTINGS.tail_split
+            and cfg.tail_split > 1
+            and tiles > num_sms
+        ):
+            # a tail too large to split within the launch (tail x 2 > grid): the launch runs
+            # the rest (MAIN_ONLY), then a launch of its own the tail, split (TAIL_ONLY)
+            parts = configs.launch_tail_splits(cfg, tail, num_sms, cdiv(K, cfg.block_k), min_k)
+            if parts > 1:
+                consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
+                consts["MAIN_ONLY"] = True
+                return _Plan(cfg=cfg, descs=slot_descs(call, cfg, whole_seed=True), grid=num_sms,
+                             splits=parts, ws_numel=0, consts=consts,
+                             tail=TailLaunch(tiles - tail, tail, parts, num_sms, cfg))  # fmt: skip
         grid = min(num_sms, max(tiles, tail * splits)) if splits > 1 else min(num_sms, tiles)
         return _Plan(
             cfg=cfg,
@@ -137,18 +157,24 @@ class TritonEngine:
             consts=self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms),
         )
 
+    def launch_plan(self, call: GemmCall, cfg: Config) -> _Plan:
+        """The plan a launch of the call with this config runs (built once, cached)."""
+        key = self._plan_key(call, cfg)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(call, cfg)
+        return plan
+
     @staticmethod
     def _plan_key(call: GemmCall, cfg: Config) -> tuple:
         return (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-                call.device, SETTINGS.tail_split, device.sm_margin())  # fmt: skip
+                call.device, SETTINGS.tail_split, SETTINGS.tail_launch, device.sm_margin())  # fmt: skip
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
         the compiled kernel (None when interpreted)."""
         key = self._plan_key(call, cfg)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = self._plan(call, cfg)
+        plan = self.launch_plan(call, cfg)
         if not warmup and key not in self._checked:
             # a program that leaves no registers for the tail path (its split kernel
             # spills) runs this config unsplit: decided from the compiled kernel before
@@ -157,10 +183,14 @@ class TritonEngine:
             # on a warmup: the tuner's concurrent compiles get futures, not kernels.)
             self._checked.add(key)
             if plan.cfg.tail_split > 1 and not device.interpreting():
-                if _spills(self._run(call, plan, outs, warmup=True)):
+                split = self.launch_tail(call, plan.tail, outs, warmup=True) if plan.tail else None
+                if _spills(split if plan.tail else self._run(call, plan, outs, warmup=True)):
                     self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
                     plan = self._plans[key] = self._plan(call, cfg)
-        return self._run(call, plan, outs, warmup)
+        kernel = self._run(call, plan, outs, warmup)
+        if plan.tail is not None:
+            self._tail_kernels[key] = self.launch_tail(call, plan.tail, outs, warmup)
+        return kernel
 
     def _run(self, call: GemmCall, plan, outs: list, warmup: bool):
         a_desc, b_desc = matrix_descs(tma_desc, call, plan.cfg)
@@ -180,7 +210,8 @@ class TritonEngine:
             )  # fmt: skip
 
     def _tail_plan(self, call: GemmCall, tail) -> _Plan:
-        """The portable launch of a ping-pong launch's split tail (``PingPongTail``)."""
+        """The portable launch of a split tail (``TailLaunch``: a ping-pong launch's, or a
+        MAIN_ONLY portable launch's)."""
         cfg = tail.cfg
         consts = self.constexprs(call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, tail.grid)
         consts["TAIL_ONLY"] = True
@@ -200,10 +231,23 @@ class TritonEngine:
         """A launcher for later calls of this exact signature (shapes, strides, dtypes,
         alignment) that skips the JIT's per-call binding: ``fn(a, w, inputs, outs, stream)``.
         None where this launch's plan is not final (a tail split that spilled)."""
-        plan = self._plans.get(self._plan_key(call, cfg))
+        key = self._plan_key(call, cfg)
+        plan = self._plans.get(key)
         if plan is None or compiled is None:
             return None
-        return self._bind_plan(call, plan, outs, compiled)
+        main = self._bind_plan(call, plan, outs, compiled)
+        if plan.tail is None:
+            return main
+        tail_kernel = self._tail_kernels.get(key)
+        if tail_kernel is None or hasattr(tail_kernel, "result"):  # (not compiled here yet)
+            return None
+        tail = self.bind_tail(call, plan.tail, outs, tail_kernel)
+
+        def run(a, w, inputs, outs, stream):
+            main(a, w, inputs, outs, stream)
+            tail(a, w, inputs, outs, stream)
+
+        return run
 
     def _bind_plan(self, call: GemmCall, plan: _Plan, outs: list, compiled):
         kernel = DirectKernel(gemm_kernel, compiled, 20, plan.consts, plan.grid)
@@ -306,9 +350,9 @@ class PingPongEngine:
 
     @staticmethod
     def _with_tail(program: Program, cfgs) -> tuple:
-        """With ``CODETTA_PINGPONG_TAIL=1``, each candidate also with its tail split."""
+        """With ``CODETTA_TAIL_LAUNCH=1``, each candidate also with its tail split."""
         cfgs = tuple(cfgs)
-        if not (SETTINGS.pingpong_tail and program.tail_split):
+        if not (SETTINGS.tail_launch and program.tail_split):
             return cfgs
         return cfgs + tuple(dataclasses.replace(c, tail_split=configs.PINGPONG_TAIL_SPLIT) for c in cfgs)
 
@@ -418,7 +462,7 @@ class PingPongEngine:
         sms = device.grid_sms(call.device.index or 0)
         return min(sms, cdiv(call.M, cfg.block_m) * cdiv(call.N, cfg.block_n))
 
-    def tail_plan(self, call: GemmCall, cfg: Config) -> PingPongTail | None:
+    def tail_plan(self, call: GemmCall, cfg: Config) -> TailLaunch | None:
         """How the call's last partial wave is split (None: it runs as it is); a config
         whose split tail kernel spilled registers runs unsplit."""
         spilled = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device) in self._tail_spills
@@ -495,7 +539,7 @@ class PingPongEngine:
 
 
 @dataclasses.dataclass(frozen=True)
-class PingPongTail:
+class TailLaunch:
     """A ping-pong launch's split tail: the ping-pong kernel runs the first ``main`` tiles
     (whole waves of its ``grid``), then the portable kernel (config ``cfg``: the same tile,
     grouping and epilogue split) the last ``tail`` tiles, each split along K into
@@ -509,9 +553,7 @@ class PingPongTail:
     cfg: Config
 
 
-def pingpong_tail(
-    cfg: Config, M: int, N: int, K: int, grid: int, enabled: bool = True
-) -> PingPongTail | None:
+def pingpong_tail(cfg: Config, M: int, N: int, K: int, grid: int, enabled: bool = True) -> TailLaunch | None:
     """The split of a ping-pong launch's last partial wave (None: no tail split). A CTA
     runs the tiles t = its index (mod grid), so the last ``tiles % grid`` tiles make the
     round that leaves the other SMs idle."""
@@ -524,10 +566,10 @@ def pingpong_tail(
     if not enabled or tail == 0:
         return None
     min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
-    splits = configs.pingpong_tail_splits(cfg, tail, grid, cdiv(K, cfg.block_k), min_k)
+    splits = configs.launch_tail_splits(cfg, tail, grid, cdiv(K, cfg.block_k), min_k)
     if splits < 2:
         return None
-    return PingPongTail(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
+    return TailLaunch(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
 
 
 def _spills(kernel) -> int:

@@ -37,7 +37,9 @@ resets the counter, sums the partials in part order (so results are
 bit-identical run to run, whoever finishes last) and runs the epilogue on the
 whole tile. Nothing waits on another program. ``TAIL_ONLY`` runs the tail alone (grid
 ``tail * tail_splits``, ``NUM_SMS`` the grid whose tail it is): the split tail of a
-ping-pong launch, whose kernel ran the other tiles (``engines.PingPongEngine``).
+ping-pong launch, whose kernel ran the other tiles (``engines.PingPongEngine``), or of a
+``MAIN_ONLY`` launch of this kernel, which runs all but the tail (``engines.TritonEngine``:
+a tail too large to split within one launch, ``CODETTA_TAIL_LAUNCH``).
 """
 
 import triton
@@ -241,7 +243,7 @@ def gemm_kernel(
     OUT_KINDS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, IEEE: tl.constexpr,
-    TAIL_SPLIT: tl.constexpr, TAIL_ONLY: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr, TAIL_ONLY: tl.constexpr, MAIN_ONLY: tl.constexpr,
 ):  # fmt: skip
     ops = E.pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS)
     ELEM: tl.constexpr = a_desc.dtype
@@ -299,7 +301,7 @@ def gemm_kernel(
                   PAIRED=PAIR >= 0, OUT_PARTS=OUT_PARTS, seg=seg, start_m=start_m,
                   start_n=start_n)  # fmt: skip
 
-    if TAIL_SPLIT > 1:
+    if TAIL_SPLIT > 1 and not MAIN_ONLY:
         if start_pid < tail * tail_splits:
             t = start_pid // tail_splits  # which tail tile
             part = start_pid % tail_splits  # which K range of it

@@ -13,9 +13,10 @@
 | ``CODETTA_SHIPPED`` | 1 | 0: ignore the tuned table shipped with codetta (``kernels/tuned/``) |
 | ``CODETTA_PINGPONG`` | 1 | 0: leave the sm_90 ping-pong mainloop out of the choice |
 | ``CODETTA_TAIL_SPLIT`` | 1 | 0: never split a partial last wave along K |
-| ``CODETTA_PINGPONG_TAIL`` | 0 | 1: the ping-pong mainloop's candidates include a tail split (the |
-|  |  | last partial wave's tiles split along K on the portable mainloop; not yet run on |
-|  |  | a GPU) |
+| ``CODETTA_TAIL_LAUNCH`` | 0 | 1: a last partial wave split along K in a launch of its own: the |
+|  |  | ping-pong mainloop's candidates include a tail split (run on the portable |
+|  |  | mainloop), and a portable config's tail too large to split within its launch is |
+|  |  | split so (not yet run on a GPU) |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
 | ``CODETTA_SM_MARGIN`` | 0 | SMs a persistent GEMM leaves free for kernels on other streams |
 |  |  | (NCCL's collectives; under FSDP2 on two GPUs 8, with ``NCCL_MAX_NCHANNELS=8``, |
@@ -59,7 +60,7 @@ class Settings:
     # elsewhere (it draws less power, so the whole step runs at a higher clock, NOTES.md)
     pingpong_policy: str = "all"
     tail_split: bool = True
-    pingpong_tail: bool = False
+    tail_launch: bool = False
     tune_verbose: bool = False
     sm_margin: int = 0
     ce_chunk_mb: int = 1024
@@ -100,7 +101,7 @@ class Settings:
                 "CODETTA_PINGPONG_POLICY", env.get("CODETTA_PINGPONG_POLICY", "all"), PINGPONG_POLICIES
             ),  # fmt: skip
             tail_split=flag("CODETTA_TAIL_SPLIT", True),
-            pingpong_tail=flag("CODETTA_PINGPONG_TAIL", False),
+            tail_launch=flag("CODETTA_TAIL_LAUNCH", False),
             tune_verbose=flag("CODETTA_TUNE_VERBOSE", False),
             sm_margin=_whole("CODETTA_SM_MARGIN", env.get("CODETTA_SM_MARGIN", "0")),
             ce_chunk_mb=_whole("CODETTA_CE_CHUNK_MB", env.get("CODETTA_CE_CHUNK_MB", "1024"), least=1),
