@@ -19,6 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from codetta.kernels import configs
+from codetta.kernels.engines import tail_allowed
+from codetta.kernels.settings import override
 from codetta.models import widths_of
 from codetta.tune import model_calls
 
@@ -55,7 +57,8 @@ def main() -> None:
         k_blocks = -(-call.k_total // cfg.block_k)
         ideal = tiles / grid
         a = rounds(cfg, tiles, grid, k_blocks, False)
-        b = rounds(cfg, tiles, grid, k_blocks, call.program.tail_split)
+        with override(tail_launch=True):
+            b = rounds(cfg, tiles, grid, k_blocks, tail_allowed(call.program))
         flops = 2 * call.M * call.N * call.k_total
         total, now, then = total + flops, now + flops * a / ideal, then + flops * b / ideal
         rows.append(

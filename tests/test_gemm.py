@@ -632,3 +632,34 @@ def test_tail_launch_splits_a_tail_too_large_for_the_launch(dtype, device):
         assert not engines.tail_counters(a.device).any(), "a tail counter was left non-zero"
     with settings.override(tail_launch=False):
         assert engines.TRITON.launch_plan(make_call(STORE, a, w, {}), cfg).tail is None
+
+
+@pytest.mark.parametrize("M", [128, 160], ids=["in-launch", "own-launch"])
+def test_tail_launch_splits_k_parts(M, dtype, device):
+    """CODETTA_TAIL_LAUNCH=1: a K-part GEMM's tail tiles split along the parts' K laid end to
+    end (the split's ranges cross the parts' boundaries), within the launch (M 128: a tail
+    of 1 on 3 programs) or in a launch of its own (M 160: a tail of 2): against float64, the
+    same bits twice, the counters left at zero; without the setting, no split."""
+    import dataclasses
+
+    from codetta.kernels.operands import make_call
+    from codetta.programs import STORE_K3
+
+    if device != "cpu":
+        pytest.skip("the interpreter's 3-program grid makes these tails (GPU: test_pingpong.py)")
+    N, cfg = 32, configs.INTERPRETER_CONFIG
+    (a, w), (a1, w1), (a2, w2) = (_make(M, N, k, dtype, device, "nt", w_scale=0.5) for k in (48, 24, 40))
+    ref = a.double() @ w.double().t() + a1.double() @ w1.double().t() + a2.double() @ w2.double().t()
+    same = torch.cat([a, a1, a2], 1) @ torch.cat([w, w1, w2], 1).t()
+    parts = {"a1": a1, "w1": w1, "a2": a2, "w2": w2}
+    call = make_call(STORE_K3, a, w, parts)
+    assert engines.TRITON.launch_plan(call, cfg).splits == 1  # (the setting off: K parts run whole)
+    with settings.override(tail_launch=True):
+        plan = engines.TRITON.launch_plan(call, cfg)
+        assert plan.splits == 3 and (plan.tail is not None) == (M == 160), plan
+        out = codetta.gemm(a, w, epilogue=STORE_K3, config=cfg, **parts)
+        assert torch.equal(out, codetta.gemm(a, w, epilogue=STORE_K3, config=cfg, **parts))
+    assert_within("split K parts", out, ref, same)
+    unsplit = codetta.gemm(a, w, epilogue=STORE_K3, config=dataclasses.replace(cfg, tail_split=1), **parts)
+    assert_within("unsplit K parts", unsplit, ref, same)
+    assert not engines.tail_counters(a.device).any()

@@ -262,7 +262,7 @@ def test_64_row_tiles(prog):
         check_against_reference(prog, y, w, operands, outs)
 
 
-TAIL_PROGRAMS = [p for p in PROGRAMS if p.tail_split]
+TAIL_PROGRAMS = [p for p in PROGRAMS if p.tail_split or p.k_parts_tail]
 
 
 @pytest.mark.gpu

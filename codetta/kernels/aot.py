@@ -27,10 +27,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from .configs import PINGPONG_TAIL_SPLIT, Config, fits, pingpong_tail_config
-from .engines import PINGPONG, TRITON
+from .engines import PINGPONG, TRITON, tail_allowed
 from .mainloop import gemm_kernel
 from .pingpong import MAXNREG, pingpong_kernel
 from .program import MAX_OPERANDS, STORE, Kind, Program
+from .settings import override
 
 
 @dataclass
@@ -193,15 +194,22 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     ]
     for cfg in (TRITON.candidates(STORE)[0], PINGPONG.candidates(STORE)[0]):
         jobs += [(STORE, cfg, dt, a_t, b_t) for dt in (torch.bfloat16, torch.float16) for a_t, b_t in layouts]
-    # the portable kernels that run the ping-pong candidates' split tails (CODETTA_TAIL_LAUNCH)
-    for program in programs:
-        if not program.tail_split:
-            continue
-        tails = dict.fromkeys(
-            pingpong_tail_config(dataclasses.replace(c, tail_split=PINGPONG_TAIL_SPLIT))
-            for c in PINGPONG.candidates(program)
-        )
-        jobs += [(program, t, torch.bfloat16, a_t, b_t, True) for t in tails for a_t, b_t in program.layouts]
+    # CODETTA_TAIL_LAUNCH: the portable kernels that run the ping-pong candidates' split
+    # tails, and the K-part programs' tail-split candidates (their K split across the parts)
+    with override(tail_launch=True):
+        for program in programs:
+            if not tail_allowed(program):
+                continue
+            if program.k_parts_tail:
+                jobs += [(program, c, torch.bfloat16, a_t, b_t) for c in TRITON.candidates(program)
+                         if c.tail_split > 1 for a_t, b_t in program.layouts]  # fmt: skip
+            tails = dict.fromkeys(
+                pingpong_tail_config(dataclasses.replace(c, tail_split=PINGPONG_TAIL_SPLIT))
+                for c in PINGPONG.candidates(program)
+            )
+            jobs += [
+                (program, t, torch.bfloat16, a_t, b_t, True) for t in tails for a_t, b_t in program.layouts
+            ]
     _JOBS[:] = jobs
     problems = []
     with ProcessPoolExecutor(

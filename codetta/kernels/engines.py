@@ -74,7 +74,7 @@ class TritonEngine:
         else:
             n_tiles = sum(op.is_tile for op in program.slots)
             cfgs = list(configs.PLAIN_CANDIDATES if n_tiles <= 1 else configs.STREAMING_CANDIDATES)
-        if not program.tail_split:
+        if not tail_allowed(program):
             cfgs = list(dict.fromkeys(dataclasses.replace(c, tail_split=1) for c in cfgs))
         return fitting_sub_tiles(program, cfgs)
 
@@ -118,9 +118,9 @@ class TritonEngine:
 
     def _plan(self, call: GemmCall, cfg: Config) -> _Plan:
         """Everything about a launch that depends on shapes and the config, not on the tensors."""
-        program, M, N, K = call.program, call.M, call.N, call.K
+        program, M, N = call.program, call.M, call.N
         spill_key = (program, cfg, call.dtype, call.a_t, call.b_t, call.device)
-        if cfg.tail_split > 1 and (spill_key in self._tail_spills or not program.tail_split):
+        if cfg.tail_split > 1 and (spill_key in self._tail_spills or not tail_allowed(program)):
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
         num_sms = (
@@ -128,7 +128,8 @@ class TritonEngine:
         )
         tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
         min_k = 1 if interp else configs.MIN_K_BLOCKS_PER_PART
-        splits = configs.tail_splits(cfg, tiles, num_sms, cdiv(K, cfg.block_k), min_k, SETTINGS.tail_split)
+        k_blocks = cdiv(call.k_total, cfg.block_k)  # (K parts: their summed K)
+        splits = configs.tail_splits(cfg, tiles, num_sms, k_blocks, min_k, SETTINGS.tail_split)
         tail = tiles % num_sms
         if (
             splits < 2
@@ -140,7 +141,7 @@ class TritonEngine:
         ):
             # a tail too large to split within the launch (tail x 2 > grid): the launch runs
             # the rest (MAIN_ONLY), then a launch of its own the tail, split (TAIL_ONLY)
-            parts = configs.launch_tail_splits(cfg, tail, num_sms, cdiv(K, cfg.block_k), min_k)
+            parts = configs.launch_tail_splits(cfg, tail, num_sms, k_blocks, min_k)
             if parts > 1:
                 consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
                 consts["MAIN_ONLY"] = True
@@ -269,6 +270,13 @@ class TritonEngine:
         return run
 
 
+def tail_allowed(program: Program) -> bool:
+    """Whether the program's last partial wave may be split along K: its own choice, and
+    for K parts (whose summed K the split then divides) only with ``CODETTA_TAIL_LAUNCH=1``
+    (not yet run on a GPU)."""
+    return program.tail_split or (SETTINGS.tail_launch and program.k_parts_tail)
+
+
 def fitting_sub_tiles(program: Program, cfgs) -> list[Config]:
     """The configurations whose epilogue sub-tiles are exactly the program's
     ``sub_tile_width`` wide (all of them when it asks for none)."""
@@ -352,7 +360,7 @@ class PingPongEngine:
     def _with_tail(program: Program, cfgs) -> tuple:
         """With ``CODETTA_TAIL_LAUNCH=1``, each candidate also with its tail split."""
         cfgs = tuple(cfgs)
-        if not (SETTINGS.tail_launch and program.tail_split):
+        if not (SETTINGS.tail_launch and tail_allowed(program)):
             return cfgs
         return cfgs + tuple(dataclasses.replace(c, tail_split=configs.PINGPONG_TAIL_SPLIT) for c in cfgs)
 
@@ -466,9 +474,9 @@ class PingPongEngine:
         """How the call's last partial wave is split (None: it runs as it is); a config
         whose split tail kernel spilled registers runs unsplit."""
         spilled = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device) in self._tail_spills
-        if spilled or not call.program.tail_split:
+        if spilled or not tail_allowed(call.program):
             return None
-        return pingpong_tail(cfg, call.M, call.N, call.K, self._grid(call, cfg), SETTINGS.tail_split)
+        return pingpong_tail(cfg, call.M, call.N, call.k_total, self._grid(call, cfg), SETTINGS.tail_split)
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns

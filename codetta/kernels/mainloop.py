@@ -20,7 +20,8 @@ once per tile, before the K loop, into the accumulator.
 
 K parts (``KPARTS``, a program with ``KPart`` inputs): after the K loop over A and
 B, one more K loop per part over its own (A, B) descriptors, into the same
-accumulator: acc = A @ B^T + A_1 @ B_1^T + ... (no tail split).
+accumulator: acc = A @ B^T + A_1 @ B_1^T + ... (a tail split, with ``CODETTA_TAIL_LAUNCH=1``
+only, splits their K laid end to end).
 
 N parts (``NPARTS``, a program with ``NPart`` weights): a tile's columns lie within one
 weight (BLOCK_N divides every boundary): its K loop reads that weight's descriptor and
@@ -89,6 +90,33 @@ def _accumulate_parts(ops, KPARTS: tl.constexpr, acc, off_am, off_bn, A_T, B_T, 
         k_part = pa.shape[0] if A_T else pa.shape[1]
         acc = _accumulate(pa, ops[KPARTS[p][1]], acc, off_am, off_bn, 0, tl.cdiv(k_part, BLOCK_K), A_T, B_T,
                           BLOCK_K, IEEE)  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _part_blocks(ops, KPARTS: tl.constexpr, A_T, BLOCK_K):
+    """The K parts' K blocks, all together."""
+    n = 0
+    for p in tl.static_range(len(KPARTS)):
+        pa = ops[KPARTS[p][0]]
+        n += tl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
+    return n
+
+
+@triton.jit
+def _accumulate_span(a_desc, b_desc, ops, KPARTS: tl.constexpr, acc, off_am, off_bn, k_lo, k_hi, k_tiles, A_T,
+                     B_T, BLOCK_K, IEEE):  # fmt: skip
+    """acc += the K blocks [k_lo, k_hi) of the products' K laid end to end: the first
+    product's k_tiles blocks, then each K part's (a tail part of a K-part GEMM)."""
+    acc = _accumulate(a_desc, b_desc, acc, off_am, off_bn, k_lo, tl.minimum(k_hi, k_tiles), A_T, B_T, BLOCK_K,
+                      IEEE)  # fmt: skip
+    base = k_tiles
+    for p in tl.static_range(len(KPARTS)):
+        pa = ops[KPARTS[p][0]]
+        k_part = tl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
+        acc = _accumulate(pa, ops[KPARTS[p][1]], acc, off_am, off_bn, tl.maximum(k_lo - base, 0),
+                          tl.minimum(k_hi - base, k_part), A_T, B_T, BLOCK_K, IEEE)  # fmt: skip
+        base += k_part
     return acc
 
 
@@ -312,9 +340,13 @@ def gemm_kernel(
             if SEED >= 0:
                 if part == 0:
                     acc = ops[SEED].load([off_m, off_n]).to(tl.float32)
-            k_lo = part * k_tiles // tail_splits
-            k_hi = (part + 1) * k_tiles // tail_splits
-            acc = _accumulate(a_desc, b_desc, acc, off_m, off_n, k_lo, k_hi, A_T, B_T, BLOCK_K, IEEE)
+            k_all = k_tiles
+            if len(KPARTS) > 0:  # (with CODETTA_TAIL_LAUNCH: the parts' K split with the rest)
+                k_all += _part_blocks(ops, KPARTS, A_T, BLOCK_K)
+            k_lo = part * k_all // tail_splits
+            k_hi = (part + 1) * k_all // tail_splits
+            acc = _accumulate_span(a_desc, b_desc, ops, KPARTS, acc, off_m, off_n, k_lo, k_hi, k_tiles, A_T,
+                                   B_T, BLOCK_K, IEEE)  # fmt: skip
             # every part stores its partial; the part that arrives last (the
             # counter's old value says so) sums them in part order and runs the program
             slot = t * tail_splits

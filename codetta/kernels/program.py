@@ -195,7 +195,7 @@ def with_k_parts(program: Program, parts: int) -> Program:
 
     return dataclasses.replace(
         program, name=f"{program.name}_k{parts + 1}", inputs=program.inputs + extra,
-        reference=None if ref is None else reference, tail_split=False,
+        reference=None if ref is None else reference, tail_split=program.tail_split,
     )  # fmt: skip
 
 
@@ -286,6 +286,9 @@ class Program:
     sub_tile_width: int = 0
     pingpong_configs: tuple | None = None
     result: type = field(init=False, repr=False, compare=False)
+    # K parts: whether their summed K may be split in a tail all the same (the program allowed
+    # a tail split before its parts turned it off; used with CODETTA_TAIL_LAUNCH=1)
+    k_parts_tail: bool = False
 
     def __post_init__(self):
         where = f"program {self.name!r}"
@@ -317,7 +320,9 @@ class Program:
         if parts and paired:
             raise ValueError(f"{where}: K parts and a PairedWeight do not mix")
         if parts:
-            object.__setattr__(self, "tail_split", False)  # each part's K loop runs whole
+            # each part's K loop runs whole, unless CODETTA_TAIL_LAUNCH=1 (engines.tail_allowed)
+            object.__setattr__(self, "k_parts_tail", self.tail_split or self.k_parts_tail)
+            object.__setattr__(self, "tail_split", False)
         n_only = sum(op.kind is Kind.N_PART for op in self.inputs)
         m_only = sum(op.kind is Kind.M_PART for op in self.inputs)
         if (n_only or m_only) and (paired or parts or (n_only and m_only)):
