@@ -43,6 +43,16 @@ def pack_operands(o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS: tl.
 
 
 @triton.jit
+def part_k_blocks(ops, KPARTS: tl.constexpr, A_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The K blocks of every K part together (each part's K is its A descriptor's)."""
+    n = 0
+    for p in tl.static_range(len(KPARTS)):
+        pa = ops[KPARTS[p][0]]
+        n += tl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
+    return n
+
+
+@triton.jit
 def _segment(off, total, ops, PART_SLOTS: tl.constexpr, AXIS: tl.constexpr):
     """(part, its first index) of the tile at ``off`` along an axis of ``total`` that the
     GEMM's own operand begins and each part (its descriptor's extent along AXIS) follows."""

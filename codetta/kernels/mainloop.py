@@ -94,16 +94,6 @@ def _accumulate_parts(ops, KPARTS: tl.constexpr, acc, off_am, off_bn, A_T, B_T, 
 
 
 @triton.jit
-def _part_blocks(ops, KPARTS: tl.constexpr, A_T, BLOCK_K):
-    """The K parts' K blocks, all together."""
-    n = 0
-    for p in tl.static_range(len(KPARTS)):
-        pa = ops[KPARTS[p][0]]
-        n += tl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
-    return n
-
-
-@triton.jit
 def _accumulate_span(a_desc, b_desc, ops, KPARTS: tl.constexpr, acc, off_am, off_bn, k_lo, k_hi, k_tiles, A_T,
                      B_T, BLOCK_K, IEEE):  # fmt: skip
     """acc += the K blocks [k_lo, k_hi) of the products' K laid end to end: the first
@@ -342,7 +332,7 @@ def gemm_kernel(
                     acc = ops[SEED].load([off_m, off_n]).to(tl.float32)
             k_all = k_tiles
             if len(KPARTS) > 0:  # (with CODETTA_TAIL_LAUNCH: the parts' K split with the rest)
-                k_all += _part_blocks(ops, KPARTS, A_T, BLOCK_K)
+                k_all += E.part_k_blocks(ops, KPARTS, A_T, BLOCK_K)
             k_lo = part * k_all // tail_splits
             k_hi = (part + 1) * k_all // tail_splits
             acc = _accumulate_span(a_desc, b_desc, ops, KPARTS, acc, off_m, off_n, k_lo, k_hi, k_tiles, A_T,

@@ -80,16 +80,6 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
 
 
 @gluon.jit
-def _part_k_tiles(ops, KPARTS: gl.constexpr, A_T: gl.constexpr, BLOCK_K: gl.constexpr):
-    """K blocks of every K part together (each part's K is its A descriptor's)."""
-    n = 0
-    for p in gl.static_range(len(KPARTS)):
-        pa = ops[KPARTS[p][0]]
-        n += gl.cdiv(pa.shape[0] if A_T else pa.shape[1], BLOCK_K)
-    return n
-
-
-@gluon.jit
 def _load_part(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, it,
                A_T: gl.constexpr, B_T: gl.constexpr):  # fmt: skip
     """The A and B stages of one K part's K loop (its own descriptors); returns the
@@ -351,7 +341,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     if len(KPARTS) > 0:  # the K parts' stages follow each tile's own (the loader's order)
-        k_tiles += _part_k_tiles(ops, KPARTS, A_T, BLOCK_K)
+        k_tiles += E.part_k_blocks(ops, KPARTS, A_T, BLOCK_K)
     nprog = gl.num_programs(0)
     # this consumer takes the CTA's tiles j = C, C + 2, C + 4, ...
     j = C
