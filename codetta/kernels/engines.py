@@ -66,7 +66,7 @@ class TritonEngine:
         self._tail_spills: set = set()
         self._plans: dict = {}  # launch plans, built once per (call shape, config)
         self._checked: set = set()  # plan keys whose tail split's spills were read
-        self._tail_kernels: dict = {}  # plan key -> the compiled tail launch's kernel (for bind)
+        self._tail_kernels: dict = {}  # (call, TailLaunch) -> the tail launch's kernel (for bind_tail)
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -131,23 +131,16 @@ class TritonEngine:
         k_blocks = cdiv(call.k_total, cfg.block_k)  # (K parts: their summed K)
         splits = configs.tail_splits(cfg, tiles, num_sms, k_blocks, min_k, SETTINGS.tail_split)
         tail = tiles % num_sms
-        if (
-            splits < 2
-            and tail > 0
-            and SETTINGS.tail_launch
-            and SETTINGS.tail_split
-            and cfg.tail_split > 1
-            and tiles > num_sms
-        ):
+        own = None
+        if splits < 2 and SETTINGS.tail_launch and SETTINGS.tail_split and cfg.tail_split > 1:
             # a tail too large to split within the launch (tail x 2 > grid): the launch runs
             # the rest (MAIN_ONLY), then a launch of its own the tail, split (TAIL_ONLY)
-            parts = configs.launch_tail_splits(cfg, tail, num_sms, k_blocks, min_k)
-            if parts > 1:
-                consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
-                consts["MAIN_ONLY"] = True
-                return _Plan(cfg=cfg, descs=slot_descs(call, cfg, whole_seed=True), grid=num_sms,
-                             splits=parts, ws_numel=0, consts=consts,
-                             tail=TailLaunch(tiles - tail, tail, parts, num_sms, cfg))  # fmt: skip
+            own = own_launch_tail(cfg, tiles, num_sms, k_blocks, cfg)
+        if own is not None:
+            consts = self.constexprs(program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, num_sms)
+            consts["MAIN_ONLY"] = True
+            return _Plan(cfg=cfg, descs=slot_descs(call, cfg, whole_seed=True), grid=num_sms,
+                         splits=own.splits, ws_numel=0, consts=consts, tail=own)  # fmt: skip
         grid = min(num_sms, max(tiles, tail * splits)) if splits > 1 else min(num_sms, tiles)
         return _Plan(
             cfg=cfg,
@@ -190,7 +183,7 @@ class TritonEngine:
                     plan = self._plans[key] = self._plan(call, cfg)
         kernel = self._run(call, plan, outs, warmup)
         if plan.tail is not None:
-            self._tail_kernels[key] = self.launch_tail(call, plan.tail, outs, warmup)
+            self.launch_tail(call, plan.tail, outs, warmup)
         return kernel
 
     def _run(self, call: GemmCall, plan, outs: list, warmup: bool):
@@ -220,29 +213,37 @@ class TritonEngine:
                      splits=tail.splits, ws_numel=tail.tail * tail.splits * cfg.block_m * cfg.block_n,
                      consts=consts)  # fmt: skip
 
-    def launch_tail(self, call: GemmCall, tail, outs: list, warmup: bool = False):
-        """Run (``warmup``: compile) only the split tail tiles of a ping-pong launch."""
-        return self._run(call, self._tail_plan(call, tail), outs, warmup)
+    @staticmethod
+    def _tail_key(call: GemmCall, tail) -> tuple:
+        return (call.program, call.in_kinds, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
+                call.device, tail)  # fmt: skip
 
-    def bind_tail(self, call: GemmCall, tail, outs: list, compiled):
-        """``bind`` for ``launch_tail``."""
-        return self._bind_plan(call, self._tail_plan(call, tail), outs, compiled)
+    def launch_tail(self, call: GemmCall, tail, outs: list, warmup: bool = False):
+        """Run (``warmup``: compile) only the split tail tiles (``TailLaunch``) of a launch
+        that ran the rest; a real launch's kernel is kept for ``bind_tail``."""
+        kernel = self._run(call, self._tail_plan(call, tail), outs, warmup)
+        if not warmup:
+            self._tail_kernels[self._tail_key(call, tail)] = kernel
+        return kernel
+
+    def bind_tail(self, call: GemmCall, tail, outs: list):
+        """``bind`` for ``launch_tail``: None until a real tail launch compiled its kernel."""
+        kernel = self._tail_kernels.get(self._tail_key(call, tail))
+        return None if kernel is None else self._bind_plan(call, self._tail_plan(call, tail), outs, kernel)
 
     def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
         """A launcher for later calls of this exact signature (shapes, strides, dtypes,
         alignment) that skips the JIT's per-call binding: ``fn(a, w, inputs, outs, stream)``.
         None where this launch's plan is not final (a tail split that spilled)."""
-        key = self._plan_key(call, cfg)
-        plan = self._plans.get(key)
+        plan = self._plans.get(self._plan_key(call, cfg))
         if plan is None or compiled is None:
             return None
         main = self._bind_plan(call, plan, outs, compiled)
         if plan.tail is None:
             return main
-        tail_kernel = self._tail_kernels.get(key)
-        if tail_kernel is None or hasattr(tail_kernel, "result"):  # (not compiled here yet)
+        tail = self.bind_tail(call, plan.tail, outs)
+        if tail is None:
             return None
-        tail = self.bind_tail(call, plan.tail, outs, tail_kernel)
 
         def run(a, w, inputs, outs, stream):
             main(a, w, inputs, outs, stream)
@@ -322,7 +323,6 @@ class PingPongEngine:
         self._consts: dict = {}  # constexpr dicts, built once per kernel variant
         self._tail_spills: set = set()  # (program, config, dtype, layout, device): tail kernel spills
         self._checked: set = set()  # launch keys whose tail kernel's spills were read
-        self._tail_kernels: dict = {}  # launch key -> the compiled tail kernel (for bind)
 
     @staticmethod
     def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:
@@ -507,7 +507,7 @@ class PingPongEngine:
                 num_warps=cfg.num_warps, maxnreg=pingpong.MAXNREG,
             )  # fmt: skip
         if tail is not None:
-            self._tail_kernels[key] = TRITON.launch_tail(call, tail, outs, warmup=warmup)
+            TRITON.launch_tail(call, tail, outs, warmup=warmup)
         return kernel
 
     def bind(self, call: GemmCall, cfg: Config, outs: list, compiled):
@@ -515,14 +515,9 @@ class PingPongEngine:
         if compiled is None:
             return None
         tail = self.tail_plan(call, cfg)
-        tail_run = None
-        if tail is not None:
-            key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-                   call.device)  # fmt: skip
-            tail_kernel = self._tail_kernels.get(key)
-            tail_run = None if tail_kernel is None else TRITON.bind_tail(call, tail, outs, tail_kernel)
-            if tail_run is None:
-                return None
+        tail_run = None if tail is None else TRITON.bind_tail(call, tail, outs)
+        if tail is not None and tail_run is None:
+            return None
         kernel = DirectKernel(pingpong.pingpong_kernel, compiled, 19, self._consts_of(call, cfg),
                               self._grid(call, cfg))  # fmt: skip
         a_spec, b_spec = matrix_specs(call, cfg)
@@ -561,23 +556,25 @@ class TailLaunch:
     cfg: Config
 
 
+def own_launch_tail(cfg: Config, tiles: int, grid: int, k_blocks: int, tail_cfg: Config) -> TailLaunch | None:
+    """The last partial wave of ``tiles`` on ``grid`` programs split along K in a launch of
+    its own, run with ``tail_cfg`` (None: a single wave, no tail, or no split that pays)."""
+    tail = tiles % grid
+    if tiles <= grid or tail == 0:  # (one wave or less: nothing runs beside a split)
+        return None
+    min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
+    splits = configs.launch_tail_splits(cfg, tail, grid, k_blocks, min_k)
+    return TailLaunch(tiles - tail, tail, splits, grid, tail_cfg) if splits > 1 else None
+
+
 def pingpong_tail(cfg: Config, M: int, N: int, K: int, grid: int, enabled: bool = True) -> TailLaunch | None:
     """The split of a ping-pong launch's last partial wave (None: no tail split). A CTA
     runs the tiles t = its index (mod grid), so the last ``tiles % grid`` tiles make the
     round that leaves the other SMs idle."""
-    if cfg.tail_split < 2 or not cfg.pingpong:
+    if cfg.tail_split < 2 or not cfg.pingpong or not enabled:
         return None
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-    if tiles <= grid:  # one wave or less: nothing runs beside a split
-        return None
-    tail = tiles % grid
-    if not enabled or tail == 0:
-        return None
-    min_k = 1 if device.interpreting() else configs.MIN_K_BLOCKS_PER_PART
-    splits = configs.launch_tail_splits(cfg, tail, grid, cdiv(K, cfg.block_k), min_k)
-    if splits < 2:
-        return None
-    return TailLaunch(tiles - tail, tail, splits, grid, configs.pingpong_tail_config(cfg))
+    return own_launch_tail(cfg, tiles, grid, cdiv(K, cfg.block_k), configs.pingpong_tail_config(cfg))
 
 
 def _spills(kernel) -> int:
