@@ -270,7 +270,7 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
 def check_after_timing(case: str, fns: dict) -> None:
     """Each variant's loss at its last timed step: finite and within 2 % of its first
     step's (at lr 1e-5 a few dozen steps move it far less), or the run stops: a table of
-    steps that trained on broken weights is not a result (run 97: a dry run had left
+    steps that trained on broken weights is not a result (run 98: a dry run had left
     codetta's weights garbage, and its steps timed 17 % faster)."""
     for name, fn in fns.items():
         first, last = getattr(fn, "losses", None), getattr(fn, "last_loss", None)
