@@ -140,9 +140,9 @@ def main(argv=None) -> int:
     b.add_argument(
         "--tune-methods",
         nargs="+",
-        choices=("paired", "sustained", "both"),
+        choices=[m + tail for m in ("paired", "sustained", "both") for tail in ("", "+tail")],
         help="with --tuned-ab: one tuned variant per method (codetta:tuned-paired, ...), each tuning "
-        "into a cache of its own, instead of one codetta:tuned",
+        "into a cache of its own, instead of one codetta:tuned; METHOD+tail: with CODETTA_TAIL_LAUNCH=1",
     )
     t = sub.add_parser("tune", help="tune every GEMM a model's training step runs through codetta (GPU)")
     t.add_argument(

@@ -153,6 +153,12 @@ def test_tuned_ab_variants(monkeypatch):
         harness.ab_settings("fast")
     with pytest.raises(ValueError, match="tuned-<method>"):
         harness.ab_settings("tuned-fast")
+    with pytest.raises(ValueError, match=r"tuned-<method>\[\+tail\]"):
+        harness.ab_settings("tuned-both+fast")
+    tail = harness.ab_settings("tuned-both+tail")
+    assert tail["tail_launch"] and tail["tune_method"] == "both" and tail["cache_dir"].is_dir()
+    assert "tail_launch" not in harness.ab_settings("tuned-both")
+    assert harness.ab_settings("tuned-both")["cache_dir"] != tail["cache_dir"]
 
 
 def test_tuned_ab_per_method(monkeypatch):

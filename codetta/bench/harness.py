@@ -141,17 +141,20 @@ def ab_settings(how: str) -> dict:
     its first call (``CODETTA_TUNE_SECONDS`` of paired timing, or as ``CODETTA_TUNE_METHOD``
     says) into a cache of its own;
     "tuned-METHOD": the same, its candidates timed by that method
-    (``settings.TUNE_METHODS``)."""
-    method = how.partition("-")[2] if how.startswith("tuned-") else None
-    if how not in ("shipped", "tuned") and method not in settings.TUNE_METHODS:
-        raise ValueError(f"unknown A/B variant {how!r}: shipped, tuned or tuned-<method> "
+    (``settings.TUNE_METHODS``); "tuned-METHOD+tail": and with ``CODETTA_TAIL_LAUNCH=1``
+    (the tail-split candidates among the tuner's choice)."""
+    method, plus, extra = how.partition("-")[2].partition("+") if how.startswith("tuned-") else (None, "", "")
+    if how not in ("shipped", "tuned") and (method not in settings.TUNE_METHODS or plus and extra != "tail"):
+        raise ValueError(f"unknown A/B variant {how!r}: shipped, tuned or tuned-<method>[+tail] "
                          f"({', '.join(settings.TUNE_METHODS)})")  # fmt: skip
     if how not in _AB_DIRS:
-        _AB_DIRS[how] = Path(tempfile.mkdtemp(prefix=f"codetta-{how}-"))
+        _AB_DIRS[how] = Path(tempfile.mkdtemp(prefix=f"codetta-{how.replace('+', '-')}-"))
     if how == "shipped":
         return {"cache_dir": _AB_DIRS[how], "autotune": False}
-    extra = {"tune_method": method} if method else {}
-    return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False, **extra}
+    changes = {"tune_method": method} if method else {}
+    if extra:
+        changes["tail_launch"] = True
+    return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False, **changes}
 
 
 def with_ab_variants(fns: dict) -> dict:
