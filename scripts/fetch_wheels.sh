@@ -12,6 +12,8 @@ plat="--only-binary=:all: --python-version 3.12 --implementation cp --platform m
 # shellcheck disable=SC2086
 pip download -q --no-deps $plat -d .whl liger-kernel==0.8.5
 # shellcheck disable=SC2086
+pip download -q --no-deps $plat -d .whl pytest-xdist execnet  # (gpu_call.sh TEST_WORKERS)
+# shellcheck disable=SC2086
 pip download -q $plat -d /tmp/codetta-wheels "transformers==5.24.0"
 for f in /tmp/codetta-wheels/*.whl; do
   case $(basename "$f") in typing_extensions*|filelock*|fsspec*|packaging*) ;; *) cp "$f" .whl/ ;; esac

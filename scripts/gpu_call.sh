@@ -2,7 +2,7 @@
 # A device call made of named steps, each with its own time limit; output under $OUT.
 # Usage (repo root, on the GPU machine): CODETTA_COMMIT=<sha> bash scripts/gpu_call.sh STEP...
 #   tests:<pytest args>   e.g. "tests:tests/test_gemm.py -k 'parts or plain'" (quotes honoured; limit
-#                         TEST_TIMEOUT, default 240 s)
+#                         TEST_TIMEOUT, default 240 s; TEST_WORKERS=N: pytest-xdist's N processes, from .whl)
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
 #   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE;
 #                         TUNE_FORCE=0 tunes only keys the shipped table and cache lack)
@@ -32,6 +32,7 @@ for step in "$@"; do
     tests:*)
       # shell words, quotes honoured: "tests:tests/test_hf.py -k 'llama or qwen3'"
       eval "targs=(${step#tests:})"
+      [ -n "${TEST_WORKERS:-}" ] && targs+=(-n "$TEST_WORKERS")
       timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -rf --tb=short -p no:cacheprovider "${targs[@]}" \
         > "$OUT/tests-$(echo "${step#tests:}" | tr -c 'a-z0-9' '_' | cut -c1-40).txt" 2>&1
       tail -n 25 "$OUT"/tests-*.txt | grep -E "passed|failed|FAILED|^E |Error" | tail -30 ;;
