@@ -6,8 +6,10 @@ against eager's (relative norm of the difference, the worst parameter), and the 
 5 forward+backward passes back to back. A kernel left unrun shows as a gradient far from
 eager's (garbage or zeros), not as a bf16 rounding difference.
 
-Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case [variant ...]]
-(variants: eager, fp32 (the eager model in float32), codetta, codetta+precompile; the
+Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case[@BxS] [variant ...]]
+(B sequences of S tokens, default the benchmark's 4 x 4096; the fp32 reference at 16384
+tokens needs more than an H200's memory: "llama-3.2-1B@8x1024 fp32 eager codetta";
+variants: eager, fp32 (the eager model in float32), codetta, codetta+precompile; the
 first is the reference: "fp32 eager codetta" gives each bf16 run's gradient error)
 """
 
@@ -21,12 +23,13 @@ from codetta.bench import model as bm
 
 
 def main() -> None:
-    case = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B"
+    case, _, shape = (sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B").partition("@")
+    batch, seq = (int(x) for x in shape.split("x")) if shape else (bm.BATCH, bm.SEQ)
     names = sys.argv[2:] or ["eager", "eager again", "codetta", "codetta+precompile"]
     config = bm.llama_config(case)
     base = bm.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (bm.BATCH, bm.SEQ), device="cuda", generator=g)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=g)
     ref_grads, ref_loss = None, None
     for name in names:
         model = copy.deepcopy(base).train()
