@@ -256,7 +256,7 @@ def test_compare_leaves_stateful_steps_alone(monkeypatch):
 
 
 def test_model_part_refuses_steps_that_broke_their_weights():
-    """After the timing each step's loss must be finite and near its first step's."""
+    """After the timing each step's loss must be finite and below its first step's."""
     import torch
 
     from codetta.bench import model
@@ -269,6 +269,7 @@ def test_model_part_refuses_steps_that_broke_their_weights():
         return fn
 
     model.check_after_timing("case", {"floor": lambda: None, "codetta": step(12.16, 12.15)})
-    for bad in (float("nan"), float("inf"), 11.0):
+    model.check_after_timing("case", {"eager": step(12.16, 8.44)})  # (run 103: one batch, trained)
+    for bad in (float("nan"), float("inf"), 12.16, 13.0):
         with pytest.raises(AssertionError, match="codetta's loss went from 12.16"):
-            model.check_after_timing("case", {"liger": step(12.16, 12.16), "codetta": step(12.16, bad)})
+            model.check_after_timing("case", {"liger": step(12.16, 11.0), "codetta": step(12.16, bad)})

@@ -268,18 +268,21 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
 
 
 def check_after_timing(case: str, fns: dict) -> None:
-    """Each variant's loss at its last timed step: finite and within 2 % of its first
-    step's (at lr 1e-5 a few dozen steps move it far less), or the run stops: a table of
-    steps that trained on broken weights is not a result (run 98: a dry run had left
-    codetta's weights garbage, and its steps timed 17 % faster)."""
+    """Each variant's loss at its last timed step: finite and below its first step's, or
+    the run stops: a table of steps that trained on broken weights is not a result (run 98:
+    a dry run had left codetta's weights garbage, and its steps timed 17 % faster). Every
+    step trains on the same batch, so hundreds of healthy AdamW steps lower the loss a lot
+    (run 103: eager's went from 12.16 to 8.44); garbage gradients walk the weights at random
+    and do not. Each variant's first and last loss are printed."""
     for name, fn in fns.items():
         first, last = getattr(fn, "losses", None), getattr(fn, "last_loss", None)
         if not first or last is None:
             continue
         value = float(last.float().item())
-        if not math.isfinite(value) or abs(value - first[0]) > 2e-2 * abs(first[0]):
+        print(f"  {case}: loss {name:<24} {first[0]:.5f} at its first step, {value:.5f} after the timing")
+        if not math.isfinite(value) or value >= first[0]:
             raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
-                                 f"to {value} after the timing: its weights are broken")  # fmt: skip
+                                 f"to {value} after the timing: it did not train, its weights are broken")  # fmt: skip
 
 
 def host_ms(step, n: int = 3) -> float:
