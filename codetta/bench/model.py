@@ -282,7 +282,8 @@ def check_after_timing(case: str, fns: dict) -> None:
         print(f"  {case}: loss {name:<24} {first[0]:.5f} at its first step, {value:.5f} after the timing")
         if not math.isfinite(value) or value >= first[0]:
             raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
-                                 f"to {value} after the timing: it did not train, its weights are broken")  # fmt: skip
+                                 f"to {value} after the timing: it did not train, its weights are "
+                                 "broken")  # fmt: skip
 
 
 def host_ms(step, n: int = 3) -> float:
