@@ -273,3 +273,33 @@ def test_model_part_refuses_steps_that_broke_their_weights():
     for bad in (float("nan"), float("inf"), 12.17, 13.0):
         with pytest.raises(AssertionError, match="codetta's loss went from 12.16"):
             model.check_after_timing("case", {"liger": step(12.16, 11.0), "codetta": step(12.16, bad)})
+
+
+def test_model_ab_steps_own_their_models(monkeypatch):
+    """bench --tuned-ab, model part: each A/B variant is a step built for it (a model and
+    optimizer of its own) under its settings, and runs once before the timing."""
+    from codetta.bench import harness, model
+
+    built, ran = [], []
+
+    def build(changes):
+        built.append(changes)
+        return lambda: ran.append(len(built))
+
+    fns = {"floor": None, "codetta": None}
+    assert model.add_ab_steps(dict(fns), build) == fns and not built  # (off unless asked)
+    monkeypatch.setattr(harness.OPTIONS, "tuned_ab", True)
+    monkeypatch.setattr(harness.OPTIONS, "tune_methods", ("both", "both+tail"))
+    out = model.add_ab_steps(dict(fns), build)
+    assert list(out) == [
+        "floor",
+        "codetta",
+        "codetta:shipped",
+        "codetta:tuned-both",
+        "codetta:tuned-both+tail",
+    ]
+    assert len({id(out[k]) for k in list(out)[2:]}) == 3 and ran == [1, 2, 3]
+    assert built[0]["autotune"] is False and "tail_launch" not in built[1]
+    assert built[2]["tail_launch"] and built[2]["tune_method"] == "both"
+    assert harness.with_ab_variants(out) is out  # (compare adds no shared-model variants)
+    assert model.add_ab_steps({"floor": None, "liger": None}, build) == {"floor": None, "liger": None}

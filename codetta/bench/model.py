@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .harness import Results, Row, compare, peak_memory_gb, with_ab_variants
+from .harness import OPTIONS, Results, Row, ab_settings, ab_variants, compare, peak_memory_gb
 
 BATCH, SEQ = 4, 4096
 # name: (LlamaConfig overrides, layers)
@@ -104,16 +104,18 @@ class ModuleSwap:
 _MISSING = object()
 
 
-def variant_step(name: str, base_model, ids, labels):
-    """``(step, model)``: one training step of variant ``name`` on its own copy of
-    ``base_model``; None where the variant is unavailable (Liger not installed)."""
+def variant_step(name: str, base_model, ids, labels, changes: dict | None = None):
+    """One training step of variant ``name`` on its own copy of ``base_model`` and an
+    optimizer of its own; None where the variant is unavailable (Liger not installed).
+    ``changes``: codetta settings its steps run under (default: the variant's own,
+    ``SETTING_VARIANTS``; the A/B variants of ``--tuned-ab`` pass theirs)."""
     import codetta
     from codetta.kernels import settings
 
     name, _, how = name.partition(":")
     if how and (name != "codetta" or how not in SETTING_VARIANTS):
         raise ValueError(f"unknown variant {name}:{how}; known: {', '.join(ALL_VARIANTS)}")
-    changes = SETTING_VARIANTS.get(how, {})
+    changes = SETTING_VARIANTS.get(how, {}) if changes is None else changes
     model = copy.deepcopy(base_model).train()
     run = model
     swap = None
@@ -235,11 +237,8 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
                 print(f"  {case}: {name}: precompile failed ({type(exc).__name__}: {exc})", file=sys.stderr)
         step()  # compile (what precompile left), tune, allocate optimizer state
         fns[name] = step
+    add_ab_steps(fns, lambda changes, base=base: variant_step("codetta", base, ids, labels, changes=changes))
     del base
-    ab = with_ab_variants(fns)  # (bench --tuned-ab: codetta with the shipped table / tuned here)
-    for name in ab.keys() - fns.keys():
-        ab[name]()  # (the tuned variant tunes every shape here, outside the memory measurement)
-    fns = ab
     losses = {k: fn.losses[0] for k, fn in fns.items() if getattr(fn, "losses", None)}
     ref = losses.get("eager")
     for k, loss in losses.items():
@@ -265,6 +264,20 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
                     extra={"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name]}))  # fmt: skip
         print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
               f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
+
+
+def add_ab_steps(fns: dict, build) -> dict:
+    """Under ``bench --tuned-ab``: codetta's A/B variants (the shipped table, tuned here)
+    added to ``fns``, each a step of its own, ``build(settings changes)``: a model and an
+    optimizer of its own, as every variant has, so each starts from the same weights and
+    takes about as many steps in the timing (run 104's three shared codetta's model and
+    trained it three times as far). Each runs once here: a tuned variant tunes every shape
+    now, outside the memory measurement."""
+    for name in ab_variants() if OPTIONS.tuned_ab and "codetta" in fns else ():
+        step = build(ab_settings(name.partition(":")[2]))
+        step()
+        fns[name] = step
+    return fns
 
 
 def check_after_timing(case: str, fns: dict) -> None:
