@@ -68,6 +68,7 @@ def _bench(args) -> int:
             ce.run(args.out)
         else:
             foundation.run(args.out, parts=[part])
+        harness.save_ab_caches(args.out)  # (after each part: a run cut short keeps its picks)
     return 0
 
 

@@ -303,3 +303,17 @@ def test_model_ab_steps_own_their_models(monkeypatch):
     assert built[2]["tail_launch"] and built[2]["tune_method"] == "both"
     assert harness.with_ab_variants(out) is out  # (compare adds no shared-model variants)
     assert model.add_ab_steps({"floor": None, "liger": None}, build) == {"floor": None, "liger": None}
+
+
+def test_ab_caches_come_back(tmp_path):
+    """bench --tuned-ab: each tuned A/B variant's cache is copied beside the results
+    (``<out>/ab-tuned/<variant>.json``), the shipped variant's (empty) one not."""
+    from codetta.bench import harness
+
+    tuned = harness.ab_settings("tuned-both+tail")["cache_dir"]
+    harness.ab_settings("shipped")
+    (tuned / "tuning.json").write_text('{"format": 3}')
+    written = harness.save_ab_caches(tmp_path)
+    assert tmp_path / "ab-tuned" / "tuned-both+tail.json" in written
+    assert (tmp_path / "ab-tuned" / "tuned-both+tail.json").read_text() == '{"format": 3}'
+    assert not (tmp_path / "ab-tuned" / "shipped.json").exists()

@@ -165,3 +165,54 @@ def test_tune_program_filter(capsys):
     assert main(["tune", "--model", "llama3-1b", "--tokens", "16384", "--program", "rms_qknorm_rope_128",
                  "--list"]) == 2  # fmt: skip
     assert "rms_rope_64" in capsys.readouterr().err
+
+
+def _merge_tuned():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "merge_tuned.py"
+    spec = importlib.util.spec_from_file_location("merge_tuned", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_merge_tuned_picks(tmp_path):
+    """scripts/merge_tuned.py: a tuned A/B variant's cache merged into a shipped table:
+    a changed pick replaces the entry (and leaves pending), a ping-pong tail-split pick
+    (tuned with CODETTA_TAIL_LAUNCH=1) is skipped unless --tail, a key of no program
+    codetta has is skipped, and a cache from another GPU is refused."""
+    import dataclasses
+
+    mt = _merge_tuned()
+    shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())
+    programs = mt.known_programs()
+    key = next(
+        k for k, v in sorted(shipped["entries"].items()) if k.startswith("residual_rms@") and v["pingpong"]
+    )
+    new_key = key.rsplit("|", 1)[0] + "|65536"  # (a key the small table lacks: pending there)
+    cands = [c for c in PINGPONG.candidates(programs[key.partition("|")[0]]) if c.tail_split == 1]
+    old = configs.config_from_dict(shipped["entries"][key])
+    other = next(c for c in cands if c != old)
+    table = {**shipped, "entries": {key: shipped["entries"][key]}, "pending": [new_key]}
+    tail = dataclasses.replace(other, tail_split=configs.PINGPONG_TAIL_SPLIT)
+    gone = "gone@0123456789|bfloat16|nn|1|1|1"
+    ident = {"gpu": "NVIDIA H200", "triton": "3.6.1", "codetta": "0"}
+    entries = {key: asdict(other), new_key: asdict(tail), gone: asdict(other)}
+    cache = {"format": tuning.CACHE_FORMAT, "identity": ident, "entries": entries}
+    out, changed, skipped = mt.merge(table, cache, programs)
+    assert [k for k, _, _ in changed] == [key] and out["entries"][key] == asdict(other)
+    assert sorted(k for k, _ in skipped) == sorted([new_key, gone])
+    assert out["pending"] == [new_key] and table["entries"][key] == shipped["entries"][key]
+    out, changed, _ = mt.merge(table, cache, programs, tail=True)
+    assert sorted(k for k, _, _ in changed) == sorted([key, new_key]) and out["pending"] == []
+    out, changed, skipped = mt.merge(table, cache, programs, only=("|65536",))
+    assert not changed and [k for k, _ in skipped] == [new_key]
+    with pytest.raises(ValueError, match="NVIDIA H100"):
+        mt.merge(table, {**cache, "identity": {"gpu": "NVIDIA H100", "triton": "3.6.0"}}, programs)
+    paths = tmp_path / "table.json", tmp_path / "cache.json"
+    paths[0].write_text(json.dumps(table))
+    paths[1].write_text(json.dumps(cache))
+    assert mt.main([str(p) for p in paths]) == 0
+    assert json.loads(paths[0].read_text())["entries"][key] == asdict(other)

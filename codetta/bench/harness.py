@@ -157,6 +157,23 @@ def ab_settings(how: str) -> dict:
     return {"cache_dir": _AB_DIRS[how], "autotune": True, "shipped": False, **changes}
 
 
+def save_ab_caches(out_dir) -> list[Path]:
+    """Each tuned A/B variant's tuning cache copied to ``<out_dir>/ab-tuned/<variant>.json``
+    (the shipped table's format: ``scripts/merge_tuned.py`` merges its picks into a table),
+    so the picks of a tuning run come back with the results. Returns the files written."""
+    import shutil
+
+    written = []
+    for how, folder in sorted(_AB_DIRS.items()):
+        cache = Path(folder) / "tuning.json"
+        if how != "shipped" and cache.exists():
+            dest = Path(out_dir) / "ab-tuned" / f"{how}.json"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cache, dest)
+            written.append(dest)
+    return written
+
+
 def with_ab_variants(fns: dict) -> dict:
     """``fns`` with "codetta:shipped" and "codetta:tuned" beside "codetta" when the run asks
     for them (``OPTIONS.tuned_ab``)."""

@@ -1,0 +1,117 @@
+"""Merge tuned picks from a codetta tuning cache into a shipped-format table (CPU).
+
+The cache: ``bench --tuned-ab``'s ``<out>/ab-tuned/<variant>.json`` (each tuned A/B
+variant's picks, brought back with the results) or a user cache (``tuning.json``).
+Its entries replace the table's under the same keys, and leave its pending list.
+
+Usage (repo root): python scripts/merge_tuned.py TABLE CACHE [--tail] [--only SUBSTR ...] [--dry-run]
+
+An entry is merged only where the launcher would use it: its key names a program
+codetta has (its body's source hash too) and its configuration is among that program's
+candidates under the default settings, so that a pick tuned with
+``CODETTA_TAIL_LAUNCH=1`` (the ping-pong tail-split configurations) is reported and
+skipped; ``--tail`` checks against the candidates with that setting on instead (a table
+for runs with it). The cache must come from the table's GPU and Triton minor version.
+Prints each key it changes (old -> new) and what it skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def known_programs() -> dict:
+    """``{"name@source_key": Program}`` (a tuning key's first field): every program the
+    ``codetta.programs`` package names, and those every known model's step records at
+    every token bucket (programs made per call, such as the RoPE ones)."""
+    import codetta.programs as progs
+    from codetta import models, tune
+    from codetta.kernels.program import Program
+
+    found = [p for p in vars(progs).values() if isinstance(p, Program)]
+    for w in models.KNOWN.values():
+        found += [call.program for call in tune.model_calls(w, tune.TOKEN_BUCKETS).values()]
+    return {f"{p.name}@{p.source_key}": p for p in found}
+
+
+def allowed(program, cfg, pingpong: bool) -> bool:
+    """Whether ``cfg`` is among the configurations the launcher would pick from for the
+    program (the mainloops' candidates under the current settings)."""
+    from codetta.kernels.engines import PINGPONG, TRITON
+
+    cands = list(TRITON.candidates(program))
+    if pingpong:
+        cands += PINGPONG.candidates(program)
+    return cfg in cands
+
+
+def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=()) -> tuple[dict, list, list]:
+    """(the merged table, [(key, old, new) changed], [(key, why) skipped])."""
+    from codetta.kernels.configs import config_from_dict
+    from codetta.kernels.settings import override
+
+    gpu, triton = cache.get("identity", {}).get("gpu"), str(cache.get("identity", {}).get("triton", ""))
+    ident = table["identity"]
+    if gpu != ident["gpu"] or triton.split(".")[:2] != str(ident["triton"]).split(".")[:2]:
+        raise ValueError(f"the cache is from {gpu} with Triton {triton}, the table for {ident['gpu']} "
+                         f"with Triton {ident['triton']}")  # fmt: skip
+    entries, changed, skipped = dict(table["entries"]), [], []
+    with override(tail_launch=tail):
+        for key, raw in sorted(cache.get("entries", {}).items()):
+            if only and not any(s in key for s in only):
+                continue
+            cfg = config_from_dict(raw)
+            program = programs.get(key.partition("|")[0])
+            if program is None:
+                skipped.append((key, "not a program codetta knows (an edited body, or gone)"))
+                continue
+            if not allowed(program, cfg, not key.endswith("|no-pingpong")):
+                skipped.append(
+                    (key, f"{cfg.short()} is not a candidate" + ("" if tail else " (tail launch off)"))
+                )
+                continue
+            old = entries.get(key)
+            new = {**raw}
+            if old != new:
+                changed.append((key, old, new))
+                entries[key] = new
+    out = {**table, "entries": dict(sorted(entries.items()))}
+    if "pending" in table:
+        out["pending"] = sorted(set(table["pending"]) - set(entries))
+    return out, changed, skipped
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", type=Path)
+    p.add_argument("cache", type=Path)
+    p.add_argument(
+        "--tail", action="store_true", help="check against the candidates of CODETTA_TAIL_LAUNCH=1"
+    )
+    p.add_argument("--only", nargs="+", default=(), help="merge only keys containing one of these")
+    p.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
+    args = p.parse_args(argv)
+    from codetta.kernels.configs import config_from_dict
+
+    table, cache = json.loads(args.table.read_text()), json.loads(args.cache.read_text())
+    try:
+        out, changed, skipped = merge(table, cache, known_programs(), tail=args.tail, only=args.only)
+    except ValueError as exc:
+        print(f"merge_tuned: {exc}", file=sys.stderr)
+        return 2
+    for key, old, new in changed:
+        was = config_from_dict(old).short() if old else "(none)"
+        print(f"  {key}: {was} -> {config_from_dict(new).short()}")
+    for key, why in skipped:
+        print(f"  skipped {key}: {why}")
+    print(f"{len(changed)} entries changed, {len(skipped)} skipped" + (" (dry run)" if args.dry_run else ""))
+    if not args.dry_run:
+        args.table.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
