@@ -325,3 +325,46 @@ def test_norm_without_next_gemm(dtype, device):
     same = run(chain(dtype), leaves)
     for name, a, b, c in zip(["x", "n", "dg", "du", "dw_down", "dres", "dgamma"], got, ref, same):
         assert_within(name, a, b, c)
+
+
+def test_backward_writes_over_saved_activations(monkeypatch):
+    """In eager mode the dSwiGLU epilogue writes dg, du over the saved g, u (two [T, f]
+    tensors fewer at the backward's peak), with the same gradients, bit for bit, as the
+    custom op's own backward (what torch.compile traces), which writes new tensors; a
+    second backward through the same graph raises autograd's in-place error, never reads
+    gradients as activations."""
+    import codetta.ops.swiglu as sw
+
+    T, d, f = SHAPES[1]
+    dt = torch.float16
+    leaves = [rand(T, d, dtype=dt, device="cpu")]
+    leaves += [rand(*s, dtype=dt, device="cpu", scale=s[1] ** -0.5) for s in ((f, d), (f, d), (d, f))]
+    dout = rand(T, d, dtype=dt, device="cpu")
+    seen, real = {}, sw.gemm
+
+    def spy(a, w, *, epilogue=None, out=None, **kw):
+        res = real(a, w, epilogue=epilogue, out=out, **kw)
+        if epilogue is SWIGLU:
+            seen["g"], seen["u"] = res.g.data_ptr(), res.u.data_ptr()
+        if epilogue is DSWIGLU:
+            seen["dg"], seen["du"] = res.dg.data_ptr(), res.du.data_ptr()
+        return res
+
+    monkeypatch.setattr(sw, "gemm", spy)
+
+    def grads():
+        ts = [t.detach().clone().requires_grad_() for t in leaves]
+        out = swiglu_mlp(*ts)
+        out.backward(dout, retain_graph=True)
+        return out, [t.grad.clone() for t in ts]
+
+    out, eager = grads()
+    assert (seen["dg"], seen["du"]) == (seen["g"], seen["u"])  # written over g and u
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(dout)
+    monkeypatch.setattr(sw._backward_fast, "fn", sw._backward_impl)  # (the custom op's body)
+    seen.clear()
+    _, fresh = grads()
+    assert seen["dg"] != seen["g"] and seen["du"] != seen["u"]
+    for a, b in zip(eager, fresh):
+        assert torch.equal(a, b)

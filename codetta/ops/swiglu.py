@@ -10,8 +10,13 @@ forms dg and du in its epilogue (DSWIGLU: dy is never written), then
 dx = dg @ W_gate + du @ W_up (one GEMM over both: K parts, rounded once),
 dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
 
-Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y).
-Registered as torch.library custom ops, so torch.compile(fullgraph=True) traces them.
+Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y). In eager
+mode the dSwiGLU epilogue writes dg and du over g and u (each element read, then written,
+by the same tile; nothing else holds them): the backward's peak has two [M, f] tensors
+fewer. Their version counters are bumped, so a second backward through the same graph
+(``retain_graph=True``) raises autograd's in-place error instead of reading gradients as
+activations. Registered as torch.library custom ops, so torch.compile(fullgraph=True)
+traces them (the traced backward writes new tensors: its schema mutates nothing).
 """
 
 from __future__ import annotations
@@ -60,7 +65,19 @@ def _backward_impl(
     y: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # returns (dx, dW_gate, dW_up, dW_down)
-    dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u)
+    return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, None)
+
+
+def _backward_over_saved(dout, x, w_gate, w_up, w_down, g, u, y):
+    """The eager backward: dg and du written over the saved g and u (their last reader)."""
+    grads = _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, (g, u))
+    torch.autograd.graph.increment_version(g)  # (autograd sees the write: retain_graph
+    torch.autograd.graph.increment_version(u)  # and a second backward fail loudly)
+    return grads
+
+
+def _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, out):
+    dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u, out=out)
     dw_down = gemm(dout.t(), y.t())
     dx = gemm(dg, w_gate.t(), epilogue=STORE_K2, a1=du, w1=w_up.t())  # dg W_gate + du W_up, one launch
     return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
@@ -96,7 +113,7 @@ def _autograd_backward(ctx, dout, dg, du, dy):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 # eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
 _forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backward)
-_backward_fast = FastOp(_backward, _backward_impl)
+_backward_fast = FastOp(_backward, _backward_over_saved)
 
 
 def _split_gate_up(w_gate, w_up):
