@@ -373,6 +373,10 @@ def _program_operands(name, M, N, device, K=64):
             "eps": 1e-6,
         },  # fmt: skip
         "dswiglu": {"g": rand(M, N, dtype=dtype, device=device), "u": rand(M, N, dtype=dtype, device=device)},
+        "dswiglu_y": {
+            "g": rand(M, N, dtype=dtype, device=device),
+            "u": rand(M, N, dtype=dtype, device=device),
+        },
         "rms_rope_64": rope,
         "rms_rope_128": rope,
         "rms_qknorm_rope_128": {**rope, "qk_w": torch.rand(N, **f32) + 0.5, "qk_eps": 1e-6},

@@ -1,5 +1,7 @@
 """Operators II: the SwiGLU MLP as GEMM epilogues (paired gate/up weights), forward and backward."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ from util import assert_within, check_compile_matches_eager, rand
 
 import codetta
 from codetta.kernels.launch import recording
+from codetta.kernels.settings import override
 from codetta.nn import SwiGLUMLP
 from codetta.ops import SwiGLU, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
 from codetta.programs import DSWIGLU, SWIGLU, SWIGLU_RMS
@@ -47,6 +50,24 @@ if not ON_GPU:
 def test_mlp_forward_backward(shape, fused, residual, dtype, device):
     T, d, f = shape
     _mlp_forward_backward(T, d, f, fused, residual, dtype, device)
+
+
+@pytest.mark.parametrize("shape,fused,residual", _COMBOS[:2], ids=lambda v: str(v))
+def test_mlp_without_keeping_y(shape, fused, residual, dtype, device):
+    """CODETTA_SWIGLU_KEEP_Y=0: the backward forms y again from g and u (DSWIGLU_Y); the
+    same bounds against fp64, and one [T, f] tensor fewer kept for the backward."""
+    T, d, f = shape
+    with override(swiglu_keep_y=False):
+        _mlp_forward_backward(T, d, f, fused, residual, dtype, device)
+    x = rand(T, d, dtype=dtype, device=device).requires_grad_()
+    ws = [rand(*s, dtype=dtype, device=device, scale=0.1).requires_grad_() for s in ((f, d), (f, d), (d, f))]
+    kept = {}
+    for keep in (True, False):
+        with override(swiglu_keep_y=keep), _saved_activations(T, f) as saved:
+            out = swiglu_mlp(x, *ws)
+        kept[keep] = len(saved)
+        out.float().sum().backward()
+    assert kept == {True: 3, False: 2}, kept
 
 
 def _mlp_forward_backward(T, d, f, fused, residual, dtype, device):
@@ -138,10 +159,34 @@ def test_kernel_plan():
     assert "dswiglu" in names and "store_k2" in names and len(names) == 2 + 5, names
 
 
-def test_norm_chain_matches_fp64(dtype, device):
+@contextlib.contextmanager
+def _saved_activations(T, f):
+    """The [T, f] tensors autograd keeps for the backward inside the block (distinct
+    storages), as a list filled in as they are saved."""
+    found, seen = [], set()
+
+    def pack(t):
+        if t.shape == (T, f) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            found.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield found
+
+
+@pytest.mark.parametrize("keep_y", [True, False], ids=["keep_y", "recompute_y"])
+def test_norm_chain_matches_fp64(dtype, device, keep_y):
     """residual_rmsnorm_swiglu -> residual_rmsnorm_linear(SwiGLU): a Llama MLP sublayer
     between two norms, every output and gradient against fp64; also with the activation
-    used outside the chain (its gradient then goes through SwiGLU in PyTorch)."""
+    used outside the chain (its gradient then goes through SwiGLU in PyTorch); with
+    CODETTA_SWIGLU_KEEP_Y=0 too (the down projection's backward forms y again from g
+    and u: g and u alone kept)."""
+    with override(swiglu_keep_y=keep_y):
+        _norm_chain(dtype, device, keep_y)
+
+
+def _norm_chain(dtype, device, keep_y):
     T, d, f = SHAPES[0]
     k, nq = d // 2, 40 if not ON_GPU else 1024
     shapes = [(T, k, 1.0), (d, k, k**-0.5), (T, d, 1.0), None, (f, d, d**-0.5), (f, d, d**-0.5),
@@ -174,6 +219,11 @@ def test_norm_chain_matches_fp64(dtype, device):
         x2, z = residual_rmsnorm_linear(act, wd, x, g2, wq, EPS)
         return x2, z, act.y
 
+    ts = [t.detach().clone().requires_grad_() for t in leaves]
+    with _saved_activations(T, f) as saved:
+        outs = ours(*ts)
+    assert len(saved) == (3 if keep_y else 2), len(saved)  # (g, u and, kept, y)
+    del outs
     for use_act in (False, True):
 
         def run(fn, ts, use_act=use_act):

@@ -30,6 +30,10 @@
 |  |  | norm, attention scaling 1) as one GEMM over the three weights (N parts: |
 |  |  | each output its own tensor), and the three weight gradients of any |
 |  |  | three next weights as one (M parts); GPU-tested, not faster (NOTES.md) |
+| ``CODETTA_SWIGLU_KEEP_Y`` | 1 | 0: a SwiGLU MLP keeps g and u for its backward, not y = silu(g) * u |
+|  |  | too: the down projection's dX epilogue forms y again from the stored g and u |
+|  |  | (``DSWIGLU_Y``) for its weight gradient; one [M, f] activation less per layer |
+|  |  | (a third of the MLP's), an [M, f] write more in the backward (CPU-tested) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -66,6 +70,9 @@ class Settings:
     ce_chunk_mb: int = 1024
     ce_vocab_chunk: int = 0
     qkv_one_launch: bool = False
+    # False: a SwiGLU MLP's backward forms y again from g and u (DSWIGLU_Y) instead of
+    # keeping it from the forward
+    swiglu_keep_y: bool = True
     compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
@@ -109,6 +116,7 @@ class Settings:
                 "CODETTA_CE_VOCAB_CHUNK", env.get("CODETTA_CE_VOCAB_CHUNK", "0"), multiple=8
             ),  # fmt: skip
             qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
+            swiglu_keep_y=flag("CODETTA_SWIGLU_KEEP_Y", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )

@@ -50,7 +50,7 @@ from ..programs.rope import (
     qknorm_backward_rows,
     unrotate_half_rows,
 )
-from ..programs.swiglu import DSWIGLU, SWIGLU_RMS, dswiglu_reference
+from ..programs.swiglu import DSWIGLU, DSWIGLU_Y, SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived
 from .norm_backward import BACKWARDS, norm_backward
 from .norm_checks import check_args
@@ -231,7 +231,10 @@ def _backward_impl(
     else:
         if gate_up:
             # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
-            dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
+            if y.dim() == 1:  # y not kept (CODETTA_SWIGLU_KEEP_Y=0): formed again from g and u
+                dg, du, y = gemm(dx_total, w_o.t(), epilogue=DSWIGLU_Y, g=gate_up[0], u=gate_up[1])
+            else:
+                dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
             dy, dws = y.new_empty(0), dws + [dg, du]
         else:
             dy = gemm(dx_total, w_o.t())
@@ -311,6 +314,8 @@ def _setup_context(ctx, inputs, output):
     kept = (*gate_up, *zs[:2]) if swiglu else (*gate_up, *pres)
     if w_o.shape[1] == 0:
         x = residual  # no o-projection: the norm's input is the residual itself
+    if gate_up and not SETTINGS.swiglu_keep_y:
+        y = y.new_empty(0)  # (a SwiGLU y: the backward forms it again from g and u, DSWIGLU_Y)
     ctx.save_for_backward(
         y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept
     )

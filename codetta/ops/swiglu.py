@@ -10,7 +10,9 @@ forms dg and du in its epilogue (DSWIGLU: dy is never written), then
 dx = dg @ W_gate + du @ W_up (one GEMM over both: K parts, rounded once),
 dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
 
-Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y). In eager
+Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y), or with
+``CODETTA_SWIGLU_KEEP_Y=0`` g and u alone: the dX epilogue then forms y again from them
+(DSWIGLU_Y) for dW_down, an [M, f] activation less for an [M, f] write more. In eager
 mode the dSwiGLU epilogue writes dg and du over g and u (each element read, then written,
 by the same tile; nothing else holds them): the backward's peak has two [M, f] tensors
 fewer. Their version counters are bumped, so a second backward through the same graph
@@ -25,7 +27,8 @@ import torch
 
 from ..kernels.launch import gemm
 from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
-from ..programs import ACCUMULATE, DSWIGLU, STORE_K2, SWIGLU
+from ..kernels.settings import SETTINGS
+from ..programs import ACCUMULATE, DSWIGLU, DSWIGLU_Y, STORE_K2, SWIGLU
 from ._eager import FastOp
 
 
@@ -62,9 +65,9 @@ def _backward_impl(
     w_down: torch.Tensor,
     g: torch.Tensor,
     u: torch.Tensor,
-    y: torch.Tensor,
+    y: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # returns (dx, dW_gate, dW_up, dW_down)
+    # returns (dx, dW_gate, dW_up, dW_down); y None: not kept, formed again from g and u
     return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, None)
 
 
@@ -77,7 +80,11 @@ def _backward_over_saved(dout, x, w_gate, w_up, w_down, g, u, y):
 
 
 def _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, out):
-    dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u, out=out)
+    if y is None:  # (CODETTA_SWIGLU_KEEP_Y=0: the dX epilogue forms y again for dW_down)
+        outs = None if out is None else (*out, None)
+        dg, du, y = gemm(dout, w_down.t(), epilogue=DSWIGLU_Y, g=g, u=u, out=outs)
+    else:
+        dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u, out=out)
     dw_down = gemm(dout.t(), y.t())
     dx = gemm(dg, w_gate.t(), epilogue=STORE_K2, a1=du, w1=w_up.t())  # dg W_gate + du W_up, one launch
     return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
@@ -97,7 +104,7 @@ def _setup_context(ctx, inputs, output):
     _, g, u, y = output
     ctx.has_residual = residual is not None
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y)
+    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y if SETTINGS.swiglu_keep_y else None)
 
 
 def _autograd_backward(ctx, dout, dg, du, dy):

@@ -39,7 +39,7 @@ from .rope import (  # noqa: F401 - RMS_ROPE, RMS_ROPE_QKV and the PAIRS ones: e
     RMS_ROPE_QKV_128,
     ROTATE_PAIRS,
 )
-from .swiglu import DSWIGLU, SWIGLU, SWIGLU_RMS
+from .swiglu import DSWIGLU, DSWIGLU_Y, SWIGLU, SWIGLU_RMS
 
 __all__ = [
     "STORE",
@@ -72,4 +72,5 @@ __all__ = [
     "SWIGLU",
     "SWIGLU_RMS",
     "DSWIGLU",
+    "DSWIGLU_Y",
 ]

@@ -10,7 +10,9 @@ projection's dX GEMM.
 
 The forward stores g, u (what the backward needs) and y (the down projection's
 input and its dW operand); y is formed from the fp32 g and u, the backward reads
-the stored (rounded) g and u.
+the stored (rounded) g and u. ``DSWIGLU_Y`` also forms y again, from the stored g and
+u, for a backward whose forward did not keep y (``CODETTA_SWIGLU_KEEP_Y=0``): its dW
+then uses that y, one rounding of the stored g and u away from the forward's.
 """
 
 import torch
@@ -21,7 +23,7 @@ from ..kernels.configs import BACKWARD_CANDIDATES, config_grid
 from ..kernels.program import PairedWeight, PerRow, Program, Scalar, Tile
 from .norm import rms_scale_of
 
-__all__ = ["SWIGLU", "SWIGLU_RMS", "DSWIGLU"]
+__all__ = ["SWIGLU", "SWIGLU_RMS", "DSWIGLU", "DSWIGLU_Y"]
 
 
 @triton.jit
@@ -56,6 +58,14 @@ def dswiglu(acc, g, u):
     return dg, du
 
 
+@triton.jit
+def dswiglu_y(acc, g, u):
+    """``dswiglu``, and y = silu(g) * u formed again from the stored g and u (the down
+    projection's weight-gradient operand, when the forward did not keep y)."""
+    dg, du = dswiglu(acc, g, u)
+    return dg, du, silu_mul(g, u)
+
+
 def _silu_mul(g, u):
     return torch.nn.functional.silu(g) * u
 
@@ -74,6 +84,11 @@ def dswiglu_reference(dy, g, u) -> dict:
     dy, g, u = dy.float(), g.float(), u.float()
     s = torch.sigmoid(g)
     return {"dg": (dy * u * s * (1 + g * (1 - s))).to(dt), "du": (dy * g * s).to(dt)}
+
+
+def dswiglu_y_reference(dy, g, u) -> dict:
+    """``dswiglu_reference`` and y = silu(g) * u from g and u (float32 math, dy's dtype)."""
+    return {**dswiglu_reference(dy, g, u), "y": _silu_mul(g.float(), u.float()).to(dy.dtype)}
 
 
 # two fp32 accumulators per tile: BLOCK_N is each one's width, so 128x128 (a 128x256
@@ -112,6 +127,16 @@ DSWIGLU = Program(
     inputs=(Tile("g"), Tile("u")),
     outputs=(Tile("dg"), Tile("du")),
     reference=lambda acc, g, u: dswiglu_reference(acc, g, u),
+    configs=tuple(BACKWARD_CANDIDATES),
+    layouts=((False, True),),
+)
+
+DSWIGLU_Y = Program(
+    "dswiglu_y",
+    dswiglu_y,
+    inputs=(Tile("g"), Tile("u")),
+    outputs=(Tile("dg"), Tile("du"), Tile("y")),
+    reference=lambda acc, g, u: dswiglu_y_reference(acc, g, u),
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),
 )
