@@ -149,6 +149,21 @@ def test_low_memory_loss_in_the_drop_in():
         test_matches_unpatched("llama", True, "padding", torch.float32)
 
 
+def test_recomputed_swiglu_y_in_the_drop_in():
+    """CODETTA_SWIGLU_KEEP_Y=0 in the drop-in's step: every MLP's backward forms y again
+    (DSWIGLU_Y, no DSWIGLU); the same checks against float64 (Qwen3: the q/k norms too)."""
+    from codetta.kernels import settings
+    from codetta.kernels.launch import recording
+
+    with settings.override(swiglu_keep_y=False):
+        test_matches_unpatched("qwen3", False, "none", torch.float32)
+        model = codetta.apply_codetta(_model("llama", False))
+        with recording(compute=True) as calls:
+            _step(model, _inputs("none"))
+    names = [c.program.name for c in calls]
+    assert names.count("dswiglu_y") == model.config.num_hidden_layers and "dswiglu" not in names
+
+
 def test_qkv_one_launch_in_the_drop_in():
     """CODETTA_QKV_ONE_LAUNCH: each layer's q, k and v come from one GEMM (N parts) and their
     weight gradients from one (M parts) in the drop-in's step. (Their values: the operator

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.configs import BACKWARD_CANDIDATES, config_grid
+from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_NARROW_HEAVY_CANDIDATES, config_grid
 from ..kernels.program import PairedWeight, PerRow, Program, Scalar, Tile
 from .norm import rms_scale_of
 
@@ -61,9 +61,13 @@ def dswiglu(acc, g, u):
 @triton.jit
 def dswiglu_y(acc, g, u):
     """``dswiglu``, and y = silu(g) * u formed again from the stored g and u (the down
-    projection's weight-gradient operand, when the forward did not keep y)."""
-    dg, du = dswiglu(acc, g, u)
-    return dg, du, silu_mul(g, u)
+    projection's weight-gradient operand, when the forward did not keep y). One sigmoid
+    for the three; dg and du as ``dswiglu``'s, y as ``silu_mul``'s, operation for
+    operation."""
+    s = tl.sigmoid(g)
+    du = acc * g * s
+    dg = acc * u * s * (1.0 + g * (1.0 - s))
+    return dg, du, g * s * u
 
 
 def _silu_mul(g, u):
@@ -139,4 +143,5 @@ DSWIGLU_Y = Program(
     reference=lambda acc, g, u: dswiglu_y_reference(acc, g, u),
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),
+    pingpong_configs=PINGPONG_NARROW_HEAVY_CANDIDATES,  # (five tiles held: 128x128 spills)
 )
