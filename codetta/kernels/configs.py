@@ -225,7 +225,7 @@ _ALL_PINGPONG_UNSPLIT = (
 )
 # Tail split on the ping-pong mainloop (``PingPongEngine``: the last partial wave's tiles
 # run split along K on the portable mainloop, after the ping-pong kernel ran the rest):
-# candidates only with ``CODETTA_TAIL_LAUNCH=1`` (not yet run on a GPU), for programs
+# candidates only with ``CODETTA_TAIL_LAUNCH=1`` (GPU-tested, run 101), for programs
 # that allow a tail split
 PINGPONG_TAIL_SPLIT = 8  # (a tail of 4 tiles at 8B widths: 32 parts on 132 SMs)
 ALL_PINGPONG = frozenset(

@@ -274,7 +274,7 @@ class TritonEngine:
 def tail_allowed(program: Program) -> bool:
     """Whether the program's last partial wave may be split along K: its own choice, and
     for K parts (whose summed K the split then divides) only with ``CODETTA_TAIL_LAUNCH=1``
-    (not yet run on a GPU)."""
+    (GPU-tested, run 101)."""
     return program.tail_split or (SETTINGS.tail_launch and program.k_parts_tail)
 
 

@@ -16,7 +16,7 @@
 | ``CODETTA_TAIL_LAUNCH`` | 0 | 1: a last partial wave split along K in a launch of its own: the |
 |  |  | ping-pong mainloop's candidates include a tail split (run on the portable |
 |  |  | mainloop), and a portable config's tail too large to split within its launch is |
-|  |  | split so (not yet run on a GPU) |
+|  |  | split so (GPU-tested, run 101; opt-in: NOTES.md) |
 | ``CODETTA_TUNE_VERBOSE`` | 0 | 1: print every candidate's time while tuning |
 | ``CODETTA_SM_MARGIN`` | 0 | SMs a persistent GEMM leaves free for kernels on other streams |
 |  |  | (NCCL's collectives; under FSDP2 on two GPUs 8, with ``NCCL_MAX_NCHANNELS=8``, |
