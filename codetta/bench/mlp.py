@@ -8,6 +8,8 @@ applied: eager, torch.compile and Liger skip that elementwise pass, codetta woul
 it for free in its epilogue), so the comparison is, if anything, in the peers' favour.
 The cuBLAS baseline multiplies by gate and up concatenated (one [2f, d] GEMM, its
 best case): forward 2 GEMMs, backward 4 more (dy, dW_down, dn, dW_gate_up).
+The forward+backward table also times ``codetta-recompute-y`` (``CODETTA_SWIGLU_KEEP_Y=0``:
+g and u kept, y formed again in the backward) for its time and peak memory.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .harness import (
     run_fwd_bwd_cases,
     selected,
     triton_only,
+    with_settings,
 )
 
 M = 16384
@@ -117,8 +120,11 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     add_rows(res_fwd, f"{name} fwd", fwd_flops, compare(fns))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
+    # CODETTA_SWIGLU_KEEP_Y=0: y formed again in the backward (its forward is codetta's)
+    recompute = {"codetta-recompute-y": with_settings(variants["codetta"], swiglu_keep_y=False)}
+    fns.update({k: fwd_bwd(v) for k, v in recompute.items()})
     t = compare(fns)
-    mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in selected(variants).items()}
+    mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in selected({**variants, **recompute}).items()}
     add_rows(res_bwd, f"{name} fwd+bwd", 3 * fwd_flops, t, mem)
 
 

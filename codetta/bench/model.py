@@ -45,6 +45,7 @@ SETTING_VARIANTS = {
     "no-pingpong": {"pingpong": False},
     "epilogue-bound": {"pingpong_policy": "epilogue-bound"},
     "qkv-one-launch": {"qkv_one_launch": True},
+    "recompute-y": {"swiglu_keep_y": False},
 }
 ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 
