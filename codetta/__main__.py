@@ -105,14 +105,17 @@ def main(argv=None) -> int:
             "codetta:no-pingpong",
             "codetta:epilogue-bound",
             "codetta:qkv-one-launch",
+            "codetta:recompute-y",
             "codetta-triton",
+            "codetta-recompute-y",
             "codetta:low-memory",
         ],
         help="which variants to time (default: all of a part's; the floor / cuBLAS baseline is always "
         "timed, and codetta with --tuned-ab). Model part: codetta:<how> runs codetta with the portable "
         "mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) or q, k, v and their "
-        "dW in one launch each (qkv-one-launch); the operator parts call the portable-only variant "
-        "codetta-triton and also offer codetta:low-memory (ce). A name a part lacks is skipped there",
+        "dW in one launch each (qkv-one-launch) or y formed again in the MLP's backward (recompute-y); "
+        "the operator parts call the portable-only variant codetta-triton and also offer "
+        "codetta-recompute-y (mlp) and codetta:low-memory (ce). A name a part lacks is skipped there",
     )
     b.add_argument(
         "--widths",
