@@ -273,8 +273,10 @@ def test_module_shares_parameters(device):
         SwiGLUMLP.from_mlp(bad)
 
 
-def test_compile_fullgraph(device):
-    """torch.compile traces the custom ops (fake implementations) without graph breaks."""
+@pytest.mark.parametrize("keep_y", [True, False], ids=["keep_y", "recompute_y"])
+def test_compile_fullgraph(device, keep_y):
+    """torch.compile traces the custom ops (fake implementations) without graph breaks,
+    with y kept and with y formed again in the backward (CODETTA_SWIGLU_KEEP_Y=0)."""
     T, d, f = 64, 64, 96
     leaves = [rand(T, d, dtype=torch.float16, device=device)]
     leaves += [rand(*s, dtype=torch.float16, device=device, scale=0.1) for s in ((f, d), (f, d), (d, f))]
@@ -282,7 +284,9 @@ def test_compile_fullgraph(device):
     def fn(x, wg, wu, wd):
         return swiglu_mlp(x, wg, wu, wd, x).float().pow(2).sum()
 
-    check_compile_matches_eager(fn, leaves, ON_GPU)
+    torch._dynamo.reset()  # (a graph traced under the other setting would be reused: the
+    with override(swiglu_keep_y=keep_y):  # settings are read while tracing, not guarded)
+        check_compile_matches_eager(fn, leaves, ON_GPU)
 
 
 def test_opcheck(device):
@@ -295,6 +299,15 @@ def test_opcheck(device):
             torch.ops.codetta.swiglu_mlp.default,
             (*ts[:4], res),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
+    # the backward op, with y kept and without it (formed again: CODETTA_SWIGLU_KEEP_Y=0)
+    g, u, y = (rand(T, f, dtype=torch.float16, device=device) for _ in range(3))
+    dout = rand(T, d, dtype=torch.float16, device=device)
+    for kept in (y, None):
+        torch.library.opcheck(
+            torch.ops.codetta.swiglu_mlp_backward.default,
+            (dout, *(t.detach() for t in ts[:4]), g, u, kept),
+            test_utils=("test_schema", "test_faketensor"),
         )
 
 
