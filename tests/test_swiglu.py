@@ -284,8 +284,10 @@ def test_compile_fullgraph(device, keep_y):
     def fn(x, wg, wu, wd):
         return swiglu_mlp(x, wg, wu, wd, x).float().pow(2).sum()
 
-    torch._dynamo.reset()  # (a graph traced under the other setting would be reused: the
-    with override(swiglu_keep_y=keep_y):  # settings are read while tracing, not guarded)
+    # settings are read while tracing, not guarded: a graph traced under the other one
+    # would be reused
+    torch._dynamo.reset()
+    with override(swiglu_keep_y=keep_y):
         check_compile_matches_eager(fn, leaves, ON_GPU)
 
 
