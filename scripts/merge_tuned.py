@@ -53,6 +53,12 @@ def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=())
     from codetta.kernels.configs import config_from_dict
     from codetta.kernels.settings import override
 
+    from codetta.kernels.tuning import CACHE_FORMAT
+
+    if cache.get("format") != CACHE_FORMAT or table.get("format") != CACHE_FORMAT:
+        raise ValueError(
+            f"not format {CACHE_FORMAT} (cache {cache.get('format')}, table {table.get('format')})"
+        )
     gpu, triton = cache.get("identity", {}).get("gpu"), str(cache.get("identity", {}).get("triton", ""))
     ident = table["identity"]
     if gpu != ident["gpu"] or triton.split(".")[:2] != str(ident["triton"]).split(".")[:2]:

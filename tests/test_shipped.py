@@ -209,6 +209,8 @@ def test_merge_tuned_picks(tmp_path):
     assert sorted(k for k, _, _ in changed) == sorted([key, new_key]) and out["pending"] == []
     out, changed, skipped = mt.merge(table, cache, programs, only=("|65536",))
     assert not changed and [k for k, _ in skipped] == [new_key]
+    with pytest.raises(ValueError, match="not format"):
+        mt.merge(table, {**cache, "format": 2}, programs)
     with pytest.raises(ValueError, match="NVIDIA H100"):
         mt.merge(table, {**cache, "identity": {"gpu": "NVIDIA H100", "triton": "3.6.0"}}, programs)
     paths = tmp_path / "table.json", tmp_path / "cache.json"
