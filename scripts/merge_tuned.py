@@ -52,7 +52,6 @@ def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=())
     """(the merged table, [(key, old, new) changed], [(key, why) skipped])."""
     from codetta.kernels.configs import config_from_dict
     from codetta.kernels.settings import override
-
     from codetta.kernels.tuning import CACHE_FORMAT
 
     if cache.get("format") != CACHE_FORMAT or table.get("format") != CACHE_FORMAT:
