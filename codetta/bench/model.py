@@ -273,7 +273,8 @@ def add_ab_steps(fns: dict, build) -> dict:
     optimizer of its own, as every variant has, so each starts from the same weights and
     takes about as many steps in the timing (run 104's three shared codetta's model and
     trained it three times as far). Each runs once here: a tuned variant tunes every shape
-    now, outside the memory measurement."""
+    now, outside the memory measurement. (Each holds a model of its own: ~10 GB more of
+    weights, gradients and AdamW state at Llama-3.2-1B.)"""
     for name in ab_variants() if OPTIONS.tuned_ab and "codetta" in fns else ():
         step = build(ab_settings(name.partition(":")[2]))
         step()
