@@ -9,8 +9,9 @@ eager's (garbage or zeros), not as a bf16 rounding difference.
 Usage (repo root): PYTHONPATH=. python3 scripts/step_check.py [case[@BxS] [variant ...]]
 (B sequences of S tokens, default the benchmark's 4 x 4096; the fp32 reference at 16384
 tokens needs more than an H200's memory: "llama-3.2-1B@8x1024 fp32 eager codetta";
-variants: eager, fp32 (the eager model in float32), codetta, codetta+precompile; the
-first is the reference: "fp32 eager codetta" gives each bf16 run's gradient error)
+variants: eager, fp32 (the eager model in float32), codetta, codetta+precompile,
+codetta:<how> (the model part's setting variants, e.g. codetta:recompute-y); the first is
+the reference: "fp32 eager codetta" gives each bf16 run's gradient error)
 """
 
 import copy
@@ -20,6 +21,7 @@ import torch
 
 import codetta
 from codetta.bench import model as bm
+from codetta.kernels import settings
 
 
 def main() -> None:
@@ -38,9 +40,12 @@ def main() -> None:
         if name.startswith("codetta"):
             codetta.apply_codetta(model)
 
-        def fb(model=model):
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-            out.loss.backward()
+        changes = bm.SETTING_VARIANTS[name.partition(":")[2]] if ":" in name else {}
+
+        def fb(model=model, changes=changes):
+            with settings.override(**changes):
+                out = model(input_ids=ids, labels=ids, use_cache=False)
+                out.loss.backward()
             return out.loss
 
         if name.endswith("precompile"):
