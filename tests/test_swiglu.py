@@ -433,3 +433,40 @@ def test_backward_writes_over_saved_activations(monkeypatch):
     assert seen["dg"] != seen["g"] and seen["du"] != seen["u"]
     for a, b in zip(eager, fresh):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA memory statistics")
+def test_activation_memory_on_gpu(monkeypatch):
+    """What the memory claims rest on, measured by the caching allocator: y not kept
+    (CODETTA_SWIGLU_KEEP_Y=0) leaves one [T, f] tensor fewer alive between the forward and
+    the backward; dg and du written over g and u take about two [T, f] tensors off the
+    backward's peak (against the out-of-place backward, the custom op's own)."""
+    import codetta.ops.swiglu as sw
+
+    T, d, f = 4096, 1024, 4096
+    dt = torch.bfloat16
+    ts = [rand(T, d, dtype=dt, device="cuda")]
+    ts += [rand(*s, dtype=dt, device="cuda", scale=s[1] ** -0.5) for s in ((f, d), (f, d), (d, f))]
+    ts = [t.requires_grad_() for t in ts]
+    dout = rand(T, d, dtype=dt, device="cuda")
+    tile = T * f * 2
+
+    def measure(keep_y, over_saved):
+        body = sw._backward_over_saved if over_saved else sw._backward_impl
+        monkeypatch.setattr(sw._backward_fast, "fn", body)
+        for t in ts:
+            t.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with override(swiglu_keep_y=keep_y):
+            out = swiglu_mlp(*ts)
+        kept = torch.cuda.memory_allocated() - base
+        out.backward(dout)
+        torch.cuda.synchronize()
+        return kept, torch.cuda.max_memory_allocated() - base
+
+    for _ in range(2):  # (the first round compiles and tunes)
+        res = {(k, o): measure(k, o) for k in (True, False) for o in (True, False)}
+    assert abs(res[True, True][0] - res[False, True][0] - tile) < 0.05 * tile, res
+    assert res[True, False][1] - res[True, True][1] > 1.5 * tile, res
