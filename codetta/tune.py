@@ -163,6 +163,32 @@ def run_call(call: RecordedCall, device="cuda", force: bool = False, seconds: fl
     return tune(a, weight, epilogue=call.program, force=force, seconds=seconds, **operands)
 
 
+def known_programs() -> dict:
+    """``{"name@source_key": Program}`` (a tuning key's first field): every program the
+    ``codetta.programs`` package names, and those every known model's step records at
+    every token bucket (programs made per call, such as the RoPE ones)."""
+    from . import models
+    from . import programs as progs
+    from .kernels.program import Program
+
+    found = [p for p in vars(progs).values() if isinstance(p, Program)]
+    for w in models.KNOWN.values():
+        found += [call.program for call in model_calls(w, TOKEN_BUCKETS).values()]
+    return {f"{p.name}@{p.source_key}": p for p in found}
+
+
+def entry_usable(program, cfg, pingpong: bool) -> bool:
+    """Whether a table entry's ``cfg`` is among the configurations the chooser picks from
+    for ``program`` under the current settings (the mainloops' candidates; it takes a
+    shipped or cached entry only then, ``tuning.Chooser.known``)."""
+    from .kernels.engines import PINGPONG, TRITON
+
+    cands = list(TRITON.candidates(program))
+    if pingpong:
+        cands += PINGPONG.candidates(program)
+    return cfg in cands
+
+
 def table(keys, gpu: str, capability, num_sms: int, entries: dict) -> dict:
     """A shipped-format table of ``keys`` from ``entries`` ({key: Config}). Written by the
     command, it also lists as ``pending`` the keys it was asked for and has not tuned yet

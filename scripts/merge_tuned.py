@@ -23,36 +23,12 @@ import sys
 from pathlib import Path
 
 
-def known_programs() -> dict:
-    """``{"name@source_key": Program}`` (a tuning key's first field): every program the
-    ``codetta.programs`` package names, and those every known model's step records at
-    every token bucket (programs made per call, such as the RoPE ones)."""
-    import codetta.programs as progs
-    from codetta import models, tune
-    from codetta.kernels.program import Program
-
-    found = [p for p in vars(progs).values() if isinstance(p, Program)]
-    for w in models.KNOWN.values():
-        found += [call.program for call in tune.model_calls(w, tune.TOKEN_BUCKETS).values()]
-    return {f"{p.name}@{p.source_key}": p for p in found}
-
-
-def allowed(program, cfg, pingpong: bool) -> bool:
-    """Whether ``cfg`` is among the configurations the launcher would pick from for the
-    program (the mainloops' candidates under the current settings)."""
-    from codetta.kernels.engines import PINGPONG, TRITON
-
-    cands = list(TRITON.candidates(program))
-    if pingpong:
-        cands += PINGPONG.candidates(program)
-    return cfg in cands
-
-
 def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=()) -> tuple[dict, list, list]:
     """(the merged table, [(key, old, new) changed], [(key, why) skipped])."""
     from codetta.kernels.configs import config_from_dict
     from codetta.kernels.settings import override
     from codetta.kernels.tuning import CACHE_FORMAT
+    from codetta.tune import entry_usable
 
     if cache.get("format") != CACHE_FORMAT or table.get("format") != CACHE_FORMAT:
         raise ValueError(
@@ -73,7 +49,7 @@ def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=())
             if program is None:
                 skipped.append((key, "not a program codetta knows (an edited body, or gone)"))
                 continue
-            if not allowed(program, cfg, not key.endswith("|no-pingpong")):
+            if not entry_usable(program, cfg, not key.endswith("|no-pingpong")):
                 skipped.append(
                     (key, f"{cfg.short()} is not a candidate" + ("" if tail else " (tail launch off)"))
                 )
@@ -100,6 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     args = p.parse_args(argv)
     from codetta.kernels.configs import config_from_dict
+    from codetta.tune import known_programs
 
     table, cache = json.loads(args.table.read_text()), json.loads(args.cache.read_text())
     try:

@@ -187,7 +187,7 @@ def test_merge_tuned_picks(tmp_path):
 
     mt = _merge_tuned()
     shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())
-    programs = mt.known_programs()
+    programs = tune.known_programs()
     key = next(
         k for k, v in sorted(shipped["entries"].items()) if k.startswith("residual_rms@") and v["pingpong"]
     )
@@ -225,13 +225,12 @@ def test_every_shipped_entry_is_used():
     and a configuration among that program's candidates under the default settings: the
     chooser takes an entry only then (``Chooser.known``), so any other is silently dead
     (an edited body's old keys, a pick tuned under CODETTA_TAIL_LAUNCH=1)."""
-    mt = _merge_tuned()
-    programs = mt.known_programs()
+    programs = tune.known_programs()
     for path in _tables():
         entries = json.loads(path.read_text())["entries"]
         unknown = sorted(k for k in entries if k.partition("|")[0] not in programs)
         assert not unknown, f"{path.name}: {len(unknown)} keys of no program, e.g. {unknown[:3]}"
         dead = [k for k, v in sorted(entries.items())
-                if not mt.allowed(programs[k.partition("|")[0]], configs.config_from_dict(v),
-                                  not k.endswith("|no-pingpong"))]  # fmt: skip
+                if not tune.entry_usable(programs[k.partition("|")[0]], configs.config_from_dict(v),
+                                         not k.endswith("|no-pingpong"))]  # fmt: skip
         assert not dead, f"{path.name}: {len(dead)} entries no default candidate matches, e.g. {dead[:3]}"
