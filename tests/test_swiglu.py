@@ -470,3 +470,57 @@ def test_activation_memory_on_gpu(monkeypatch):
         res = {(k, o): measure(k, o) for k in (True, False) for o in (True, False)}
     assert abs(res[True, True][0] - res[False, True][0] - tile) < 0.05 * tile, res
     assert res[True, False][1] - res[True, True][1] > 1.5 * tile, res
+
+
+@pytest.mark.parametrize("keep_y", [True, False], ids=["keep_y", "recompute_y"])
+def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
+    """residual_rmsnorm_swiglu(..., internal=True) (the drop-in's): the down projection's
+    backward writes dg, du over g, u, with the gradients of internal=False bit for bit; a
+    second backward through the graph raises autograd's in-place error; a gradient that
+    reaches y directly raises (nothing was kept for it)."""
+    import importlib
+
+    rr = importlib.import_module("codetta.ops.residual_rmsnorm")  # (the package exports a function so named)
+
+    T, d, f = SHAPES[1]
+    dt = torch.float16
+    k = d // 2
+    shapes = [(T, k, 1.0), (d, k, k**-0.5), (T, d, 1.0), None, (f, d, d**-0.5), (f, d, d**-0.5),
+              (d, f, f**-0.5), None, (24, d, d**-0.5)]  # fmt: skip
+    leaves = [(torch.rand(d) + 0.5) if s is None else rand(*s[:2], dtype=dt, device="cpu", scale=s[2])
+              for s in shapes]  # fmt: skip
+    dx2, dz = rand(T, d, dtype=dt, device="cpu"), rand(T, 24, dtype=dt, device="cpu")
+    seen, real = {}, rr.gemm
+
+    def spy(a, w, *, epilogue=None, out=None, **kw):
+        res = real(a, w, epilogue=epilogue, out=out, **kw)
+        if epilogue in (DSWIGLU, rr.DSWIGLU_Y):
+            seen["over"] = (res[0].data_ptr(), res[1].data_ptr()) == (kw["g"].data_ptr(), kw["u"].data_ptr())
+        return res
+
+    monkeypatch.setattr(rr, "gemm", spy)
+
+    def run(internal, use_act=False):
+        ts = [t.detach().clone().requires_grad_() for t in leaves]
+        y, wo, res, g1, wg, wu, wd, g2, wq = ts
+        x, act = residual_rmsnorm_swiglu(y, wo, res, g1, wg, wu, EPS, internal=internal)
+        assert act.internal is internal
+        x2, z = residual_rmsnorm_linear(act, wd, x, g2, wq, EPS)
+        loss = (x2.float() * dx2.float()).sum() + (z.float() * dz.float()).sum()
+        if use_act:
+            loss = loss + act.y.float().sum()
+        loss.backward(retain_graph=True)
+        return loss, [t.grad for t in ts]
+
+    with override(swiglu_keep_y=keep_y):
+        loss, inside = run(True)
+        assert seen["over"]
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        _, outside = run(False)
+        assert not seen["over"]
+        for a, b in zip(inside, outside):
+            assert torch.equal(a, b)
+        with pytest.raises(RuntimeError, match="internal SwiGLU's y"):
+            run(True, use_act=True)
+        run(False, use_act=True)

@@ -269,8 +269,9 @@ def _codetta_forward(
         if silu:
             # the gate and up projections as one GEMM whose epilogue forms SwiGLU; y carries
             # g and u, so the down projection's backward forms their gradients in its epilogue
+            # (over g and u: nothing else here reads them)
             h, y = residual_rmsnorm_swiglu(
-                a, attn.o_proj.weight, h, post.weight, *gate_up, post.variance_epsilon
+                a, attn.o_proj.weight, h, post.weight, *gate_up, post.variance_epsilon, internal=True
             )
         else:
             h, (g, u) = residual_rmsnorm_linear(

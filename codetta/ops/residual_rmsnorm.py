@@ -73,6 +73,7 @@ def _forward_impl(
     n_rope: int,
     qk_eps: float,
     rope_pairs: bool,
+    internal: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     # rope: [] or [positions [M], frequencies [head_dim], (a q/k norm weight [head_dim]
     # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half, or with
@@ -83,7 +84,9 @@ def _forward_impl(
     # fold_gamma (one next weight; kept for the backward), else an empty tensor.
     # gate_up: [g, u] when y = silu(g) * u came from a SwiGLU epilogue (the backward then
     # returns their gradients from the dX GEMM's epilogue); swiglu: ws = [W_gate, W_up]
-    # and zs = [g, u, y] from one paired GEMM
+    # and zs = [g, u, y] from one paired GEMM; internal: those SwiGLU tensors (made here
+    # or taken as gate_up) are seen by no one else (the Hugging Face drop-in): nothing is
+    # kept for a gradient reaching y directly, and the backward writes dg, du over g, u
     # no o-projection (w_o [d, 0], y [M, 0]; ``rmsnorm_linear``): x is the residual itself,
     # returned as an empty tensor (an output may not alias an input), h and sumsq from one
     # row pass
@@ -171,6 +174,7 @@ def _(
     n_rope,
     qk_eps,
     rope_pairs,
+    internal,
 ):
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
@@ -205,9 +209,31 @@ def _backward_impl(
     qk_eps: float,
     rope_pairs: bool,
     pres: list[torch.Tensor],
+    overwrite: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
-    # dy is then empty: y's gradient goes to g and u)
+    # dy is then empty: y's gradient goes to g and u). overwrite: dg, du may be written
+    # over gate_up (an internal SwiGLU); the custom op (what torch.compile traces) never
+    # does, its schema mutates nothing: only the eager path does (_backward_over_saved)
+    return _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
+                          rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, False)  # fmt: skip
+
+
+def _backward_over_saved(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
+                         rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite):  # fmt: skip
+    """The eager backward: with ``overwrite`` (an internal SwiGLU y) dg and du written over
+    the saved g and u (their last reader); their version counters bumped, so a second
+    backward through the graph (``retain_graph=True``) raises instead of reading them."""
+    grads = _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
+                           rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite)  # fmt: skip
+    if overwrite and gate_up:
+        for t in gate_up:
+            torch.autograd.graph.increment_version(t)
+    return grads
+
+
+def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up, rope,
+                   rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite):  # fmt: skip
     if n_rope:
         # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
         # pass over each; freq holds each head's frequencies twice, the pass takes them once)
@@ -231,10 +257,12 @@ def _backward_impl(
     else:
         if gate_up:
             # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
+            over = tuple(gate_up) if overwrite else None  # (dg, du written over g, u)
             if y.dim() == 1:  # y not kept (CODETTA_SWIGLU_KEEP_Y=0): formed again from g and u
-                dg, du, y = gemm(dx_total, w_o.t(), epilogue=DSWIGLU_Y, g=gate_up[0], u=gate_up[1])
+                dg, du, y = gemm(dx_total, w_o.t(), epilogue=DSWIGLU_Y, g=gate_up[0], u=gate_up[1],
+                                 out=None if over is None else (*over, None))  # fmt: skip
             else:
-                dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1])
+                dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1], out=over)
             dy, dws = y.new_empty(0), dws + [dg, du]
         else:
             dy = gemm(dx_total, w_o.t())
@@ -271,6 +299,7 @@ def _(
     qk_eps,
     rope_pairs,
     pres,
+    overwrite,
 ):
     qk_ws = rope[2:] if n_rope else []
     return (
@@ -301,17 +330,19 @@ def _setup_context(ctx, inputs, output):
         n_rope,
         qk_eps,
         rope_pairs,
+        internal,
     ) = inputs
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
     ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps = list(rope), rope_scaling, n_rope, qk_eps
-    ctx.rope_pairs = rope_pairs
+    ctx.rope_pairs, ctx.internal = rope_pairs, internal
     pres = tuple(zs[len(ws) :]) if n_rope else ()  # the q/k norms' inputs z (with qk norms)
     ctx.n_pres = len(pres)
     ctx.set_materialize_grads(False)  # sumsq and w_gamma get no gradient: no zero tensors for them
     # with swiglu, g and u (zs[0], zs[1]) in case y is also used outside the next operator
-    kept = (*gate_up, *zs[:2]) if swiglu else (*gate_up, *pres)
+    # (not for an internal SwiGLU: the next operator's backward writes over them)
+    kept = (*gate_up, *zs[:2]) if swiglu and not internal else (*gate_up, *pres)
     if w_o.shape[1] == 0:
         x = residual  # no o-projection: the norm's input is the residual itself
     if gate_up and not SETTINGS.swiglu_keep_y:
@@ -342,6 +373,12 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
         # operator, which sends its gradient to g and u) goes through SwiGLU here
         dg, du, dact = dzs
         if dact is not None:
+            if ctx.internal:
+                raise RuntimeError(
+                    "a gradient reached an internal SwiGLU's y directly (residual_rmsnorm_swiglu(..., "
+                    "internal=True)): its g and u were not kept for it; use internal=False where y is "
+                    "used outside the next operator"
+                )
             g, u = rest[-2:]
             extra = dswiglu_reference(dact, g, u)
             dg = extra["dg"] if dg is None else dg + extra["dg"]
@@ -352,12 +389,13 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
+        bool(ctx.internal and gate_up),
     )  # fmt: skip
     # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
     n, g = ctx.n_ws, ctx.n_gate_up
     rope_grads = [None, None] + list(dws[n + g :]) if len(ctx.rope) > 2 else [None] * len(ctx.rope)
-    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs
-    rest = (None, rope_grads, None, None, None, None)
+    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs, internal
+    rest = (None, rope_grads, None, None, None, None, None)
     if gate_up:
         return None, dw_o, dres, dgamma, dws[:n], None, None, None, dws[n : n + g], *rest
     return dy, dw_o, dres, dgamma, dws[:n], None, None, None, [], *rest
@@ -366,18 +404,21 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 # eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
 _forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backward)
-_backward_fast = FastOp(_backward, _backward_impl)
+_backward_fast = FastOp(_backward, _backward_over_saved)
 
 
 class SwiGLU(NamedTuple):
     """``y = silu(gate) * up`` with the gate and up projections it came from
     (``residual_rmsnorm_swiglu`` returns one). Given as ``residual_rmsnorm_linear``'s
     ``y``, the down projection's backward forms the gate's and up's gradients in its dX
-    GEMM's epilogue (dy is never written)."""
+    GEMM's epilogue (dy is never written). ``internal`` (``residual_rmsnorm_swiglu(...,
+    internal=True)``): gate and up are read by nothing but that next operator, whose
+    backward then writes their gradients over them (two [M, f] tensors off its peak)."""
 
     y: torch.Tensor
     gate: torch.Tensor
     up: torch.Tensor
+    internal: bool = False
 
 
 def residual_rmsnorm_swiglu(
@@ -388,6 +429,7 @@ def residual_rmsnorm_swiglu(
     w_gate: torch.Tensor,
     w_up: torch.Tensor,
     eps: float | None = None,
+    internal: bool = False,
 ) -> tuple[torch.Tensor, SwiGLU]:
     """``x = residual + y @ w_o.T``;  ``n = rms_norm(x, gamma, eps)``;
     ``act = silu(n @ w_gate.T) * (n @ w_up.T)``.  Returns (x, SwiGLU(act, gate, up)).
@@ -398,6 +440,12 @@ def residual_rmsnorm_swiglu(
     ``SwiGLU`` as the ``y`` of the down projection's ``residual_rmsnorm_linear``
     (its backward then forms dgate and dup in its dX GEMM's epilogue). Arguments as
     ``residual_rmsnorm_linear``'s; differentiable in every tensor.
+
+    ``internal=True`` promises that the returned gate and up (and y) are read by nothing
+    but the next ``residual_rmsnorm_linear``: its backward writes their gradients over
+    them (eager mode; their version counters are bumped, so a second backward through the
+    graph raises), and nothing is kept for a gradient reaching y directly (one raises).
+    The Hugging Face drop-in passes it.
     """
     ws, eps = check_args(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
     if w_gate.shape != w_up.shape:
@@ -405,10 +453,10 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False,
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False, bool(internal),
     )  # fmt: skip
     f = w_gate.shape[0]
-    return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)))
+    return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)), bool(internal))
 
 
 def residual_rmsnorm(
@@ -473,7 +521,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     _, zs, _, _ = _forward_fast(
         y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps,
-        pairs,
+        pairs, False,
     )  # fmt: skip
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
     return zs if isinstance(weight, (list, tuple)) else zs[0]
@@ -485,9 +533,9 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
     GEMM's weight instead of writing h. The variants take one next weight."""
-    gate_up = []
+    gate_up, internal = [], False
     if isinstance(y, SwiGLU):
-        y, gate_up = y.y, [y.gate, y.up]
+        y, gate_up, internal = y.y, [y.gate, y.up], bool(y.internal)
         for name, t in (("y.gate", gate_up[0]), ("y.up", gate_up[1])):
             check_tensor(name, t)
             if t.shape != y.shape or t.dtype != y.dtype or t.device != y.device:
@@ -522,6 +570,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         n_rope,
         qk_eps,
         pairs,
+        internal,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n
