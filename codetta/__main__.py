@@ -106,6 +106,7 @@ def main(argv=None) -> int:
             "codetta:epilogue-bound",
             "codetta:qkv-one-launch",
             "codetta:recompute-y",
+            "codetta:no-overwrite",
             "codetta-triton",
             "codetta-recompute-y",
             "codetta:low-memory",
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
         help="which variants to time (default: all of a part's; the floor / cuBLAS baseline is always "
         "timed, and codetta with --tuned-ab). Model part: codetta:<how> runs codetta with the portable "
         "mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) or q, k, v and their "
-        "dW in one launch each (qkv-one-launch) or y formed again in the MLP's backward (recompute-y); "
+        "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) or "
+        "dg, du not written over g, u (no-overwrite); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y (mlp) and codetta:low-memory (ce). A name a part lacks is skipped there",
     )

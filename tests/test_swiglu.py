@@ -427,6 +427,9 @@ def test_backward_writes_over_saved_activations(monkeypatch):
     assert (seen["dg"], seen["du"]) == (seen["g"], seen["u"])  # written over g and u
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward(dout)
+    with override(overwrite_saved=False):  # (CODETTA_OVERWRITE_SAVED=0)
+        _, kept = grads()
+    assert seen["dg"] != seen["g"] and all(torch.equal(a, b) for a, b in zip(eager, kept))
     monkeypatch.setattr(sw._backward_fast, "fn", sw._backward_impl)  # (the custom op's body)
     seen.clear()
     _, fresh = grads()
@@ -521,6 +524,9 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
         assert not seen["over"]
         for a, b in zip(inside, outside):
             assert torch.equal(a, b)
+        with override(overwrite_saved=False):  # (CODETTA_OVERWRITE_SAVED=0)
+            run(True)
+        assert not seen["over"]
         with pytest.raises(RuntimeError, match="internal SwiGLU's y"):
             run(True, use_act=True)
         run(False, use_act=True)

@@ -34,6 +34,9 @@
 |  |  | too: the down projection's dX epilogue forms y again from the stored g and u |
 |  |  | (``DSWIGLU_Y``) for its weight gradient; one [M, f] activation less per layer |
 |  |  | (a third of the MLP's), an [M, f] write more in the backward (CPU-tested) |
+| ``CODETTA_OVERWRITE_SAVED`` | 1 | 0: a SwiGLU's backward writes dg and du into new tensors instead |
+|  |  | of over the saved g and u (``swiglu_mlp``, and an internal SwiGLU: the drop-in's), |
+|  |  | two [M, f] tensors more at its peak (CPU-tested; the switch for an A/B) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -73,6 +76,8 @@ class Settings:
     # False: a SwiGLU MLP's backward forms y again from g and u (DSWIGLU_Y) instead of
     # keeping it from the forward
     swiglu_keep_y: bool = True
+    # False: SwiGLU backwards write dg, du into new tensors, not over the saved g, u
+    overwrite_saved: bool = True
     compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
@@ -117,6 +122,7 @@ class Settings:
             ),  # fmt: skip
             qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
             swiglu_keep_y=flag("CODETTA_SWIGLU_KEEP_Y", True),
+            overwrite_saved=flag("CODETTA_OVERWRITE_SAVED", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )

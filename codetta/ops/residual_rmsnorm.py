@@ -389,7 +389,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
-        bool(ctx.internal and gate_up),
+        bool(ctx.internal and gate_up and SETTINGS.overwrite_saved),
     )  # fmt: skip
     # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
     n, g = ctx.n_ws, ctx.n_gate_up

@@ -72,7 +72,10 @@ def _backward_impl(
 
 
 def _backward_over_saved(dout, x, w_gate, w_up, w_down, g, u, y):
-    """The eager backward: dg and du written over the saved g and u (their last reader)."""
+    """The eager backward: dg and du written over the saved g and u (their last reader;
+    ``CODETTA_OVERWRITE_SAVED=0``: into new tensors)."""
+    if not SETTINGS.overwrite_saved:
+        return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, None)
     grads = _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, (g, u))
     torch.autograd.graph.increment_version(g)  # (autograd sees the write: retain_graph
     torch.autograd.graph.increment_version(u)  # and a second backward fail loudly)
