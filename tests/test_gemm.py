@@ -123,6 +123,20 @@ def test_k_parts(layout, dtype, device):
         assert_within(f"out {cfg.short() if cfg else 'tuned'}", out, ref, same)
 
 
+def test_k_parts_of_another_k_after_a_first_call(dtype, device):
+    """Two calls of one program with the same M, N and first K but K parts of another K:
+    the second is right (a launch plan cached by the first call's M, N and K alone kept its
+    parts' descriptors, and the second read 48 columns of a 16-column part: NaN)."""
+    from codetta.programs import STORE_K2
+
+    M, N = 32, 64
+    for k1 in (48, 16):
+        (a, w), (a1, w1) = (_make(M, N, k, dtype, device, "nt", w_scale=0.5) for k in (48, k1))
+        out = codetta.gemm(a, w, epilogue=STORE_K2, a1=a1, w1=w1)
+        ref = a.double() @ w.double().t() + a1.double() @ w1.double().t()
+        assert_within(f"out (K parts 48 + {k1})", out, ref, torch.cat([a, a1], 1) @ torch.cat([w, w1], 1).t())
+
+
 def test_k_parts_bad_input(device):
     """K parts that do not fit the GEMM are refused, naming the operand."""
     from codetta.programs import STORE_K2

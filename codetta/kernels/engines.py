@@ -161,8 +161,11 @@ class TritonEngine:
 
     @staticmethod
     def _plan_key(call: GemmCall, cfg: Config) -> tuple:
+        # (the inputs' shapes too: the plan's descriptors are shaped by the K, N and M parts,
+        # which M, N and the first K do not fix)
+        shapes = tuple(v.shape for v in call.inputs if isinstance(v, torch.Tensor))
         return (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-                call.device, SETTINGS.tail_split, SETTINGS.tail_launch, device.sm_margin())  # fmt: skip
+                shapes, call.device, SETTINGS.tail_split, SETTINGS.tail_launch, device.sm_margin())  # fmt: skip
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
