@@ -481,9 +481,7 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
     backward writes dg, du over g, u, with the gradients of internal=False bit for bit; a
     second backward through the graph raises autograd's in-place error; a gradient that
     reaches y directly raises (nothing was kept for it)."""
-    import importlib
-
-    rr = importlib.import_module("codetta.ops.residual_rmsnorm")  # (the package exports a function so named)
+    import codetta.ops.swiglu as sw  # (its dswiglu_dx runs both SwiGLU backwards' dX GEMM)
 
     T, d, f = SHAPES[1]
     dt = torch.float16
@@ -493,15 +491,15 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
     leaves = [(torch.rand(d) + 0.5) if s is None else rand(*s[:2], dtype=dt, device="cpu", scale=s[2])
               for s in shapes]  # fmt: skip
     dx2, dz = rand(T, d, dtype=dt, device="cpu"), rand(T, 24, dtype=dt, device="cpu")
-    seen, real = {}, rr.gemm
+    seen, real = {}, sw.gemm
 
     def spy(a, w, *, epilogue=None, out=None, **kw):
         res = real(a, w, epilogue=epilogue, out=out, **kw)
-        if epilogue in (DSWIGLU, rr.DSWIGLU_Y):
+        if epilogue in (DSWIGLU, sw.DSWIGLU_Y):
             seen["over"] = (res[0].data_ptr(), res[1].data_ptr()) == (kw["g"].data_ptr(), kw["u"].data_ptr())
         return res
 
-    monkeypatch.setattr(rr, "gemm", spy)
+    monkeypatch.setattr(sw, "gemm", spy)
 
     def run(internal, use_act=False):
         ts = [t.detach().clone().requires_grad_() for t in leaves]

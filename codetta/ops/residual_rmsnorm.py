@@ -50,11 +50,12 @@ from ..programs.rope import (
     qknorm_backward_rows,
     unrotate_half_rows,
 )
-from ..programs.swiglu import DSWIGLU, DSWIGLU_Y, SWIGLU_RMS, dswiglu_reference
+from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived
 from .norm_backward import BACKWARDS, norm_backward
 from .norm_checks import check_args
 from .rope import RoPE, column_freq, rope_operands
+from .swiglu import dswiglu_dx
 
 
 def _forward_impl(
@@ -214,22 +215,9 @@ def _backward_impl(
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
     # dy is then empty: y's gradient goes to g and u). overwrite: dg, du may be written
     # over gate_up (an internal SwiGLU); the custom op (what torch.compile traces) never
-    # does, its schema mutates nothing: only the eager path does (_backward_over_saved)
+    # does, its schema mutates nothing: only the eager path does (_backward_body)
     return _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
                           rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, False)  # fmt: skip
-
-
-def _backward_over_saved(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
-                         rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite):  # fmt: skip
-    """The eager backward: with ``overwrite`` (an internal SwiGLU y) dg and du written over
-    the saved g and u (their last reader); their version counters bumped, so a second
-    backward through the graph (``retain_graph=True``) raises instead of reading them."""
-    grads = _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
-                           rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite)  # fmt: skip
-    if overwrite and gate_up:
-        for t in gate_up:
-            torch.autograd.graph.increment_version(t)
-    return grads
 
 
 def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up, rope,
@@ -257,12 +245,10 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
     else:
         if gate_up:
             # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
-            over = tuple(gate_up) if overwrite else None  # (dg, du written over g, u)
-            if y.dim() == 1:  # y not kept (CODETTA_SWIGLU_KEEP_Y=0): formed again from g and u
-                dg, du, y = gemm(dx_total, w_o.t(), epilogue=DSWIGLU_Y, g=gate_up[0], u=gate_up[1],
-                                 out=None if over is None else (*over, None))  # fmt: skip
-            else:
-                dg, du = gemm(dx_total, w_o.t(), epilogue=DSWIGLU, g=gate_up[0], u=gate_up[1], out=over)
+            # (y not kept, CODETTA_SWIGLU_KEEP_Y=0: a placeholder, y formed again from g and u;
+            # overwrite: dg, du written over g, u, an internal SwiGLU's, in eager mode)
+            dg, du, formed = dswiglu_dx(dx_total, w_o.t(), *gate_up, y.dim() == 1, overwrite)
+            y = y if formed is None else formed
             dy, dws = y.new_empty(0), dws + [dg, du]
         else:
             dy = gemm(dx_total, w_o.t())
@@ -404,7 +390,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 # eager calls skip torch.library's dispatch (ops/_eager.py); torch.compile traces the custom ops
 _forward_fast = FastOp(_forward, _forward_impl, _setup_context, _autograd_backward)
-_backward_fast = FastOp(_backward, _backward_over_saved)
+_backward_fast = FastOp(_backward, _backward_body)  # (eager: overwrite as asked)
 
 
 class SwiGLU(NamedTuple):

@@ -68,29 +68,40 @@ def _backward_impl(
     y: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # returns (dx, dW_gate, dW_up, dW_down); y None: not kept, formed again from g and u
-    return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, None)
+    return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, False)
 
 
 def _backward_over_saved(dout, x, w_gate, w_up, w_down, g, u, y):
     """The eager backward: dg and du written over the saved g and u (their last reader;
     ``CODETTA_OVERWRITE_SAVED=0``: into new tensors)."""
-    if not SETTINGS.overwrite_saved:
-        return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, None)
-    grads = _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, (g, u))
-    torch.autograd.graph.increment_version(g)  # (autograd sees the write: retain_graph
-    torch.autograd.graph.increment_version(u)  # and a second backward fail loudly)
-    return grads
+    return _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, SETTINGS.overwrite_saved)
 
 
-def _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, out):
-    if y is None:  # (CODETTA_SWIGLU_KEEP_Y=0: the dX epilogue forms y again for dW_down)
-        outs = None if out is None else (*out, None)
-        dg, du, y = gemm(dout, w_down.t(), epilogue=DSWIGLU_Y, g=g, u=u, out=outs)
-    else:
-        dg, du = gemm(dout, w_down.t(), epilogue=DSWIGLU, g=g, u=u, out=out)
-    dw_down = gemm(dout.t(), y.t())
+def _backward_body(dout, x, w_gate, w_up, w_down, g, u, y, overwrite):
+    dg, du, formed = dswiglu_dx(dout, w_down.t(), g, u, y is None, overwrite)
+    dw_down = gemm(dout.t(), (y if formed is None else formed).t())
     dx = gemm(dg, w_gate.t(), epilogue=STORE_K2, a1=du, w1=w_up.t())  # dg W_gate + du W_up, one launch
     return dx, gemm(dg.t(), x.t()), gemm(du.t(), x.t()), dw_down
+
+
+def dswiglu_dx(dout, w_down_t, g, u, form_y: bool, overwrite: bool):
+    """The down projection's dX GEMM with the dSwiGLU epilogue: (dg, du, y formed again
+    from g and u when ``form_y`` (DSWIGLU_Y: the forward did not keep y), else None).
+    ``overwrite``: dg and du written over g and u (their last reader), whose version
+    counters are then bumped, so autograd refuses a later read of them (a second backward
+    through the graph) instead of handing out gradients as activations. Both SwiGLU
+    backwards call it: ``swiglu_mlp``'s and ``residual_rmsnorm_linear``'s with a SwiGLU y."""
+    over = (g, u) if overwrite else None
+    if form_y:
+        dg, du, y = gemm(
+            dout, w_down_t, epilogue=DSWIGLU_Y, g=g, u=u, out=None if over is None else (*over, None)
+        )
+    else:
+        (dg, du), y = gemm(dout, w_down_t, epilogue=DSWIGLU, g=g, u=u, out=over), None
+    if overwrite:
+        torch.autograd.graph.increment_version(g)
+        torch.autograd.graph.increment_version(u)
+    return dg, du, y
 
 
 _backward = torch.library.custom_op("codetta::swiglu_mlp_backward", mutates_args=())(_backward_impl)
