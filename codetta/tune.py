@@ -181,12 +181,9 @@ def entry_usable(program, cfg, pingpong: bool) -> bool:
     """Whether a table entry's ``cfg`` is among the configurations the chooser picks from
     for ``program`` under the current settings (the mainloops' candidates; it takes a
     shipped or cached entry only then, ``tuning.Chooser.known``)."""
-    from .kernels.engines import PINGPONG, TRITON
+    from .kernels.tuning import program_candidates
 
-    cands = list(TRITON.candidates(program))
-    if pingpong:
-        cands += PINGPONG.candidates(program)
-    return cfg in cands
+    return cfg in program_candidates(program, pingpong)
 
 
 def table(keys, gpu: str, capability, num_sms: int, entries: dict) -> dict:

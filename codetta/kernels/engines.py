@@ -165,7 +165,8 @@ class TritonEngine:
         # which M, N and the first K do not fix)
         shapes = tuple(v.shape for v in call.inputs if isinstance(v, torch.Tensor))
         return (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-                shapes, call.device, SETTINGS.tail_split, SETTINGS.tail_launch, device.sm_margin())  # fmt: skip
+                shapes, call.device, SETTINGS.tail_split, SETTINGS.tail_launch,
+                device.sm_margin())  # fmt: skip
 
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns

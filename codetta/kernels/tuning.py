@@ -191,11 +191,16 @@ def candidates(call: GemmCall, pingpong: bool | None = None) -> list[Config]:
     """The configurations the tuner tries for a call: the portable mainloop's, then the
     ping-pong mainloop's where ``pingpong`` (default: ``pingpong_allowed``) says so."""
     allow = pingpong_allowed(call) if pingpong is None else pingpong and PINGPONG.unsupported(call) is None
-    cands = TRITON.candidates(call.program)
-    if allow:
-        cands += PINGPONG.candidates(call.program)
+    cands = program_candidates(call.program, allow)
     # M or N parts: each tile within one part (launch.check_parts)
     return [c for c in cands if configs.tiles_fit_parts(c, call.widths, call.heights)]
+
+
+def program_candidates(program, pingpong: bool) -> list[Config]:
+    """The portable mainloop's configurations of ``program``, then, with ``pingpong``, the
+    ping-pong mainloop's (under the current settings; ``candidates`` narrows them to a call)."""
+    cands = list(TRITON.candidates(program))
+    return cands + list(PINGPONG.candidates(program)) if pingpong else cands
 
 
 def rule_config(call: GemmCall, cands: list[Config]) -> Config:
