@@ -76,7 +76,8 @@ def main() -> None:
         e.record()
         e.synchronize()
         rel_all = (total_d / total_n) ** 0.5
-        print(f"{name:<20} loss {loss:.6f} (eager {ref_loss:.6f}); grads vs eager: all {rel_all:.2e}, "
+        # (indented: scripts/gpu_call.sh drops lines that start with "codetta:", codetta's log)
+        print(f"  {name:<20} loss {loss:.6f} (eager {ref_loss:.6f}); grads vs eager: all {rel_all:.2e}, "
               f"worst {worst[1]:.2e} ({worst[0]}); missing {missing}; fwd+bwd {s.elapsed_time(e) / 5:.1f} ms",
               flush=True)  # fmt: skip
         del model, grads
