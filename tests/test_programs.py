@@ -473,6 +473,8 @@ def test_reference_with_a_wrong_key():
         ({"inputs": (codetta.Tile("a", seeds_acc=True), codetta.Tile("b", seeds_acc=True))}, "at most one"),
         ({"outputs": (codetta.RowPick("p", index="t"),)}, "not a PerRow"),
         ({"outputs": (codetta.Tile("out"), codetta.Tile("out"))}, "repeat"),
+        ({"pingpong_regs": 244}, "multiple of 8"),
+        ({"pingpong_regs": 264}, "multiple of 8"),
     ],
 )
 def test_bad_program_declarations(kwargs, match):

@@ -195,8 +195,9 @@ PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
 PINGPONG_STREAMING_CANDIDATES = _pingpong((5,), (2, 4))
 PINGPONG_HEAVY_CANDIDATES = _pingpong((5,), (4,))
 # Epilogues that hold more tiles than the heavy candidates' 32-column sub-tiles allow
-# (DSWIGLU_Y: g and u in, dg, du and y out; 32 B of stack at 128x128 split 4): 128x64
-# tiles split in two, the same sub-tile, half the accumulator
+# (DSWIGLU_Y: g and u in, dg, du and y out; 32 B of stack at 128x128 split 4 under the
+# default register split): 128x64 tiles split in two, the same sub-tile, half the
+# accumulator
 PINGPONG_NARROW_HEAVY_CANDIDATES = _pingpong((5, 4), (2,), block_n=64)
 # A paired weight (SwiGLU's gate and up): each product 64 columns wide, both formed by
 # one 128-wide wgmma over the stacked B stage (the same accumulator as a 128x128 tile)

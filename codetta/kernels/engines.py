@@ -431,7 +431,8 @@ class PingPongEngine:
             "OUT_PARTS": program.out_parts, "BODY": program.sm90_body or program.body,
             "IN_KINDS": in_kinds, "OUT_KINDS": program.out_kinds, "RING_DTYPE": _GL_RING_DTYPES[ring],
             "RING_LAYOUT": _gl_layout((cfg.block_m, cfg.sub_n), ring), "EPI_SPLIT": cfg.epi_split,
-            "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages, "CONSUMER_REGS": pingpong.CONSUMER_REGS,
+            "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages,
+            "CONSUMER_REGS": program.pingpong_regs or pingpong.CONSUMER_REGS,
             "IN_TILES": _in_tiles(program), "PREFETCH": self.prefetches(program, cfg, dtype),
             "RING_SLOTS": self.ring_slots(program, cfg, dtype),
         }  # fmt: skip

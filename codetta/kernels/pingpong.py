@@ -469,6 +469,7 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, TILES, o0, o1, o2, o3, o4,
 # Registers: 4 consumer warps + 4 consumer warps + 1 loader warp (its warpgroup)
 # = 3 warpgroups. 168 per thread at launch is the most that fits 65536; the
 # worker consumer asks for 232, the loader gives back to 24, the default
-# consumer gets the rest (256).
+# consumer gets the rest (256). A program may even them (``Program.pingpong_regs``:
+# 240 / 248 keeps DSWIGLU_Y's five held sub-tiles out of the stack at 128x128 split 4).
 MAXNREG = 168
 CONSUMER_REGS = 232

@@ -266,7 +266,11 @@ class Program:
     last wave along K. ``sm90_body``: an escape hatch, a Gluon-specific body
     with the same contract for the ping-pong mainloop (default: ``body``);
     ``pingpong=False`` keeps the program on the Triton mainloop; ``pingpong_configs``
-    overrides its ping-pong candidates (default: by what its epilogue holds at once).
+    overrides its ping-pong candidates (default: by what its epilogue holds at once);
+    ``pingpong_regs``: the registers per thread its second ping-pong consumer asks for
+    (default ``pingpong.CONSUMER_REGS``, 232; the first consumer gets what the loader and
+    the second leave of the 512 three warpgroups share), for an epilogue that spills
+    in one consumer at the default split but not at an even one (240 / 248).
     ``sub_tile_width``: every epilogue sub-tile is exactly this many columns wide
     (and N a multiple of it): a body that works on one group of columns at a time,
     e.g. one attention head for RoPE's rotate-half; other configurations are left out.
@@ -285,6 +289,7 @@ class Program:
     pingpong: bool = True
     sub_tile_width: int = 0
     pingpong_configs: tuple | None = None
+    pingpong_regs: int = 0
     result: type = field(init=False, repr=False, compare=False)
     # K parts: whether their summed K may be split in a tail all the same (the program allowed
     # a tail split before its parts turned it off; used with CODETTA_TAIL_LAUNCH=1)
@@ -299,6 +304,8 @@ class Program:
         for op in self.inputs + self.outputs:
             if not isinstance(op, Operand):
                 raise TypeError(f"{where}: operands are made by Tile(), PerRow(), ... not {op!r}")
+        if self.pingpong_regs and not (self.pingpong_regs % 8 == 0 and 232 <= self.pingpong_regs <= 256):
+            raise ValueError(f"{where}: pingpong_regs must be a multiple of 8 in [232, 256], got {self.pingpong_regs}")
         names = [op.name for op in self.inputs + self.outputs]
         if len(set(names)) != len(names):
             raise ValueError(f"{where}: operand names repeat: {names}")

@@ -19,7 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_NARROW_HEAVY_CANDIDATES, config_grid
+from ..kernels.configs import (
+    BACKWARD_CANDIDATES,
+    PINGPONG_HEAVY_CANDIDATES,
+    PINGPONG_NARROW_HEAVY_CANDIDATES,
+    config_grid,
+)
 from ..kernels.program import PairedWeight, PerRow, Program, Scalar, Tile
 from .norm import rms_scale_of
 
@@ -143,5 +148,8 @@ DSWIGLU_Y = Program(
     reference=lambda acc, g, u: dswiglu_y_reference(acc, g, u),
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),
-    pingpong_configs=PINGPONG_NARROW_HEAVY_CANDIDATES,  # (five tiles held: 128x128 spills)
+    # five sub-tiles held at once: at 128x128 split 4 the default register split (232 / 256)
+    # spilled 32 B in one consumer, the even one (240 / 248) none (sm_90a check)
+    pingpong_configs=PINGPONG_HEAVY_CANDIDATES + PINGPONG_NARROW_HEAVY_CANDIDATES,
+    pingpong_regs=240,
 )
