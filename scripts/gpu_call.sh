@@ -46,7 +46,7 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune ${TUNE_SCOPE:---all-known} $([ "${TUNE_FORCE:-1}" = 0 ] || echo --force) \
         --seconds "${TUNE_SECONDS:-0.3}" --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
-      grep -v "^codetta:" "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
+      grep -v "^codetta: " "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
     bench:*)
       parts=${step#bench:}
       # shellcheck disable=SC2086
@@ -60,19 +60,20 @@ for step in "$@"; do
     ratios:*)
       # shellcheck disable=SC2086
       timeout "${RATIO_TIMEOUT:-300}" python3 scripts/call_ratios.py --out "$OUT" ${step#ratios:} 2>&1 \
-        | grep -v "^codetta:" | tee -a "$OUT/ratios.txt" ;;
+        | grep -v "^codetta: " | tee -a "$OUT/ratios.txt" ;;
     script:*)
       spec=${step#script:}
       # shellcheck disable=SC2086
-      timeout "${SCRIPT_TIMEOUT:-200}" python3 scripts/$spec 2>&1 | grep -v "^codetta:" \
-        | tee -a "$OUT/$(echo "${spec%% *}" | tr -c 'a-z0-9_.\n' '_')".txt ;;
+      # (the file keeps every line; the console drops codetta's "codetta: ..." log lines)
+      timeout "${SCRIPT_TIMEOUT:-200}" python3 scripts/$spec 2>&1 \
+        | tee -a "$OUT/$(echo "${spec%% *}" | tr -c 'a-z0-9_.\n' '_')".txt | grep -v "^codetta: " ;;
     coldstart*)
       # coldstart[:ARGS]: scripts/coldstart.py ARGS (e.g. "coldstart:model --precompile") with empty caches
       rm -rf /tmp/coldstart-cache /tmp/coldstart-triton
       cargs=${step#coldstart}; cargs=${cargs#:}
       # shellcheck disable=SC2086
       CODETTA_CACHE_DIR=/tmp/coldstart-cache TRITON_CACHE_DIR=/tmp/coldstart-triton timeout 200 \
-        python3 scripts/coldstart.py $cargs 2>&1 | tee -a "$OUT/coldstart.txt" | grep -v "^codetta:" | tail -12 ;;
+        python3 scripts/coldstart.py $cargs 2>&1 | tee -a "$OUT/coldstart.txt" | grep -v "^codetta: " | tail -12 ;;
   esac
 done
 cp "$CODETTA_CACHE_DIR/tuning.json" "$OUT/" 2>/dev/null || true
