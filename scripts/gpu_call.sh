@@ -63,8 +63,8 @@ for step in "$@"; do
         | grep -v "^codetta: " | tee -a "$OUT/ratios.txt" ;;
     script:*)
       spec=${step#script:}
-      # shellcheck disable=SC2086
       # (the file keeps every line; the console drops codetta's "codetta: ..." log lines)
+      # shellcheck disable=SC2086
       timeout "${SCRIPT_TIMEOUT:-200}" python3 scripts/$spec 2>&1 \
         | tee -a "$OUT/$(echo "${spec%% *}" | tr -c 'a-z0-9_.\n' '_')".txt | grep -v "^codetta: " ;;
     coldstart*)
