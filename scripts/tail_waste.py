@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from codetta.kernels import configs
-from codetta.kernels.engines import tail_allowed
+from codetta.kernels.engines import own_launch_tail, tail_allowed
 from codetta.kernels.settings import override
 from codetta.models import widths_of
 from codetta.tune import model_calls
@@ -37,9 +37,11 @@ def rounds(cfg, tiles: int, grid: int, k_blocks: int, launch: bool) -> float:
         if s > 1:
             return full + 1 / s
     if launch and (cfg.tail_split > 1 or cfg.pingpong):
+        # the launch's own choice (engines.own_launch_tail: none for a single wave)
         c = replace(cfg, tail_split=configs.PINGPONG_TAIL_SPLIT) if cfg.pingpong else cfg
-        s = configs.launch_tail_splits(c, tail, grid, k_blocks, configs.MIN_K_BLOCKS_PER_PART)
-        return full + math.ceil(tail * s / grid) / s
+        own = own_launch_tail(c, tiles, grid, k_blocks, c)
+        if own is not None:
+            return full + math.ceil(tail * own.splits / grid) / own.splits
     return full + 1
 
 

@@ -305,7 +305,9 @@ class Program:
             if not isinstance(op, Operand):
                 raise TypeError(f"{where}: operands are made by Tile(), PerRow(), ... not {op!r}")
         if self.pingpong_regs and not (self.pingpong_regs % 8 == 0 and 232 <= self.pingpong_regs <= 256):
-            raise ValueError(f"{where}: pingpong_regs must be a multiple of 8 in [232, 256], got {self.pingpong_regs}")
+            raise ValueError(
+                f"{where}: pingpong_regs must be a multiple of 8 in [232, 256], got {self.pingpong_regs}"
+            )
         names = [op.name for op in self.inputs + self.outputs]
         if len(set(names)) != len(names):
             raise ValueError(f"{where}: operand names repeat: {names}")

@@ -135,7 +135,7 @@ DSWIGLU = Program(
     dswiglu,
     inputs=(Tile("g"), Tile("u")),
     outputs=(Tile("dg"), Tile("du")),
-    reference=lambda acc, g, u: dswiglu_reference(acc, g, u),
+    reference=dswiglu_reference,
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),
 )
@@ -145,7 +145,7 @@ DSWIGLU_Y = Program(
     dswiglu_y,
     inputs=(Tile("g"), Tile("u")),
     outputs=(Tile("dg"), Tile("du"), Tile("y")),
-    reference=lambda acc, g, u: dswiglu_y_reference(acc, g, u),
+    reference=dswiglu_y_reference,
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((False, True),),
     # five sub-tiles held at once: at 128x128 split 4 the default register split (232 / 256)
