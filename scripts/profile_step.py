@@ -77,10 +77,50 @@ def _key(a, w, prog, kw) -> tuple:
     a paired weight doubles N; K parts add to K, N and M parts to N and M (the launcher's
     own sizes, ``GemmCall``): cuBLAS's time is that of one product over the concatenation
     (fewer launches and roundings than PyTorch's own sums)."""
-    call = make_call(prog or STORE, a, w, kw)
+    ops = {k: v for k, v in kw.items() if k not in ("out", "config")}  # (not operands)
+    call = make_call(prog or STORE, a, w, ops)
     n = call.N * (2 if call.program.pair_slot >= 0 else 1)
     lay = "".join("t" if t.stride(0) == 1 and t.shape[1] > 1 else "n" for t in (a, w))
     return (call.program.name, lay, call.M, n, call.k_total, a.dtype)
+
+
+def idle_report(case: str, name: str, prof, steps: int) -> None:
+    """Where the GPU waits: the profiled steps' span minus the union of their kernels'
+    intervals, the gaps binned by size, and the kernels that most often start after one
+    (their name, and the one before: which launch the GPU waited for)."""
+    kern = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not kern:
+        print(f"== {case} {name}: no kernel intervals in the trace")
+        return
+    busy, gaps, end, prev = 0.0, [], kern[0][0], kern[0][2]
+    for s, e, n in kern:
+        if s > end:
+            gaps.append((s - end, prev, n))
+        busy += max(0.0, e - max(s, end))
+        if e > end:
+            end, prev = e, n
+    span = end - kern[0][0]
+    idle = span - busy
+    per = len(kern) // steps
+    print(f"== {case} {name}: GPU idle {idle / steps / 1e3:.2f} ms per step of a "
+          f"{span / steps / 1e3:.2f} ms span ({per} kernels per step; profiled)")  # fmt: skip
+    for lo, hi in ((0, 2), (2, 5), (5, 20), (20, 100), (100, float("inf"))):
+        sel = [g for g, _, _ in gaps if lo <= g < hi]
+        print(
+            f"   gaps {lo:>4}-{hi:<5} us: {len(sel) // steps:5d} per step, {sum(sel) / steps / 1e3:7.3f} ms"
+        )
+    by = collections.defaultdict(lambda: [0.0, 0])
+    for g, a, b in gaps:
+        if g >= 5:
+            key = f"{a[:45]} -> {b[:45]}"
+            by[key][0] += g
+            by[key][1] += 1
+    for key, (g, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"   {g / steps / 1e3:7.3f} ms  x{c // steps:<4d} {key}")
 
 
 def _operand(rows, cols, transposed, dtype):
@@ -170,6 +210,7 @@ def profile_variant(case: str, name: str, base, ids) -> None:
     rows = sorted(events, key=lambda e: -e.device_time_total)[:28]
     for e in rows:
         print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
+    idle_report(case, name, prof, STEPS)
     if not name.startswith("codetta"):
         return
     with CallTimer() as timer:
