@@ -267,9 +267,12 @@ def test_public_api():
     assert codetta.ops.residual_rmsnorm_linear is residual_rmsnorm_linear
 
 
-@pytest.mark.parametrize("M,T", [(1, 1), (77, 5), (130, 40), (64, 16), (200, 32), (33, 100)])
+@pytest.mark.parametrize(
+    "M,T", [(1, 1), (77, 5), (130, 40), (64, 16), (200, 32), (33, 100), (9, 300), (19, 2004)]
+)
 def test_row_finish(M, T, device):
-    """The finish of row partials: sums, and log-sum-exps, in a fixed order."""
+    """The finish of row partials: sums, and log-sum-exps, in a fixed order; rows wider
+    than one block step (the LM head's ~2000 sub-tiles) too."""
     from codetta.kernels.reductions import row_finish
 
     parts = torch.randn(M, T, device=device) * 3

@@ -67,11 +67,13 @@ def _torch_path(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and (not device.interpreting() or SETTINGS.force_reference)
 
 
-_ROWS_BLOCK_M = 64
-
-
-def _rows_consts(lse: bool) -> dict:
-    return {"LSE": lse, "BLOCK_M": _ROWS_BLOCK_M, "BLOCK_T": 32}
+def _rows_consts(lse: bool, T: int) -> dict:
+    """The row finish's block: BLOCK_T partials of a row per step (the row's width, up to
+    256) and 2048 / BLOCK_T rows per program. Wide rows need narrow programs: with a
+    fixed 64 x 32 block, the LM head's LSE partials (4096 rows of ~2000 sub-tiles) ran on
+    64 programs of 63 serial steps (NOTES.md, run 113)."""
+    block_t = max(16, min(256, triton.next_power_of_2(max(T, 1))))
+    return {"LSE": lse, "BLOCK_M": 2048 // block_t, "BLOCK_T": block_t}
 
 
 def _cols_consts(R: int) -> dict:
@@ -87,8 +89,9 @@ def _row_launch(parts: torch.Tensor, out: torch.Tensor, lse: bool):
         out.copy_(torch.logsumexp(parts, 1) if lse else parts.sum(1))
         return None
     with device.on_device(parts.device):
-        grid = (-(-M // _ROWS_BLOCK_M),)
-        return precompile.launch(_rows_kernel, grid, parts, out, M, T, **_rows_consts(lse))
+        consts = _rows_consts(lse, T)
+        grid = (-(-M // consts["BLOCK_M"]),)
+        return precompile.launch(_rows_kernel, grid, parts, out, M, T, **consts)
 
 
 def row_finish(parts: torch.Tensor, out: torch.Tensor, lse: bool = False) -> torch.Tensor:
@@ -143,8 +146,8 @@ def bind_finish(kind: Kind, parts: torch.Tensor, compiled):
     if kind is Kind.COL_SUM:
         kernel = DirectKernel(_cols_kernel, compiled, 4, _cols_consts(R), -(-T // 16))
     else:
-        kernel = DirectKernel(_rows_kernel, compiled, 4, _rows_consts(kind is Kind.ROW_LSE),
-                              -(-R // _ROWS_BLOCK_M))  # fmt: skip
+        consts = _rows_consts(kind is Kind.ROW_LSE, T)
+        kernel = DirectKernel(_rows_kernel, compiled, 4, consts, -(-R // consts["BLOCK_M"]))
 
     def run(parts, out, stream):
         kernel(stream, parts, out, R, T)

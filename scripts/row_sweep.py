@@ -1,0 +1,137 @@
+"""The step's memory-bound row passes under other launch shapes (GPU machine).
+
+Three passes of the Llama step that the profile (scripts/profile_step.py) shows as
+their own kernels, each at the benchmark's shapes (16384 tokens; the LM head's 4096-row
+chunks), timed paired, as us and GB/s (bytes read and written / time):
+
+- the row finish of reduction partials (``reductions._rows_kernel``): the previous fixed
+  64 x 32 block against the width-dependent one (``reductions._rows_consts``), on the
+  LM head's LSE partials and a norm's sum-of-squares partials; outputs must agree
+  within 1e-6 relative (the summation order follows the block);
+- the cross-entropy gradient over stored logits (``ce._ce_grad_kernel``, in place):
+  block width x warps;
+- the rowwise RMSNorm backward (``norm_rows._rms_backward_rows_kernel``): rows per step x
+  warps x programs per SM. Its outputs must equal the default launch's bit for bit
+  (dgamma's partials follow the programs' rows, so only their sum is compared, 1e-5).
+
+Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens]   (default 16384)
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+import triton
+
+from codetta.kernels import device, precompile, reductions
+from codetta.kernels.timing import paired_ms
+from codetta.programs import ce, norm_rows
+
+REPS = 20
+
+
+def _time(fns: dict) -> dict:
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    return paired_ms(fns, min_s=0.3, warm_s=0.1)
+
+
+def _finish_reps(parts, out, c) -> None:
+    """REPS launches back to back (one alone would time the host's launch latency)."""
+    M, T = parts.shape
+    for _ in range(REPS):
+        precompile.launch(reductions._rows_kernel, (triton.cdiv(M, c["BLOCK_M"]),), parts, out, M, T, **c)
+
+
+def row_finish(tokens: int) -> None:
+    print("== row finish of partials [M, T] (old: 64 x 32 block; new: reductions._rows_consts)")
+    for M, T, lse in ((4096, 2004, True), (4096, 1002, True), (tokens, 64, False), (tokens, 128, False)):
+        parts = torch.randn(M, T, device="cuda") * 3
+        outs = {k: torch.empty(M, device="cuda") for k in ("old", "new")}
+        geo = {"old": {"LSE": lse, "BLOCK_M": 64, "BLOCK_T": 32}, "new": reductions._rows_consts(lse, T)}
+
+        fns = {k: partial(_finish_reps, parts, outs[k], geo[k]) for k in geo}
+        t = {k: ms / REPS for k, ms in _time(fns).items()}
+        err = ((outs["old"] - outs["new"]).abs() / outs["old"].abs().clamp_min(1e-30)).max().item()
+        gbs = M * T * 4 / 1e6
+        print(f"  [{M}, {T}] {'lse' if lse else 'sum'}: old {t['old'] * 1e3:7.1f} us "
+              f"({gbs / t['old']:6.0f} GB/s), new {geo['new']} {t['new'] * 1e3:7.1f} us "
+              f"({gbs / t['new']:6.0f} GB/s); max rel diff {err:.1e}")  # fmt: skip
+
+
+def ce_grad(V: int = 128256, M: int = 4096) -> None:
+    print(f"== ce grad over stored logits [{M}, {V}] bf16, in place (default BLOCK 1024, 4 warps)")
+    logits = torch.randn(M, V, device="cuda", dtype=torch.bfloat16)
+    lse = torch.logsumexp(logits.float(), 1)
+    target = torch.randint(0, V, (M,), device="cuda")
+    scale = torch.full((M,), 1.0 / M, device="cuda")
+    fns = {}
+    for block in (1024, 2048, 4096, 8192):
+        for warps in (4, 8, 16):
+            if block // (32 * warps) < 4:
+                continue
+
+            def fn(block=block, warps=warps):
+                precompile.launch(ce._ce_grad_kernel, (M,), logits, lse, target, scale, scale, scale, scale,
+                                  scale, 0.0, 0.0, V, logits.stride(0), HAS_COEF=False, HAS_W=False,
+                                  SOFTCAP=False, SMOOTH=False, WRITE=True, SUM=False, BLOCK=block,
+                                  num_warps=warps)  # fmt: skip
+
+            fns[(block, warps)] = fn
+    t = _time(fns)
+    gb = 2 * M * V * 2 / 1e6
+    for k, ms in sorted(t.items(), key=lambda kv: kv[1]):
+        print(f"  BLOCK {k[0]:5d} warps {k[1]:2d}: {ms * 1e3:7.1f} us  {gb / ms:6.0f} GB/s")
+
+
+def rms_rows(tokens: int) -> None:
+    print("== rowwise RMSNorm backward (dh, x, dres read; dx, n written), bf16, with gamma")
+    sms = device.num_sms(0)
+    for d in (2048, 4096):
+        dh, x, dres = (torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        sumsq = x.float().pow(2).sum(1)
+        gamma = torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5
+        block_d = triton.next_power_of_2(d)
+        base = norm_rows.rows_launch(d)
+        outs, fns = {}, {}
+        for bm in (1, 2, 4, 8):
+            for warps in (4, 8, 16):
+                for per_sm in (2, 4, 8, 16):
+                    programs = max(1, min(per_sm * sms, triton.cdiv(tokens, bm)))
+                    rpp = triton.cdiv(triton.cdiv(tokens, programs), bm) * bm
+                    programs = triton.cdiv(tokens, rpp)
+                    dx, n = torch.empty_like(x), torch.empty_like(x)
+                    dg = torch.empty(programs, d, device="cuda")
+                    key = (bm, warps, per_sm)
+                    outs[key] = (dx, n, dg)
+
+                    args = (dh, x, dres, sumsq, gamma, dx, n, dg, tokens, d, 1.0 / d, 1e-5, rpp)
+                    consts = dict(BLOCK_M=bm, BLOCK_D=block_d, HAS_GAMMA=True, HAS_DRES=True, num_warps=warps)
+                    kernel = norm_rows._rms_backward_rows_kernel
+                    fns[key] = partial(precompile.launch, kernel, (programs,), *args, **consts)
+        t = _time(fns)
+        ref = outs[(base[0], base[2], 4)]
+        gb = 5 * tokens * d * 2 / 1e6
+        print(f"  d {d}: default (rows per step {base[0]}, {base[2]} warps, 4 programs per SM) "
+              f"{t[(base[0], base[2], 4)] * 1e3:.1f} us")  # fmt: skip
+        for k, ms in sorted(t.items(), key=lambda kv: kv[1])[:8]:
+            dx, n, dg = outs[k]
+            same = torch.equal(dx, ref[0]) and torch.equal(n, ref[1])
+            dgerr = ((dg.sum(0) - ref[2].sum(0)).abs().max() / ref[2].sum(0).abs().max()).item()
+            print(f"   rows/step {k[0]} warps {k[1]:2d} programs/SM {k[2]:2d}: {ms * 1e3:7.1f} us "
+                  f"{gb / ms:6.0f} GB/s  dx, n equal: {same}  dgamma rel {dgerr:.1e}")  # fmt: skip
+
+
+def main() -> None:
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "tokens", tokens)
+    row_finish(tokens)
+    ce_grad()
+    rms_rows(tokens)
+
+
+if __name__ == "__main__":
+    main()
