@@ -106,18 +106,22 @@ def main(argv=None) -> int:
             "codetta:epilogue-bound",
             "codetta:qkv-one-launch",
             "codetta:recompute-y",
+            "codetta:keep-y",
             "codetta:no-overwrite",
             "codetta-triton",
             "codetta-recompute-y",
+            "codetta-keep-y",
             "codetta:low-memory",
         ],
         help="which variants to time (default: all of a part's; the floor / cuBLAS baseline is always "
         "timed, and codetta with --tuned-ab). Model part: codetta:<how> runs codetta with the portable "
         "mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) or q, k, v and their "
-        "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) or "
+        "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) "
+        "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
         "dg, du not written over g, u (no-overwrite); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
-        "codetta-recompute-y (mlp) and codetta:low-memory (ce). A name a part lacks is skipped there",
+        "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory (ce). A name a part "
+        "lacks is skipped there",
     )
     b.add_argument(
         "--widths",

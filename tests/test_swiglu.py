@@ -70,6 +70,33 @@ def test_mlp_without_keeping_y(shape, fused, residual, dtype, device):
     assert kept == {True: 3, False: 2}, kept
 
 
+def test_keep_y_auto(dtype, device):
+    """CODETTA_SWIGLU_KEEP_Y's default (auto): y formed again from model width 4096 up,
+    kept below; 0 / 1 force either; anything else is an error naming the variable."""
+    from codetta.kernels.settings import KEEP_Y_BELOW, Settings
+
+    auto = Settings.from_env({})
+    assert auto.swiglu_keep_y is None and KEEP_Y_BELOW == 4096
+    assert auto.keeps_y(2048) and not auto.keeps_y(4096) and not auto.keeps_y(8192)
+    assert Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "1"}).keeps_y(8192)
+    assert not Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "0"}).keeps_y(2048)
+    with pytest.raises(ValueError, match="CODETTA_SWIGLU_KEEP_Y"):
+        Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "yes"})
+    T, f = 16, 32
+    kept = {}
+    for d in (64, 4096):  # the op asks the rule with its input's width
+        x = rand(T, d, dtype=dtype, device=device).requires_grad_()
+        ws = [
+            rand(*s, dtype=dtype, device=device, scale=0.1).requires_grad_() for s in ((f, d), (f, d), (d, f))
+        ]
+        with override(swiglu_keep_y=None), _saved_activations(T, f) as saved:
+            out = swiglu_mlp(x, *ws)
+        kept[d] = len(saved)
+        out.float().sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (x, *ws))
+    assert kept == {64: 3, 4096: 2}, kept
+
+
 def _mlp_forward_backward(T, d, f, fused, residual, dtype, device):
     """Output and every gradient against fp64, within 2x PyTorch's own error in the same
     dtype; both weight forms (gate and up as two tensors, or one fused [2f, d])."""

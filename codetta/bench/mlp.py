@@ -9,7 +9,8 @@ it for free in its epilogue), so the comparison is, if anything, in the peers' f
 The cuBLAS baseline multiplies by gate and up concatenated (one [2f, d] GEMM, its
 best case): forward 2 GEMMs, backward 4 more (dy, dW_down, dn, dW_gate_up).
 The forward+backward table also times ``codetta-recompute-y`` (``CODETTA_SWIGLU_KEEP_Y=0``:
-g and u kept, y formed again in the backward) for its time and peak memory.
+g and u kept, y formed again in the backward) and ``codetta-keep-y`` (``=1``) for their time
+and peak memory (codetta itself runs the default, auto: y formed again from d = 4096 up).
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     add_rows(res_fwd, f"{name} fwd", fwd_flops, compare(fns))
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
-    # CODETTA_SWIGLU_KEEP_Y=0: y formed again in the backward (its forward is codetta's)
-    recompute = {"codetta-recompute-y": with_settings(variants["codetta"], swiglu_keep_y=False)}
+    # CODETTA_SWIGLU_KEEP_Y=0 / 1: y formed again in the backward, or kept (its forward is
+    # codetta's; codetta itself follows the default, auto: formed again from d 4096 up)
+    recompute = {"codetta-recompute-y": with_settings(variants["codetta"], swiglu_keep_y=False),
+                 "codetta-keep-y": with_settings(variants["codetta"], swiglu_keep_y=True)}  # fmt: skip
     fns.update({k: fwd_bwd(v) for k, v in recompute.items()})
     t = compare(fns)
     mem = {k: peak_memory_gb(fwd_bwd(v)) for k, v in selected({**variants, **recompute}).items()}

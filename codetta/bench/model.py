@@ -46,6 +46,7 @@ SETTING_VARIANTS = {
     "epilogue-bound": {"pingpong_policy": "epilogue-bound"},
     "qkv-one-launch": {"qkv_one_launch": True},
     "recompute-y": {"swiglu_keep_y": False},
+    "keep-y": {"swiglu_keep_y": True},
     "no-overwrite": {"overwrite_saved": False},
 }
 ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)

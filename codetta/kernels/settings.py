@@ -30,11 +30,13 @@
 |  |  | norm, attention scaling 1) as one GEMM over the three weights (N parts: |
 |  |  | each output its own tensor), and the three weight gradients of any |
 |  |  | three next weights as one (M parts); GPU-tested, not faster (NOTES.md) |
-| ``CODETTA_SWIGLU_KEEP_Y`` | 1 | 0: a SwiGLU MLP keeps g and u for its backward, not y = silu(g) * u |
+| ``CODETTA_SWIGLU_KEEP_Y`` | auto | 0: a SwiGLU MLP keeps g and u for its backward, not y = silu(g) * u |
 |  |  | too: the down projection's dX epilogue forms y again from the stored g and u |
 |  |  | (``DSWIGLU_Y``) for its weight gradient; one [M, f] activation less per layer |
-|  |  | (a third of the MLP's), an [M, f] write more in the backward (run 107: the |
-|  |  | Llama-3.2-1B step's peak 18.7 -> 15.0 GB, its time +2.5 %) |
+|  |  | (a third of the MLP's), an [M, f] write more in the backward. 1: y kept. auto: |
+|  |  | y formed again at model widths d >= 4096, where it costs no time (runs 112, |
+|  |  | 116: the 8B-width slice's step 0.998-1.005x, its peak 10.8 -> 9.5 GB), kept |
+|  |  | below (Llama-3.2-1B: peak 18.7 -> 15.0 GB for +0.9-1.3 % of step time) |
 | ``CODETTA_OVERWRITE_SAVED`` | 1 | 0: a SwiGLU's backward writes dg and du into new tensors instead |
 |  |  | of over the saved g and u (``swiglu_mlp``, and an internal SwiGLU: the drop-in's), |
 |  |  | two [M, f] tensors more at its peak (the switch for an A/B; run 107: 0.7 % slower) |
@@ -76,7 +78,7 @@ class Settings:
     qkv_one_launch: bool = False
     # False: a SwiGLU MLP's backward forms y again from g and u (DSWIGLU_Y) instead of
     # keeping it from the forward
-    swiglu_keep_y: bool = True
+    swiglu_keep_y: bool | None = None  # None: auto (``keeps_y``)
     # False: SwiGLU backwards write dg, du into new tensors, not over the saved g, u
     overwrite_saved: bool = True
     compile_workers: int = 0
@@ -122,15 +124,31 @@ class Settings:
                 "CODETTA_CE_VOCAB_CHUNK", env.get("CODETTA_CE_VOCAB_CHUNK", "0"), multiple=8
             ),  # fmt: skip
             qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
-            swiglu_keep_y=flag("CODETTA_SWIGLU_KEEP_Y", True),
+            swiglu_keep_y=_auto_flag("CODETTA_SWIGLU_KEEP_Y", env.get("CODETTA_SWIGLU_KEEP_Y", "auto")),
             overwrite_saved=flag("CODETTA_OVERWRITE_SAVED", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )
 
+    def keeps_y(self, d: int) -> bool:
+        """Whether a SwiGLU MLP of model width d keeps y for its backward
+        (``CODETTA_SWIGLU_KEEP_Y``; auto: below ``KEEP_Y_BELOW``)."""
+        return self.swiglu_keep_y if self.swiglu_keep_y is not None else d < KEEP_Y_BELOW
 
+
+# auto: y formed again in the backward from this model width up (its extra [M, f] write
+# shrinks against the GEMMs' M f d work as d grows; NOTES.md, runs 112 and 116)
+KEEP_Y_BELOW = 4096
 PINGPONG_POLICIES = ("all", "epilogue-bound")
 TUNE_METHODS = ("paired", "sustained", "both")
+
+
+def _auto_flag(name: str, value: str) -> bool | None:
+    if value == "auto":
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0, 1 or auto, got {value!r}")
+    return value == "1"
 
 
 def _choice(name: str, value: str, choices: tuple) -> str:

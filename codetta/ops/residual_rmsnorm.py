@@ -331,7 +331,7 @@ def _setup_context(ctx, inputs, output):
     kept = (*gate_up, *zs[:2]) if swiglu and not internal else (*gate_up, *pres)
     if w_o.shape[1] == 0:
         x = residual  # no o-projection: the norm's input is the residual itself
-    if gate_up and not SETTINGS.swiglu_keep_y:
+    if gate_up and not SETTINGS.keeps_y(w_o.shape[0]):
         y = y.new_empty(0)  # (a SwiGLU y: the backward forms it again from g and u, DSWIGLU_Y)
     ctx.save_for_backward(
         y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept

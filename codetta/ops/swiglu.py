@@ -10,9 +10,10 @@ forms dg and du in its epilogue (DSWIGLU: dy is never written), then
 dx = dg @ W_gate + du @ W_up (one GEMM over both: K parts, rounded once),
 dW_gate = dg^T x, dW_up = du^T x, dW_down = d_out^T y.
 
-Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y), or with
-``CODETTA_SWIGLU_KEEP_Y=0`` g and u alone: the dX epilogue then forms y again from them
-(DSWIGLU_Y) for dW_down, an [M, f] activation less for an [M, f] write more. In eager
+Saved for the backward: g, u and y (eager PyTorch keeps g, silu(g), u and y), or g and
+u alone (``CODETTA_SWIGLU_KEEP_Y=0``, and by default at model widths d >= 4096:
+``Settings.keeps_y``): the dX epilogue then forms y again from them (DSWIGLU_Y) for
+dW_down, an [M, f] activation less for an [M, f] write more. In eager
 mode the dSwiGLU epilogue writes dg and du over g and u (each element read, then written,
 by the same tile; nothing else holds them): the backward's peak has two [M, f] tensors
 fewer. Their version counters are bumped, so a second backward through the same graph
@@ -118,7 +119,7 @@ def _setup_context(ctx, inputs, output):
     _, g, u, y = output
     ctx.has_residual = residual is not None
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y if SETTINGS.swiglu_keep_y else None)
+    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y if SETTINGS.keeps_y(x.shape[-1]) else None)
 
 
 def _autograd_backward(ctx, dout, dg, du, dy):
