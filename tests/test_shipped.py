@@ -81,11 +81,15 @@ def test_model_calls_cover_the_step():
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
     assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits", "store_f32",
-                     "accumulate_f32", "swiglu_rms", "dswiglu", "rms_rope_128"}  # fmt: skip
+                     "accumulate_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
     assert ("swiglu_rms", False, False, 16384, 14336, 4096) in shapes  # gate and up, paired
-    assert ("dswiglu", False, True, 16384, 14336, 4096) in shapes  # down's dX + dSwiGLU
+    # down's dX + dSwiGLU, y formed again (CODETTA_SWIGLU_KEEP_Y=auto at d 4096; kept at 2048)
+    assert ("dswiglu_y", False, True, 16384, 14336, 4096) in shapes
+    assert "dswiglu" in {
+        c.program.name for c in tune.model_calls(models.KNOWN["llama3-1b"], (16384,)).values()
+    }
     assert ("rms_rope_128", False, False, 16384, 1024, 4096) in shapes  # k (q: N 4096)
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # v
     assert ("ce_logits", False, False, 4096, 128256, 4096) in shapes  # LM head + loss, 4096-row chunks
