@@ -35,7 +35,7 @@
 |  |  | (``DSWIGLU_Y``) for its weight gradient; one [M, f] activation less per layer |
 |  |  | (a third of the MLP's), an [M, f] write more in the backward. 1: y kept. auto: |
 |  |  | y formed again at model widths d >= 4096, where it costs no time (runs 112, |
-|  |  | 116: the 8B-width slice's step 0.998-1.005x, its peak 10.8 -> 9.5 GB), kept |
+|  |  | 116: the 8B-width slice's step 0.994-1.006x, its peak 10.8 -> 9.5 GB), kept |
 |  |  | below (Llama-3.2-1B: peak 18.7 -> 15.0 GB for +0.9-1.3 % of step time) |
 | ``CODETTA_OVERWRITE_SAVED`` | 1 | 0: a SwiGLU's backward writes dg and du into new tensors instead |
 |  |  | of over the saved g and u (``swiglu_mlp``, and an internal SwiGLU: the drop-in's), |
