@@ -108,6 +108,7 @@ def main(argv=None) -> int:
             "codetta:recompute-y",
             "codetta:keep-y",
             "codetta:no-overwrite",
+            "codetta:no-tied-grad",
             "codetta-triton",
             "codetta-recompute-y",
             "codetta-keep-y",
@@ -118,7 +119,8 @@ def main(argv=None) -> int:
         "mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) or q, k, v and their "
         "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) "
         "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
-        "dg, du not written over g, u (no-overwrite); "
+        "dg, du not written over g, u (no-overwrite) or a tied embedding's two gradients formed "
+        "apart (no-tied-grad); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory (ce). A name a part "
         "lacks is skipped there",

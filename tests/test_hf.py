@@ -140,6 +140,41 @@ def test_matches_unpatched(family, tied, mask, dtype):
     assert_within("logits", *logits)
 
 
+def test_tied_gradient_in_one_pass(monkeypatch):
+    """Tied embeddings (and a padding id): the patched model forms the table's whole
+    gradient in the lookup's backward (ops/tied_embedding.py; eager, no dispatch mode, so
+    the kernels run), within twice the unpatched model's error; CODETTA_TIED_GRAD=0 and an
+    untied model leave it to PyTorch."""
+    import importlib
+
+    from conftest import ON_GPU
+
+    from codetta.kernels import settings
+
+    mod = importlib.import_module("codetta.ops.tied_embedding")
+    calls = []
+    real = mod.tied_weight_grad
+    monkeypatch.setattr(mod, "tied_weight_grad", lambda *a: calls.append(1) or real(*a))
+    dev, dtype = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float32)
+    model = _model("llama", True, dtype, pad_token_id=0).to(dev)
+    assert model.model.embed_tokens.padding_idx == 0
+    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
+    ours = codetta.apply_codetta(copy.deepcopy(model))
+    kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
+    kw["input_ids"][0, :4] = 0  # the padding id, whose row gets no lookup gradient
+    want, same, got = (_step(m, kw) for m in (ref64, plain, ours))
+    assert calls == [1], "the one-pass tied gradient did not run"
+    for name in same[2]:
+        assert_within(f"grad {name}", got[2][name], want[2][name], same[2][name])
+    with settings.override(tied_grad=False):
+        off = _step(ours, kw)
+    assert calls == [1]
+    name = "model.embed_tokens.weight"
+    assert_within(f"grad {name}, CODETTA_TIED_GRAD=0", off[2][name], want[2][name], same[2][name])
+    _step(codetta.apply_codetta(_model("llama", False, dtype).to(dev)), kw)
+    assert calls == [1]
+
+
 def test_low_memory_loss_in_the_drop_in():
     """CODETTA_CE_VOCAB_CHUNK puts the drop-in's loss in the low-memory mode (here V 128 in
     two slices): the same checks against float64, tied embeddings and padding."""

@@ -48,6 +48,7 @@ SETTING_VARIANTS = {
     "recompute-y": {"swiglu_keep_y": False},
     "keep-y": {"swiglu_keep_y": True},
     "no-overwrite": {"overwrite_saved": False},
+    "no-tied-grad": {"tied_grad": False},
 }
 ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 

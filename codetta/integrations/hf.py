@@ -43,6 +43,7 @@ import weakref
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..kernels.settings import SETTINGS
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
     residual_rmsnorm,
@@ -51,6 +52,7 @@ from ..ops.residual_rmsnorm import (
     rmsnorm_linear,
 )
 from ..ops.rope import RoPE
+from ..ops.tied_embedding import TiedLink, tied_embedding
 from ..programs.rope import RMS_ROPE
 from .fsdp import Spans
 
@@ -233,7 +235,18 @@ def _codetta_forward(
     spans = Spans([*([layer] for layer in layers), (base.norm, self.lm_head)], outer=(base,))
     checkpointing = self.training and torch.is_grad_enabled() and _hf_checkpointing(base, layers)
     spans.open_outer()
-    h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    # with labels in training, the loss is fused and no logits are returned (as Liger does)
+    fused_loss = labels is not None and self.training
+    tied = None
+    if inputs_embeds is not None:
+        h = inputs_embeds
+    elif fused_loss and not spans.active and _tied_lookup(base.embed_tokens, self.lm_head):
+        # tied embeddings: the table's two gradients formed in one pass (ops/tied_embedding.py)
+        tied = TiedLink()
+        emb = base.embed_tokens
+        h = tied_embedding(input_ids, emb.weight, emb.padding_idx, tied)
+    else:
+        h = base.embed_tokens(input_ids)
     # the masks see the caller's position_ids: given none, the positions are 0..T-1 and
     # transformers' packed-sequence check (a host synchronization: it looks at GPU values
     # on the host, NOTES.md) has nothing to find
@@ -242,8 +255,6 @@ def _codetta_forward(
         position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
     position_embeddings = base.rotary_emb(h, position_ids)
 
-    # with labels in training, the loss is fused and no logits are returned (as Liger does)
-    fused_loss = labels is not None and self.training
     loss = logits = None
     silu = _is_silu(self.config)
     rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
@@ -318,7 +329,7 @@ def _codetta_forward(
         # forming n), then the LM head and the loss in one chunked operator (no logits)
         norm = base.norm
         _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
-        loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"))
+        loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"), tied)
         loss = spans.close(i + 1, spans.close(i, loss))
     else:
         norm = base.norm
@@ -357,16 +368,40 @@ def _is_silu(config) -> bool:
     return getattr(config, "hidden_act", None) in ("silu", "swish")
 
 
-def _causal_lm_loss(n, head_weight, labels, num_items_in_batch):
+def _causal_lm_loss(n, head_weight, labels, num_items_in_batch, tied=None):
     """Hugging Face's causal-LM loss (tokens < t predict t, ignore_index -100, mean, or a sum
     over ``num_items_in_batch``) through ``linear_cross_entropy``, in float32."""
     shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].to(n.device)
     if num_items_in_batch is None:
-        return linear_cross_entropy(n, head_weight, shift, loss_dtype=torch.float32)
-    total = linear_cross_entropy(n, head_weight, shift, reduction="sum", loss_dtype=torch.float32)
+        return linear_cross_entropy(n, head_weight, shift, loss_dtype=torch.float32, tied=tied)
+    total = linear_cross_entropy(n, head_weight, shift, reduction="sum", loss_dtype=torch.float32, tied=tied)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def _tied_lookup(emb, head) -> bool:
+    """The embedding is a plain lookup into the LM head's own weight, nothing hooked on it:
+    its gradient and the head's can be formed in one pass (``CODETTA_TIED_GRAD``)."""
+    plain = (
+        type(emb) is torch.nn.Embedding
+        and emb.max_norm is None
+        and not emb.scale_grad_by_freq
+        and not emb.sparse
+        and not (emb._forward_hooks or emb._forward_pre_hooks or emb._backward_hooks)
+    )
+    return (
+        SETTINGS.tied_grad
+        and plain
+        and emb.weight is head.weight
+        and type(emb.weight) is torch.nn.Parameter
+        and not _global_module_hooks()
+    )
+
+
+def _global_module_hooks() -> bool:
+    m = torch.nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks)
 
 
 def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:

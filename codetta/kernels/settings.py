@@ -40,6 +40,10 @@
 | ``CODETTA_OVERWRITE_SAVED`` | 1 | 0: a SwiGLU's backward writes dg and du into new tensors instead |
 |  |  | of over the saved g and u (``swiglu_mlp``, and an internal SwiGLU: the drop-in's), |
 |  |  | two [M, f] tensors more at its peak (the switch for an A/B; run 107: 0.7 % slower) |
+| ``CODETTA_TIED_GRAD`` | 1 | 0: with tied embeddings, the Hugging Face drop-in's LM head returns |
+|  |  | its weight gradient itself and the embedding's backward its own (PyTorch sums |
+|  |  | them), instead of one pass forming both (``ops/tied_embedding.py``; the switch |
+|  |  | for an A/B) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -81,6 +85,8 @@ class Settings:
     swiglu_keep_y: bool | None = None  # None: auto (``keeps_y``)
     # False: SwiGLU backwards write dg, du into new tensors, not over the saved g, u
     overwrite_saved: bool = True
+    # False: a tied embedding's two gradients formed apart (ops/tied_embedding.py)
+    tied_grad: bool = True
     compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
@@ -126,6 +132,7 @@ class Settings:
             qkv_one_launch=flag("CODETTA_QKV_ONE_LAUNCH", False),
             swiglu_keep_y=_auto_flag("CODETTA_SWIGLU_KEEP_Y", env.get("CODETTA_SWIGLU_KEEP_Y", "auto")),
             overwrite_saved=flag("CODETTA_OVERWRITE_SAVED", True),
+            tied_grad=flag("CODETTA_TIED_GRAD", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )

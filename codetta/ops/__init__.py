@@ -10,6 +10,7 @@ from .residual_rmsnorm import (
 )
 from .rope import RoPE
 from .swiglu import swiglu_mlp
+from .tied_embedding import TiedLink, tied_embedding
 
 __all__ = [
     "residual_rmsnorm",
@@ -20,4 +21,6 @@ __all__ = [
     "RoPE",
     "swiglu_mlp",
     "linear_cross_entropy",
+    "TiedLink",
+    "tied_embedding",
 ]

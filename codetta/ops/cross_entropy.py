@@ -17,10 +17,12 @@ gradient. Extra memory beyond the inputs and their gradients: one logits buffer
 the fp32 dW accumulator (4 V d bytes: the first chunk's product stored by the
 STORE_F32 epilogue, the others' summed in place by ACCUMULATE_F32; for mean and sum it
 stays float32 until the backward scales it and casts it to the weight's dtype in one
-pass), plus O(M) row statistics: at V = 128256, d = 4096 that is 1 + 2 GiB, above
-issue 15's 512 MiB bar (the fp32 accumulator is the larger term). Each chunk reads and
-writes the whole fp32 accumulator (2 GiB of traffic at d = 4096): bigger chunks make
-fewer of those passes, which is why the budget is 1 GiB and not less (NOTES.md).
+pass; with tied embeddings, ``tied=``, the embedding's backward does that pass and adds
+its own gradient in it, ``ops/tied_embedding.py``), plus O(M) row statistics: at
+V = 128256, d = 4096 that is 1 + 2 GiB, above issue 15's 512 MiB bar (the fp32
+accumulator is the larger term). Each chunk reads and writes the whole fp32
+accumulator (2 GiB of traffic at d = 4096): bigger chunks make fewer of those passes,
+which is why the budget is 1 GiB and not less (NOTES.md).
 
 The low-memory mode (``vocab_chunk``): the vocabulary goes in slices over all rows at
 once. The forward computes each slice's logits into one [M, vocab_chunk] buffer with
@@ -42,6 +44,8 @@ per chunk plus the dX and dW GEMMs.
 
 from __future__ import annotations
 
+import contextvars
+
 import torch
 
 from ..kernels.launch import gemm
@@ -60,8 +64,11 @@ from .ce_rows import (
     target_rows,
 )
 from .ce_sliced import sliced_backward, sliced_forward
+from .tied_embedding import TiedLink
 
 REDUCTIONS = ("mean", "sum", "none")
+# the TiedLink of the call being set up (``tied=``): read by ``_setup``, eager calls only
+_TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
 def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
@@ -267,6 +274,7 @@ def _setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
+    ctx.tied = _TIED.get() if ctx.grads_in_forward else None
     ctx.set_materialize_grads(False)
     if vocab_chunk:
         ctx.save_for_backward(x, w, target, lse, bias, class_weight)
@@ -299,7 +307,10 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         # run 54); the float32 dW scaled and cast to the weight's dtype in one pass
         scale = dloss.to(torch.float32)
         dx, db = torch._foreach_mul([dx, db], scale)
-        dw = scale_cast(dw, scale, ctx.w_dtype)
+        if ctx.tied is not None and ctx.tied.hand_over(dw, scale):
+            dw = None  # the tied embedding's backward returns the weight's whole gradient
+        else:
+            dw = scale_cast(dw, scale, ctx.w_dtype)
     return (dx, dw, None, db if ctx.has_bias else None) + none[:9]
 
 
@@ -326,6 +337,7 @@ def linear_cross_entropy(
     chunk_rows=None,
     loss_dtype=None,
     vocab_chunk=None,
+    tied=None,
 ):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     reduction=..., ignore_index=..., label_smoothing=...)`` without materializing the
@@ -354,6 +366,11 @@ def linear_cross_entropy(
     (no float32 dW: each slice's dW is one GEMM over every row, rounded once).
     ``chunk_rows`` does not apply then. Default: the ``CODETTA_CE_VOCAB_CHUNK`` setting
     (0: off), so the Hugging Face drop-in's loss can use it unchanged.
+
+    ``tied``: a ``TiedLink`` from ``tied_embedding(ids, linear_weight, ...)`` (tied
+    embeddings, ``ops/tied_embedding.py``): the weight's gradient then reaches it
+    through the embedding's backward, summed with the embedding's in one pass. Used in
+    eager mode for mean and sum without ``vocab_chunk``; ignored elsewhere.
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)
@@ -365,6 +382,8 @@ def linear_cross_entropy(
             named[name] = t
     check_same_device(named)
     check_gemm_dtype("input", input)
+    if tied is not None and not isinstance(tied, TiedLink):
+        raise TypeError(f"tied must be a TiedLink (ops.tied_embedding) or None, got {type(tied).__name__}")
     if linear_weight.dtype != input.dtype:
         raise TypeError(f"linear_weight ({linear_weight.dtype}) must have input's dtype ({input.dtype})")
     check_dtype("target", target, (torch.int64, torch.int32))
@@ -411,10 +430,16 @@ def linear_cross_entropy(
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
     grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
-    loss, lse, _, _, _ = _forward_fast(
-        x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
-        float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
-    )  # fmt: skip
+    args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
+            float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0))  # fmt: skip
+    if tied is None or torch.compiler.is_compiling():  # (dynamo cannot trace a ContextVar)
+        loss, lse, _, _, _ = _forward_fast(*args)
+    else:
+        token = _TIED.set(tied)
+        try:
+            loss, lse, _, _, _ = _forward_fast(*args)
+        finally:
+            _TIED.reset(token)
     loss = loss.to(loss_dtype or input.dtype)
     loss = loss.reshape(target.shape) if reduction == "none" else loss
     return (loss, lse.reshape(target.shape)) if return_lse else loss

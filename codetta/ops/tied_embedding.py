@@ -1,0 +1,103 @@
+"""An embedding lookup whose table is also the LM head's weight (tied embeddings), with
+the table's whole gradient formed in one pass (``programs/embedding.py``).
+
+    link = TiedLink()
+    h = tied_embedding(ids, weight, padding_idx, link)      # = F.embedding(ids, weight, padding_idx)
+    ...
+    loss = linear_cross_entropy(n, weight, target, tied=link)
+
+Without the link, autograd sums the weight's two gradients: the LM head's (cast from
+float32 to the weight's dtype) and the embedding's (its own backward over a zero-filled
+[V, d] table), each a [V, d] tensor, then their sum. With it, the loss's backward hands
+its float32 weight gradient and scale to the link instead of returning a gradient, and
+the embedding's backward, which runs last, returns the sum of both, rounded once. The
+loss hands it over only if the engine will run the embedding's backward in this
+backward pass (``torch._C._will_engine_execute_node``); otherwise it returns its
+gradient as usual, so a graph in which the embedding's output does not reach the loss
+still gets every gradient. Until the embedding's backward runs, the float32 gradient
+(4 V d bytes) stays alive instead of its cast (2 V d bytes).
+
+Eager mode only: under torch.compile, ``linear_cross_entropy`` ignores the link and the
+lookup is a plain ``F.embedding`` in the traced graph.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ..programs.embedding import tied_weight_grad
+
+
+class TiedLink:
+    """One forward's tie between an embedding lookup and the loss over the same weight."""
+
+    def __init__(self):
+        self._node = None  # a weak reference to the lookup's autograd node
+        self._deposits: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def bind(self, out: torch.Tensor) -> None:
+        node = out.grad_fn
+        self._node = None if node is None else weakref.ref(node)
+
+    def hand_over(self, dw32: torch.Tensor, scale: torch.Tensor) -> bool:
+        """Called by the loss's backward: keep its float32 weight gradient (unscaled) and
+        its scale for the lookup's backward and return True if that will run in this
+        backward pass; else False (the loss then returns its gradient itself)."""
+        node = None if self._node is None else self._node()
+        if node is None or not torch._C._will_engine_execute_node(node):
+            return False
+        self._deposits.append((dw32, scale))
+        return True
+
+    def take(self):
+        """(float32 gradient, scale) handed over since the last call, or None."""
+        deposits, self._deposits = self._deposits, []
+        if not deposits:
+            return None
+        if len(deposits) == 1:
+            return deposits[0]
+        # (two losses over one lookup: their scaled sum, scale 1)
+        total = sum(d * s for d, s in deposits)
+        return total, torch.ones((), dtype=torch.float32, device=total.device)
+
+
+class _TiedEmbedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, ids, padding_idx, link):
+        ctx.save_for_backward(ids)
+        ctx.padding_idx, ctx.link, ctx.shape, ctx.dtype = padding_idx, link, weight.shape, weight.dtype
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, demb):
+        (ids,) = ctx.saved_tensors
+        flat = ids.reshape(-1)
+        g = demb.reshape(-1, demb.shape[-1])
+        held = ctx.link.take()
+        if held is None:  # the loss returned its own gradient: the embedding's alone
+            pad = -1 if ctx.padding_idx is None else ctx.padding_idx
+            dw = torch.ops.aten.embedding_dense_backward(g, flat, ctx.shape[0], pad, False)
+        else:
+            dw = tied_weight_grad(held[0], held[1], g, flat, ctx.padding_idx, ctx.dtype)
+        return dw, None, None, None
+
+
+def tied_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
+                   link: TiedLink) -> torch.Tensor:  # fmt: skip
+    """``F.embedding(ids, weight, padding_idx)``, tied through ``link`` to a
+    ``linear_cross_entropy(..., tied=link)`` over the same ``weight`` (module docstring).
+    ``padding_idx``: None or in [0, V), as ``nn.Embedding`` stores it."""
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, d], got {tuple(weight.shape)}")
+    if padding_idx is not None and not 0 <= padding_idx < weight.shape[0]:
+        raise ValueError(f"padding_idx must be None or in [0, {weight.shape[0]}), got {padding_idx}")
+    if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and weight.requires_grad):
+        return F.embedding(ids, weight, padding_idx)
+    out = _TiedEmbedding.apply(weight, ids, padding_idx, link)
+    link.bind(out)
+    return out

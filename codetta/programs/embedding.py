@@ -1,0 +1,135 @@
+"""The weight gradient of an embedding table that is also the LM head's weight (tied
+embeddings), in one pass over the table.
+
+    dW = scale * dW_head + E,   E[v] = sum of demb[t] over the tokens t with ids[t] = v
+
+dW_head is the LM head's float32 weight gradient (``linear_cross_entropy`` forms it in
+the forward, unscaled), scale the loss's incoming gradient (0-dim float32) and demb the
+embedding output's gradient [T, d]. PyTorch forms the two terms apart: the head's
+gradient cast to the weight's dtype, the embedding's own backward (a sort, a zero-filled
+[V, d] table and two kernels over it), then their sum: three more passes over a [V, d]
+table (NOTES.md has their times in the Llama-3.2-1B step). Here the float32 table is read
+once and the result rounded once.
+
+Deterministic (no atomics): the tokens are sorted by id (stable), pass A sums each run
+of equal ids within a block of ``SEG`` sorted tokens (a segmented scan) and stores the
+sum at the run's last slot, pass B adds to each row of the table the run sums of its
+tokens' slots, in order. A frequent id (a padding token thousands of times in a batch)
+costs one partial sum per ``SEG`` of its tokens, not one load per token. Rows equal to
+``padding_idx`` get no embedding term (as ``nn.Embedding``'s).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kernels import device, precompile
+from ..kernels.settings import SETTINGS
+from .norm_rows import torch_path, traced
+
+SEG = 64  # sorted tokens per block of pass A
+_BLOCK_D = 512
+_ROWS = 4  # table rows per program of pass B
+_PARTS = 16  # run sums gathered at once by pass B
+
+
+@triton.jit
+def _seg_combine(k1, v1, k2, v2):
+    # segmented sum over sorted keys: a run restarts where the key changes
+    return k2, tl.where(k1 == k2, v1 + v2, v2)
+
+
+@triton.jit
+def _run_sums_kernel(demb, sid, order, runs, T, D, SEG: tl.constexpr, BLOCK_D: tl.constexpr):
+    slots = tl.program_id(0) * SEG + tl.arange(0, SEG)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    live = slots < T
+    cmask = cols < D
+    key = tl.load(sid + slots, mask=live, other=-1)
+    nxt = tl.load(sid + slots + 1, mask=slots + 1 < T, other=-1)
+    tok = tl.load(order + slots, mask=live, other=0).to(tl.int64)
+    both = live[:, None] & cmask[None, :]
+    g = tl.load(demb + tok[:, None] * D + cols[None, :], mask=both, other=0.0).to(tl.float32)
+    keys = key[:, None] + tl.zeros((SEG, BLOCK_D), dtype=key.dtype)
+    _, sums = tl.associative_scan((keys, g), 0, _seg_combine)
+    # a run's sum lands at its last slot in this block
+    ends = live & ((nxt != key) | (tl.arange(0, SEG) == SEG - 1))
+    at = slots.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(runs + at, sums, mask=ends[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constexpr, ROWS: tl.constexpr,
+                      PARTS: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    s = tl.load(scale)
+    for r in range(ROWS):
+        row = tl.program_id(0) * ROWS + r
+        if row < V:
+            at = row.to(tl.int64) * D
+            acc = tl.load(dw32 + at + cols, mask=cmask, other=0.0) * s
+            a = tl.load(starts + row)
+            b = tl.load(starts + row + 1)
+            b = tl.where(row == PAD, a, b)
+            # the row's tokens are sorted slots [a, b); their sums sit at the last slot of
+            # each block of SEG slots they touch, and at b - 1
+            first = a // SEG
+            n = tl.where(b > a, (b - 1) // SEG - first + 1, 0)
+            for p0 in range(0, n, PARTS):
+                k = p0 + tl.arange(0, PARTS)
+                slot = tl.minimum((first + k + 1) * SEG, b) - 1
+                part = tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :],
+                               mask=(k < n)[:, None] & cmask[None, :], other=0.0)  # fmt: skip
+                acc += tl.sum(part, axis=0)
+            tl.store(out + at + cols, acc.to(out.dtype.element_ty), mask=cmask)
+
+
+def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor, ids: torch.Tensor,
+                     padding_idx: int | None, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """``(scale * dw32 + E).to(dtype)`` with E the embedding's gradient of ``ids`` (module
+    docstring): dw32 a contiguous float32 [V, d], scale a float32 0-dim tensor on its
+    device, demb [T, d] (any float dtype), ids [T] integer in [0, V)."""
+    if dw32.dim() != 2 or not dw32.is_contiguous() or dw32.dtype != torch.float32:
+        raise ValueError(f"dw32 must be a contiguous float32 [V, d], got {dw32.dtype} {tuple(dw32.shape)}")
+    V, D = dw32.shape
+    if demb.dim() != 2 or demb.shape[1] != D or ids.shape != (demb.shape[0],):
+        raise ValueError(f"demb [T, {D}] and ids [T] disagree: {tuple(demb.shape)} and {tuple(ids.shape)}")
+    pad = -1 if padding_idx is None else int(padding_idx)
+    if traced(dw32) or torch_path(dw32) or torch_path(demb):
+        keep = ids != pad
+        total = (dw32 * scale).index_add(0, ids[keep], demb[keep].float())
+        return total.to(dtype)
+    new = _nan_filled if SETTINGS.poison_outputs else torch.empty  # (tests: unwritten -> NaN)
+    out = new((V, D), dtype=dtype, device=dw32.device)
+    if V == 0 or D == 0:
+        return out
+    T = ids.shape[0]
+    demb = demb.contiguous()
+    sid, order = torch.sort(ids, stable=True)
+    starts = torch.zeros(V + 1, dtype=torch.int64, device=ids.device)
+    torch.cumsum(torch.bincount(ids, minlength=V), 0, out=starts[1:])
+    runs = new((max(T, 1), D), dtype=torch.float32, device=dw32.device)
+    block_d = min(_BLOCK_D, triton.next_power_of_2(D))
+    cols = triton.cdiv(D, block_d)
+    with device.on_device(dw32.device):
+        if T:
+            precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
+                              SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
+        grid = (triton.cdiv(V, _ROWS), cols)
+        precompile.launch(_tied_grad_kernel, grid, dw32, scale, runs, starts, out, V, D, pad, SEG=SEG,
+                          ROWS=_ROWS, PARTS=_PARTS, BLOCK_D=block_d, num_warps=4)  # fmt: skip
+    return out
+
+
+def _nan_filled(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def tied_weight_grad_reference(dw32, scale, demb, ids, padding_idx, dtype):
+    """The same in float64 PyTorch (tests)."""
+    keep = ids != (-1 if padding_idx is None else padding_idx)
+    total = (dw32.double() * scale.double()).index_add(0, ids[keep], demb[keep].double())
+    return total.to(dtype)

@@ -1,0 +1,151 @@
+"""Tied embeddings: the table's gradient from the LM head + loss and from the lookup in one
+pass (programs/embedding.py, ops/tied_embedding.py), against float64 and against PyTorch
+summing the two gradients itself."""
+
+import importlib
+
+import pytest
+import torch
+from conftest import ON_GPU
+from util import assert_within
+
+from codetta.ops import TiedLink, linear_cross_entropy, tied_embedding
+from codetta.programs.embedding import SEG, tied_weight_grad
+
+tied_mod = importlib.import_module("codetta.ops.tied_embedding")  # (the package exports a function so named)
+
+# (V, d, tokens, padding_idx, how the ids are drawn)
+CASES = (
+    [(50, 24, 37, None, "uniform"), (200, 72, 300, 3, "skewed"), (64, 40, 0, None, "uniform"),
+     (96, 16, 3 * SEG + 5, None, "one")]
+    if not ON_GPU
+    else [(32000, 2048, 16384, None, "uniform"), (32000, 4096, 16384, 0, "skewed"),
+          (50257, 1024, 8192, None, "one"), (1000, 520, 777, 7, "skewed")]
+)  # fmt: skip
+
+
+def _ids(V, T, pad, how, device):
+    ids = torch.randint(0, V, (T,), device=device)
+    if how == "skewed" and T:  # a frequent id (runs across several blocks) and the padding id
+        ids[torch.rand(T, device=device) < 0.4] = 5
+        if pad is not None:
+            ids[torch.rand(T, device=device) < 0.2] = pad
+    elif how == "one":  # every token the same id
+        ids.fill_(V - 1)
+    return ids
+
+
+def _torch_tied(dw32, scale, g, ids, pad, dtype):
+    """PyTorch's own path in ``dtype``: the head's gradient cast, the embedding's backward,
+    their sum (autograd's)."""
+    head = (dw32 * scale).to(dtype)
+    emb = torch.ops.aten.embedding_dense_backward(g, ids, dw32.shape[0], -1 if pad is None else pad, False)
+    return head + emb.to(dtype)
+
+
+@pytest.mark.parametrize("V,D,T,pad,how", CASES)
+def test_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
+    dw32 = torch.randn(V, D, device=device) * 1e-2
+    scale = torch.tensor(0.73, device=device)
+    g = torch.randn(T, D, device=device).to(dtype)
+    ids = _ids(V, T, pad, how, device)
+    got = tied_weight_grad(dw32, scale, g, ids, pad, dtype)
+    keep = ids != (-1 if pad is None else pad)
+    ref = (dw32.double() * scale.double()).index_add(0, ids[keep], g[keep].double())
+    assert got.dtype == dtype and got.shape == (V, D)
+    assert_within("dW", got, ref, _torch_tied(dw32, scale, g, ids, pad, dtype))
+    if pad is not None:  # the padding row: the head's term alone
+        assert torch.equal(got[pad], (dw32[pad] * scale).to(dtype))
+
+
+@pytest.mark.gpu  # (the interpreter runs programs one by one: nothing to race there)
+def test_weight_grad_is_deterministic(device):
+    V, D, T = 128256, 2048, 16384
+    dw32 = torch.randn(V, D, device=device)
+    g = torch.randn(T, D, device=device).to(torch.float16)
+    ids = _ids(V, T, None, "skewed", device)
+    scale = torch.tensor(1.0, device=device)
+    first = tied_weight_grad(dw32, scale, g, ids, None, torch.float16)
+    assert torch.equal(first, tied_weight_grad(dw32, scale, g, ids, None, torch.float16))
+
+
+def _tied_step(x, w, ids, t, dtype, tie):
+    """h = the lookup of ids; the loss over (x + h) through the head w: w's gradient has both
+    terms, formed through a TiedLink."""
+    link = TiedLink()
+    h = tied_embedding(ids, w, None, link)
+    return linear_cross_entropy((x + h).to(dtype), w, t, tied=link)
+
+
+def test_tied_loss_gradients_match(dtype, device, monkeypatch):
+    V, d, T = (100, 32, 48) if not ON_GPU else (32000, 2048, 4096)
+    calls = []
+    real = tied_mod.tied_weight_grad
+    monkeypatch.setattr(tied_mod, "tied_weight_grad", lambda *a: calls.append(1) or real(*a))
+    x0 = torch.randn(T, d, device=device)
+    w0 = torch.randn(V, d, device=device) * 0.5
+    ids = torch.randint(0, V, (T,), device=device)
+    t = torch.randint(0, V, (T,), device=device)
+    t[:5] = -100
+    grads = {}
+    for name, dt, tie in (("ours", dtype, True), ("torch", dtype, False), ("f64", torch.float64, False)):
+        x = x0.to(dt).clone().requires_grad_()
+        w = w0.to(dt).clone().requires_grad_()
+        if tie:
+            loss = _tied_step(x, w, ids, t, dt, tie)
+        else:  # PyTorch itself: the float64 reference, and its own error in the same dtype
+            logits = torch.nn.functional.linear(x + torch.nn.functional.embedding(ids, w), w)
+            loss = torch.nn.functional.cross_entropy(logits, t)
+        (loss * 1.7).backward()  # an incoming gradient other than 1
+        grads[name] = (w.grad, x.grad)
+    assert calls == [1], "the tied pass did not run"
+    assert_within("dW", grads["ours"][0], grads["f64"][0], grads["torch"][0])
+    assert_within("dx", grads["ours"][1], grads["f64"][1], grads["torch"][1])
+
+
+def test_lookup_off_the_loss_path(device):
+    """The lookup's output does not reach the loss: the loss returns its own gradient (the
+    engine will not run the lookup's backward in that pass); a later backward through the
+    lookup alone gets the embedding's gradient."""
+    V, d, T = 64, 16, 20
+    w = torch.randn(V, d, device=device, requires_grad=True)
+    x = torch.randn(T, d, device=device)
+    ids = torch.randint(0, V, (T,), device=device)
+    t = torch.randint(0, V, (T,), device=device)
+    link = TiedLink()
+    h = tied_embedding(ids, w, None, link)
+    loss = linear_cross_entropy(x, w, t, tied=link)
+    loss.backward()
+    want = torch.func.grad(lambda w_: torch.nn.functional.cross_entropy(x @ w_.t(), t))(w.detach())
+    torch.testing.assert_close(w.grad, want, rtol=1e-4, atol=1e-6)
+    w.grad = None
+    (h * 2).sum().backward()
+    want = torch.zeros_like(w).index_add(0, ids, torch.full((T, d), 2.0, device=device))
+    torch.testing.assert_close(w.grad, want)
+
+
+def test_two_losses_one_lookup(device):
+    V, d, T = 64, 16, 24
+    w0 = torch.randn(V, d, device=device)
+    x0 = torch.randn(T, d, device=device)
+    ids = torch.randint(0, V, (T,), device=device)
+    t1, t2 = (torch.randint(0, V, (T,), device=device) for _ in range(2))
+    w = w0.clone().requires_grad_()
+    link = TiedLink()
+    h = x0 + tied_embedding(ids, w, None, link)
+    (linear_cross_entropy(h, w, t1, tied=link) + 3 * linear_cross_entropy(h, w, t2, tied=link)).backward()
+    v = w0.clone().requires_grad_()
+    h2 = x0 + torch.nn.functional.embedding(ids, v)
+    (linear_cross_entropy(h2, v, t1) + 3 * linear_cross_entropy(h2, v, t2)).backward()
+    torch.testing.assert_close(w.grad, v.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_arguments(device):
+    w = torch.randn(10, 8, device=device, requires_grad=True)
+    ids = torch.randint(0, 10, (4,), device=device)
+    with pytest.raises(TypeError, match="TiedLink"):
+        linear_cross_entropy(torch.randn(4, 8, device=device), w, ids, tied=object())
+    with pytest.raises(ValueError, match="padding_idx"):
+        tied_embedding(ids, w, 10, TiedLink())
+    with pytest.raises(TypeError, match="ids"):
+        tied_embedding(ids.float(), w, None, TiedLink())
