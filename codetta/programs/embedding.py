@@ -14,8 +14,10 @@ once and the result rounded once.
 Deterministic (no atomics): the tokens are sorted by id (stable), pass A sums each run
 of equal ids within a block of ``SEG`` sorted tokens (a segmented scan) and stores the
 sum at the run's last slot, pass B adds to each row of the table the run sums of its
-tokens' slots, in order. A frequent id (a padding token thousands of times in a batch)
-costs one partial sum per ``SEG`` of its tokens, not one load per token. Rows equal to
+tokens' slots, in order (ROWS rows at once: one load of run sums per block of SEG sorted
+tokens a row spans). A frequent id (a padding token thousands of times in a batch) costs
+one partial sum per ``SEG`` of its tokens, not one load per token. No host
+synchronization: the rows' first slots come from a search of the sorted ids. Rows equal to
 ``padding_idx`` get no embedding term (as ``nn.Embedding``'s).
 """
 
@@ -30,9 +32,8 @@ from ..kernels.settings import SETTINGS
 from .norm_rows import torch_path, traced
 
 SEG = 64  # sorted tokens per block of pass A
-_BLOCK_D = 512
-_ROWS = 4  # table rows per program of pass B
-_PARTS = 16  # run sums gathered at once by pass B
+_BLOCK_D = 256
+_ROWS = 16  # table rows per program of pass B
 
 
 @triton.jit
@@ -62,29 +63,25 @@ def _run_sums_kernel(demb, sid, order, runs, T, D, SEG: tl.constexpr, BLOCK_D: t
 
 @triton.jit
 def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constexpr, ROWS: tl.constexpr,
-                      PARTS: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                      BLOCK_D: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    s = tl.load(scale)
-    for r in range(ROWS):
-        row = tl.program_id(0) * ROWS + r
-        if row < V:
-            at = row.to(tl.int64) * D
-            acc = tl.load(dw32 + at + cols, mask=cmask, other=0.0) * s
-            a = tl.load(starts + row)
-            b = tl.load(starts + row + 1)
-            b = tl.where(row == PAD, a, b)
-            # the row's tokens are sorted slots [a, b); their sums sit at the last slot of
-            # each block of SEG slots they touch, and at b - 1
-            first = a // SEG
-            n = tl.where(b > a, (b - 1) // SEG - first + 1, 0)
-            for p0 in range(0, n, PARTS):
-                k = p0 + tl.arange(0, PARTS)
-                slot = tl.minimum((first + k + 1) * SEG, b) - 1
-                part = tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :],
-                               mask=(k < n)[:, None] & cmask[None, :], other=0.0)  # fmt: skip
-                acc += tl.sum(part, axis=0)
-            tl.store(out + at + cols, acc.to(out.dtype.element_ty), mask=cmask)
+    rmask = rows < V
+    both = rmask[:, None] & (cols < D)[None, :]
+    at = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    acc = tl.load(dw32 + at, mask=both, other=0.0) * tl.load(scale)
+    a = tl.load(starts + rows, mask=rmask, other=0)
+    b = tl.load(starts + rows + 1, mask=rmask, other=0)
+    b = tl.where(rows == PAD, a, b)
+    # row v's tokens are the sorted slots [a, b); their sums sit at the last slot of each
+    # block of SEG slots they touch (the block's end, or b - 1): n of them
+    first = a // SEG
+    n = tl.where(b > a, (b - 1) // SEG - first + 1, 0)
+    for k in range(0, tl.max(n, axis=0)):
+        slot = tl.minimum((first + k + 1) * SEG, b) - 1
+        take = both & (k < n)[:, None]
+        acc += tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :], mask=take, other=0.0)
+    tl.store(out + at, acc.to(out.dtype.element_ty), mask=both)
 
 
 def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor, ids: torch.Tensor,
@@ -109,8 +106,8 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     T = ids.shape[0]
     demb = demb.contiguous()
     sid, order = torch.sort(ids, stable=True)
-    starts = torch.zeros(V + 1, dtype=torch.int64, device=ids.device)
-    torch.cumsum(torch.bincount(ids, minlength=V), 0, out=starts[1:])
+    # row v's first sorted slot (no bincount: its output size is a host synchronization)
+    starts = torch.searchsorted(sid, torch.arange(V + 1, device=ids.device, dtype=sid.dtype))
     runs = new((max(T, 1), D), dtype=torch.float32, device=dw32.device)
     block_d = min(_BLOCK_D, triton.next_power_of_2(D))
     cols = triton.cdiv(D, block_d)
@@ -120,7 +117,7 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
                               SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
         grid = (triton.cdiv(V, _ROWS), cols)
         precompile.launch(_tied_grad_kernel, grid, dw32, scale, runs, starts, out, V, D, pad, SEG=SEG,
-                          ROWS=_ROWS, PARTS=_PARTS, BLOCK_D=block_d, num_warps=4)  # fmt: skip
+                          ROWS=_ROWS, BLOCK_D=block_d, num_warps=4)  # fmt: skip
     return out
 
 
