@@ -41,6 +41,10 @@ def _bench(args) -> int:
         print("--settle-ms must be >= 0", file=sys.stderr)
         return 2
     harness.OPTIONS.settle_ms = args.settle_ms
+    if args.rounds < 1:
+        print("--rounds must be >= 1", file=sys.stderr)
+        return 2
+    harness.OPTIONS.rounds = args.rounds
     if args.tune_methods and not args.tuned_ab:
         print("--tune-methods needs --tuned-ab", file=sys.stderr)
         return 2
@@ -141,6 +145,14 @@ def main(argv=None) -> int:
         default=120.0,
         help="sustained timing: ms of each variant's own calls, untimed, before each of its blocks "
         "(a block otherwise starts in the clock state the previous variant left; 0: no settling)",
+    )
+    b.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat each case's whole paired + sustained timing this many times: the tables "
+        "report each method's median, the JSON keeps every round, and the model part prints "
+        "each variant's spread over the rounds",
     )
     b.add_argument(
         "--tuned-ab",

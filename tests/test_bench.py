@@ -255,6 +255,37 @@ def test_compare_leaves_stateful_steps_alone(monkeypatch):
     assert dry == [["codetta", "floor"]]
 
 
+def test_compare_rounds(monkeypatch):
+    """--rounds N: the whole timing N times, each method's median reported, every round kept;
+    round_spread gives the ratio's range over the rounds."""
+    from codetta.__main__ import main
+    from codetta.bench import harness
+
+    monkeypatch.setattr(harness.torch.cuda, "synchronize", lambda: None)
+    times = iter([1.0, 3.0, 2.0, 9.0, 5.0, 4.0])  # per round: paired then sustained
+    base = iter([1.0, 1.0, 1.0, 2.0, 2.0, 2.0])
+
+    def fake(fns, **kw):
+        return {"floor": next(base), "codetta": next(times)}
+
+    monkeypatch.setattr(harness, "paired_ms", fake)
+    monkeypatch.setattr(harness, "sustained_ms", fake)
+    monkeypatch.setattr(harness.OPTIONS, "rounds", 3)
+    t = harness.compare({"floor": lambda: None, "codetta": lambda: None}, precompile=False)
+    assert t["codetta"].rounds == [(1.0, 3.0), (2.0, 9.0), (5.0, 4.0)]
+    assert (t["codetta"].paired, t["codetta"].sustained) == (2.0, 4.0)  # the medians
+    # floor's rounds (1, 1), (1, 2), (2, 2): ratios 1, 2, 2.5 paired and 3, 4.5, 2 sustained
+    spread = harness.round_spread(t["codetta"], t["floor"])
+    assert spread == "rounds: paired 1.000-2.500, sustained 2.000-4.500"
+    assert harness.round_extra(t["codetta"]) == {"rounds_ms": [[1.0, 3.0], [2.0, 9.0], [5.0, 4.0]]}
+    monkeypatch.setattr(harness.OPTIONS, "rounds", 1)
+    times, base = iter([1.0, 2.0]), iter([1.0, 1.0])
+    one = harness.compare({"floor": lambda: None, "codetta": lambda: None}, precompile=False)
+    assert one["codetta"].rounds == [] and harness.round_spread(one["codetta"], one["floor"]) == ""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert main(["bench", "--parts", "k1", "--rounds", "0"]) == 2
+
+
 def test_model_part_refuses_steps_that_broke_their_weights():
     """After the timing each step's loss must be finite and below its first step's."""
     import torch

@@ -100,8 +100,9 @@ class Row:
 
 @dataclass
 class Timing:
-    paired: float
+    paired: float  # the median over rounds (``OPTIONS.rounds``) of each method's time
     sustained: float
+    rounds: list = field(default_factory=list)  # (paired, sustained) per round, with rounds > 1
 
 
 @dataclass
@@ -120,6 +121,9 @@ class Options:
     # under tuned_ab, one tuned variant per tuning method named here ("codetta:tuned-both",
     # ...; settings.TUNE_METHODS) instead of the one "codetta:tuned" (CODETTA_TUNE_METHOD)
     tune_methods: tuple = ()
+    # the whole paired + sustained timing repeated this many times, the median reported and
+    # every round kept (a ratio's spread within one run, beside the 1-3 % between runs)
+    rounds: int = 1
 
 
 OPTIONS = Options()
@@ -239,9 +243,31 @@ def compare(fns: dict, precompile: bool = True) -> dict[str, Timing]:
     for fn in fns.values():  # compile (what precompile left), tune, allocate
         fn()
     torch.cuda.synchronize()
-    paired = paired_ms(fns)
-    sustained = sustained_ms(fns, settle_ms=OPTIONS.settle_ms)
-    return {k: Timing(paired[k], sustained[k]) for k in fns}
+    rounds = []
+    for _ in range(max(1, OPTIONS.rounds)):
+        rounds.append((paired_ms(fns), sustained_ms(fns, settle_ms=OPTIONS.settle_ms)))
+    if len(rounds) == 1:
+        return {k: Timing(rounds[0][0][k], rounds[0][1][k]) for k in fns}
+    return {
+        k: Timing(_median([p[k] for p, _ in rounds]), _median([s[k] for _, s in rounds]),
+                  [(p[k], s[k]) for p, s in rounds])
+        for k in fns
+    }  # fmt: skip
+
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def round_spread(t: Timing, base: Timing) -> str:
+    """'paired lo-hi, sustained lo-hi' of the ratio t / base round by round ('' for one round)."""
+    if not t.rounds:
+        return ""
+    p = [a[0] / b[0] for a, b in zip(t.rounds, base.rounds)]
+    s = [a[1] / b[1] for a, b in zip(t.rounds, base.rounds)]
+    return f"rounds: paired {min(p):.3f}-{max(p):.3f}, sustained {min(s):.3f}-{max(s):.3f}"
 
 
 def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | None = None, base="cublas"):
@@ -250,7 +276,12 @@ def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | Non
     for name, t in times.items():
         mb = (mem or {}).get(name, float("nan"))
         res.add(Row(case, name, t.paired, flops, b.paired, mb, sustained_ms=t.sustained,
-                    baseline_sustained_ms=b.sustained))  # fmt: skip
+                    baseline_sustained_ms=b.sustained, extra=round_extra(t)))  # fmt: skip
+
+
+def round_extra(t: Timing) -> dict:
+    """A row's per-round times (JSON), with rounds > 1."""
+    return {"rounds_ms": [list(r) for r in t.rounds]} if t.rounds else {}
 
 
 def run_fwd_bwd_cases(out_dir: str, name: str, cases, run_case, title) -> list[Results]:

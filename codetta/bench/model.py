@@ -22,7 +22,17 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .harness import OPTIONS, Results, Row, ab_settings, ab_variants, compare, peak_memory_gb
+from .harness import (
+    OPTIONS,
+    Results,
+    Row,
+    ab_settings,
+    ab_variants,
+    compare,
+    peak_memory_gb,
+    round_extra,
+    round_spread,
+)
 
 BATCH, SEQ = 4, 4096
 # name: (LlamaConfig overrides, layers)
@@ -263,11 +273,13 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
     flops = step_flops(config, tokens)
     b = times["floor"]
     for name, t in times.items():
+        extra = {"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name], **round_extra(t)}
         res.add(Row(case, name, t.paired, flops, b.paired, mem[name], sustained_ms=t.sustained,
-                    baseline_sustained_ms=b.sustained,
-                    extra={"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name]}))  # fmt: skip
+                    baseline_sustained_ms=b.sustained, extra=extra))  # fmt: skip
         print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
               f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
+        if t.rounds:
+            print(f"  {case:<34} {name:<18} x floor {round_spread(t, b)} ({len(t.rounds)})")
 
 
 def add_ab_steps(fns: dict, build) -> dict:
