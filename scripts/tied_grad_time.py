@@ -3,6 +3,7 @@ PyTorch's three steps (the head's float32 gradient scaled and cast, the embeddin
 backward, their sum), paired timing, on the GPU.
 
     python scripts/tied_grad_time.py [V D T ...]   (default: Llama-3.2-1B's 128256 2048 16384)
+    python scripts/tied_grad_time.py --sweep [V D T]   pass B's tile and warps, uniform ids
 
 Ids uniform, skewed (40 % one id) and all one id: the one-pass kernel's time should not
 depend on how the ids repeat."""
@@ -16,7 +17,33 @@ from codetta.programs.ce import scale_cast
 from codetta.programs.embedding import tied_weight_grad
 
 
+def sweep(V, D, T):
+    """Pass B's (rows, block_d, warps) against the default, the whole call timed (paired)."""
+    dw32 = torch.randn(V, D, device="cuda")
+    scale = torch.tensor(0.5, device="cuda")
+    g = torch.randn(T, D, device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, V, (T,), device="cuda")
+    ref = tied_weight_grad(dw32, scale, g, ids, None, torch.bfloat16)
+    fns = {(): lambda: tied_weight_grad(dw32, scale, g, ids, None, torch.bfloat16)}
+    for rows in (4, 8, 16, 32):
+        for block in (128, 256, 512, 1024):
+            for warps in (2, 4, 8):
+                if rows * block // (32 * warps) > 64:  # over 64 fp32 elements a thread
+                    continue
+                key = (rows, block, warps)
+                fns[key] = lambda key=key: tied_weight_grad(dw32, scale, g, ids, None, torch.bfloat16, key)
+                assert torch.equal(fns[key](), ref), key
+    t = paired_ms(fns, min_s=2.0)
+    base = t[()]
+    print(f"pass B sweep, V {V} d {D} T {T}: default (16, 256, 4) {base * 1e3:.1f} us")
+    for key, ms in sorted(t.items(), key=lambda kv: kv[1])[:10]:
+        print(f"  {str(key or 'default'):<16} {ms * 1e3:8.1f} us  {ms / base:.3f}x  "
+              f"{(V * D * 6 + T * D * 2) / (ms * 1e-3) / 1e9:6.0f} GB/s")  # fmt: skip
+
+
 def main(argv):
+    if argv[:1] == ["--sweep"]:
+        return sweep(*([int(a) for a in argv[1:4]] or [128256, 2048, 16384]))
     nums = [int(a) for a in argv] or [128256, 2048, 16384]
     print("   V      d      T  ids       torch us   ours us  ours/torch  ours GB/s  max rel err vs torch")
     for V, D, T in zip(nums[0::3], nums[1::3], nums[2::3]):

@@ -58,6 +58,19 @@ def test_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
         assert torch.equal(got[pad], (dw32[pad] * scale).to(dtype))
 
 
+def test_weight_grad_launch_shapes_agree(device):
+    """Pass B's tile (rows x columns a program, warps) changes no bit: each element sums its
+    runs in the same order (scripts/tied_grad_time.py --sweep relies on it)."""
+    V, D, T = (90, 40, 150) if not ON_GPU else (32000, 2048, 16384)
+    dw32 = torch.randn(V, D, device=device)
+    g = torch.randn(T, D, device=device).to(torch.float16)
+    ids = _ids(V, T, 2, "skewed", device)
+    scale = torch.tensor(0.3, device=device)
+    want = tied_weight_grad(dw32, scale, g, ids, 2, torch.float16)
+    for launch in ((4, 16, 2), (32, 64, 4)) if not ON_GPU else ((4, 128, 2), (32, 512, 8)):
+        assert torch.equal(tied_weight_grad(dw32, scale, g, ids, 2, torch.float16, launch), want), launch
+
+
 @pytest.mark.gpu  # (the interpreter runs programs one by one: nothing to race there)
 def test_weight_grad_is_deterministic(device):
     V, D, T = 128256, 2048, 16384

@@ -85,10 +85,12 @@ def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constex
 
 
 def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor, ids: torch.Tensor,
-                     padding_idx: int | None, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+                     padding_idx: int | None, dtype: torch.dtype, launch: tuple = ()):  # fmt: skip
     """``(scale * dw32 + E).to(dtype)`` with E the embedding's gradient of ``ids`` (module
     docstring): dw32 a contiguous float32 [V, d], scale a float32 0-dim tensor on its
-    device, demb [T, d] (any float dtype), ids [T] integer in [0, V)."""
+    device, demb [T, d] (any float dtype), ids [T] integer in [0, V). ``launch``: pass B's
+    (rows, block_d, num_warps) instead of the defaults (``scripts/tied_grad_time.py
+    --sweep``). Returns a new [V, d] tensor of ``dtype``."""
     if dw32.dim() != 2 or not dw32.is_contiguous() or dw32.dtype != torch.float32:
         raise ValueError(f"dw32 must be a contiguous float32 [V, d], got {dw32.dtype} {tuple(dw32.shape)}")
     V, D = dw32.shape
@@ -109,15 +111,17 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     # row v's first sorted slot (no bincount: its output size is a host synchronization)
     starts = torch.searchsorted(sid, torch.arange(V + 1, device=ids.device, dtype=sid.dtype))
     runs = new((max(T, 1), D), dtype=torch.float32, device=dw32.device)
+    rows_b, block_b, warps_b = launch or (_ROWS, _BLOCK_D, 4)
     block_d = min(_BLOCK_D, triton.next_power_of_2(D))
+    block_b = min(block_b, triton.next_power_of_2(D))
     cols = triton.cdiv(D, block_d)
     with device.on_device(dw32.device):
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
                               SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
-        grid = (triton.cdiv(V, _ROWS), cols)
+        grid = (triton.cdiv(V, rows_b), triton.cdiv(D, block_b))
         precompile.launch(_tied_grad_kernel, grid, dw32, scale, runs, starts, out, V, D, pad, SEG=SEG,
-                          ROWS=_ROWS, BLOCK_D=block_d, num_warps=4)  # fmt: skip
+                          ROWS=rows_b, BLOCK_D=block_b, num_warps=warps_b)  # fmt: skip
     return out
 
 
