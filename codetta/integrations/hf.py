@@ -17,7 +17,9 @@ first layer's input norm has no GEMM before it: one row pass writes its statisti
 rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms, also in the
 epilogue) where the head dim has a RoPE program; training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
-loss (``codetta.ops.linear_cross_entropy``). Activations other than
+loss (``codetta.ops.linear_cross_entropy``); with tied embeddings (a plain
+``nn.Embedding``, no FSDP2) the lookup goes through ``codetta.ops.tied_embedding`` so
+the table's whole gradient is formed in one pass. Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
