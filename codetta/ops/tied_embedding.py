@@ -49,7 +49,7 @@ class TiedLink:
         its scale for the lookup's backward and return True if that will run in this
         backward pass; else False (the loss then returns its gradient itself)."""
         node = None if self._node is None else self._node()
-        if node is None or not torch._C._will_engine_execute_node(node):
+        if node is None or not _will_run(node):
             return False
         self._deposits.append((dw32, scale))
         return True
@@ -64,6 +64,16 @@ class TiedLink:
         # (two losses over one lookup: their scaled sum, scale 1)
         total = sum(d * s for d, s in deposits)
         return total, torch.ones((), dtype=torch.float32, device=total.device)
+
+
+def _will_run(node) -> bool:
+    """The engine will run ``node`` in the backward pass under way. Where it cannot say
+    (a backward not run by the engine itself, e.g. compiled autograd), False: the loss
+    then returns its own gradient, which is always correct."""
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:
+        return False
 
 
 class _TiedEmbedding(torch.autograd.Function):
