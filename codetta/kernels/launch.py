@@ -30,7 +30,9 @@ from .settings import SETTINGS
 from .tuning import CHOOSER, candidates, pingpong_allowed
 
 
-def _alloc(shape, dtype, dev):
+def alloc(shape, dtype, dev):
+    """A new tensor for a kernel to fill: NaN under the ``poison_outputs`` test hook (an
+    unwritten element cannot pass), else uninitialized."""
     if SETTINGS.poison_outputs:
         return torch.full(shape, float("nan"), dtype=dtype, device=dev)
     return torch.empty(shape, dtype=dtype, device=dev)
@@ -56,8 +58,8 @@ def alloc_outputs(call: GemmCall, given: tuple | None = None) -> list[torch.Tens
     caller's own where ``given`` (``gemm(out=...)``) has one."""
     metas = _output_meta(call)
     if given is None:
-        return [_alloc(m.shape, m.dtype, m.device) for m in metas]
-    return [g if g is not None else _alloc(m.shape, m.dtype, m.device) for m, g in zip(metas, given)]
+        return [alloc(m.shape, m.dtype, m.device) for m in metas]
+    return [g if g is not None else alloc(m.shape, m.dtype, m.device) for m, g in zip(metas, given)]
 
 
 def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
@@ -65,7 +67,7 @@ def alloc_workspaces(call: GemmCall, cfg: Config) -> list:
     partials of this geometry for reductions (None)."""
     lay = Layout(cfg.block_m, cfg.block_n, cfg.sub_n)
     return [
-        _alloc(reductions.workspace_shape(op.kind, call.M, call.N, lay), torch.float32, call.device)
+        alloc(reductions.workspace_shape(op.kind, call.M, call.N, lay), torch.float32, call.device)
         if op.kind in REDUCTIONS else None
         for op in call.program.outputs
     ]  # fmt: skip
@@ -156,10 +158,10 @@ class _Bound:
         )
         dev = self.dev
         if given is None:
-            outs = [_alloc(shape, dtype, dev) for shape, dtype in self.out_specs]
+            outs = [alloc(shape, dtype, dev) for shape, dtype in self.out_specs]
         else:
-            outs = [g if g is not None else _alloc(s[0], s[1], dev) for g, s in zip(given, self.out_specs)]
-        ws = [None if shape is None else _alloc(shape, torch.float32, dev) for shape in self.ws_specs]
+            outs = [g if g is not None else alloc(s[0], s[1], dev) for g, s in zip(given, self.out_specs)]
+        ws = [None if shape is None else alloc(shape, torch.float32, dev) for shape in self.ws_specs]
         if self.launch is None or not direct.usable():
             _run(GemmCall(self.program, a, w, self.a_t, self.b_t, inputs), self.cfg, outs, ws)
         else:

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import device, precompile
-from ..kernels.settings import SETTINGS
+from ..kernels.launch import alloc
 from .norm_rows import torch_path, traced
 
 SEG = 64  # sorted tokens per block of pass A
@@ -98,11 +98,8 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
         raise ValueError(f"demb [T, {D}] and ids [T] disagree: {tuple(demb.shape)} and {tuple(ids.shape)}")
     pad = -1 if padding_idx is None else int(padding_idx)
     if traced(dw32) or torch_path(dw32) or torch_path(demb):
-        keep = ids != pad
-        total = (dw32 * scale).index_add(0, ids[keep], demb[keep].float())
-        return total.to(dtype)
-    new = _nan_filled if SETTINGS.poison_outputs else torch.empty  # (tests: unwritten -> NaN)
-    out = new((V, D), dtype=dtype, device=dw32.device)
+        return _summed(dw32, scale, demb, ids, pad, torch.float32).to(dtype)
+    out = alloc((V, D), dtype, dw32.device)
     if V == 0 or D == 0:
         return out
     T = ids.shape[0]
@@ -110,7 +107,7 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     sid, order = torch.sort(ids, stable=True)
     # row v's first sorted slot (no bincount: its output size is a host synchronization)
     starts = torch.searchsorted(sid, torch.arange(V + 1, device=ids.device, dtype=sid.dtype))
-    runs = new((max(T, 1), D), dtype=torch.float32, device=dw32.device)
+    runs = alloc((max(T, 1), D), torch.float32, dw32.device)
     rows_b, block_b, warps_b = launch or (_ROWS, _BLOCK_D, 4)
     block_d = min(_BLOCK_D, triton.next_power_of_2(D))
     block_b = min(block_b, triton.next_power_of_2(D))
@@ -125,12 +122,12 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     return out
 
 
-def _nan_filled(shape, dtype, device):
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+def _summed(dw32, scale, demb, ids, pad: int, acc: torch.dtype) -> torch.Tensor:
+    """scale * dw32 + the lookup's rows, in PyTorch with ``acc`` math (pad -1: none)."""
+    keep = ids != pad
+    return (dw32.to(acc) * scale.to(acc)).index_add(0, ids[keep], demb[keep].to(acc))
 
 
-def tied_weight_grad_reference(dw32, scale, demb, ids, padding_idx, dtype):
-    """The same in float64 PyTorch (tests)."""
-    keep = ids != (-1 if padding_idx is None else padding_idx)
-    total = (dw32.double() * scale.double()).index_add(0, ids[keep], demb[keep].double())
-    return total.to(dtype)
+def tied_weight_grad_reference(dw32, scale, demb, ids, padding_idx):
+    """The same in float64 PyTorch, not rounded (tests)."""
+    return _summed(dw32, scale, demb, ids, -1 if padding_idx is None else padding_idx, torch.float64)
