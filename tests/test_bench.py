@@ -348,3 +348,40 @@ def test_ab_caches_come_back(tmp_path):
     assert tmp_path / "ab-tuned" / "tuned-both+tail.json" in written
     assert (tmp_path / "ab-tuned" / "tuned-both+tail.json").read_text() == '{"format": 3}'
     assert not (tmp_path / "ab-tuned" / "shipped.json").exists()
+
+
+def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
+    """torch.compile:regional compiles each decoder layer and the loss, not the whole
+    model: its step matches eager's, and the layers get no materialized mask (Hugging
+    Face's is_causal path for SDPA, which a whole-model compile on torch < 2.14 loses)."""
+    pytest.importorskip("transformers")
+    import functools
+
+    from codetta.bench import model as mb
+
+    # (the wiring, not inductor's code generation: the CPU suite stays fast)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    config = mb.llama_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    base = mb.make_model(config, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    eager = mb.variant_step("eager", base, ids, ids)
+    eager()
+    step = mb.variant_step("torch.compile:regional", base, ids, ids)
+    from transformers.models.llama import modeling_llama
+
+    masks = []
+
+    real = modeling_llama.LlamaDecoderLayer.forward
+
+    def spy(self, *args, **kwargs):
+        masks.append(kwargs.get("attention_mask"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", spy)
+    step()
+    step()
+    assert abs(step.losses[0] - eager.losses[0]) < 1e-4 * abs(eager.losses[0])
+    assert masks and all(m is None for m in masks), [type(m) for m in masks]
+    with pytest.raises(ValueError, match="unknown variant"):
+        mb.variant_step("eager:regional", base, ids, ids)

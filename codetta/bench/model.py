@@ -3,8 +3,14 @@
 A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step, on
 16384 tokens (4 x 4096) in bf16, timed step after step (sustained blocks; paired
 too). Variants: eager, Liger (its full patch, fused linear cross-entropy included),
-torch.compile, codetta (the drop-in) and codetta + torch.compile, each on its own
-copy of the same initial weights. The floor is the cuBLAS time of the step's GEMMs
+torch.compile (of the whole model, as a user writes it), torch.compile:regional (each
+decoder layer and the loss compiled apart, the masks made eagerly), codetta (the
+drop-in) and codetta + torch.compile, each on its own copy of the same initial weights.
+Why two compile variants: with torch < 2.14, Hugging Face never skips the causal mask
+while dynamo traces (transformers' masking_utils: dynamo then reports it is exporting),
+so a compiled whole model hands SDPA a materialized [B, 1, S, S] mask and cuDNN's masked
+kernels run instead of its causal ones; regional compilation leaves the mask to eager
+code, which passes ``is_causal`` (NOTES.md, run 122). The floor is the cuBLAS time of the step's GEMMs
 (forward, dX and dW of every projection and the LM head) plus the attention
 kernel's (SDPA) forward and backward, measured in the same run. Reported: time /
 floor, tokens/s, peak memory, and the first step's loss of every variant (they
@@ -48,7 +54,7 @@ CASES = {
     "llama-3.2-1B": dict(_1B, num_hidden_layers=16, vocab_size=128256, tie_word_embeddings=True),
     "8B-4layers+head": dict(_8B, num_hidden_layers=4, vocab_size=128256, tie_word_embeddings=False),
 }
-VARIANTS = ("eager", "liger", "torch.compile", "codetta", "codetta+compile")
+VARIANTS = ("eager", "liger", "torch.compile", "torch.compile:regional", "codetta", "codetta+compile")
 # codetta under other settings, for A/B runs next to the peers: "codetta:<how>" runs the
 # drop-in with these settings in force during its steps only
 SETTING_VARIANTS = {
@@ -127,7 +133,8 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
     from codetta.kernels import settings
 
     name, _, how = name.partition(":")
-    if how and (name != "codetta" or how not in SETTING_VARIANTS):
+    known = how in SETTING_VARIANTS if name == "codetta" else how == "regional" and name == "torch.compile"
+    if how and not known:
         raise ValueError(f"unknown variant {name}:{how}; known: {', '.join(ALL_VARIANTS)}")
     changes = SETTING_VARIANTS.get(how, {}) if changes is None else changes
     model = copy.deepcopy(base_model).train()
@@ -147,7 +154,9 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
             return None
     elif name in ("codetta", "codetta+compile"):
         codetta.apply_codetta(model)
-    if name.endswith("compile"):
+    if name.endswith("compile") and how == "regional":
+        compile_regions(model)
+    elif name.endswith("compile"):
         run = torch.compile(model)
     fused = ids.device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused)
@@ -182,6 +191,18 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
 
         step.precompile = warm
     return step
+
+
+def compile_regions(model) -> None:
+    """Regional compilation, in place: every decoder layer (``nn.Module.compile``: one
+    compiled code for the identical layers), the final norm and the model's loss
+    function; the embedding, the rotary tables, the masks and the LM head's GEMM run
+    eagerly (the mask then takes Hugging Face's ``is_causal`` path, module docstring)."""
+    inner = model.model
+    for layer in inner.layers:
+        layer.compile()
+    inner.norm.compile()
+    model.loss_function = torch.compile(model.loss_function)
 
 
 def step_gemms(config, tokens: int):
