@@ -383,5 +383,8 @@ def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     step()
     assert abs(step.losses[0] - eager.losses[0]) < 1e-4 * abs(eager.losses[0])
     assert masks and all(m is None for m in masks), [type(m) for m in masks]
+    both = mb.variant_step("codetta+compile:regional", base, ids, ids)
+    both()
+    assert abs(both.losses[0] - eager.losses[0]) < 1e-4 * abs(eager.losses[0])
     with pytest.raises(ValueError, match="unknown variant"):
         mb.variant_step("eager:regional", base, ids, ids)

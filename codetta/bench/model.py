@@ -66,7 +66,7 @@ SETTING_VARIANTS = {
     "no-overwrite": {"overwrite_saved": False},
     "no-tied-grad": {"tied_grad": False},
 }
-ALL_VARIANTS = VARIANTS + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
+ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 
 
 def llama_config(case: str, **over):
@@ -133,7 +133,7 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
     from codetta.kernels import settings
 
     name, _, how = name.partition(":")
-    known = how in SETTING_VARIANTS if name == "codetta" else how == "regional" and name == "torch.compile"
+    known = how in SETTING_VARIANTS if name == "codetta" else how == "regional" and name.endswith("compile")
     if how and not known:
         raise ValueError(f"unknown variant {name}:{how}; known: {', '.join(ALL_VARIANTS)}")
     changes = SETTING_VARIANTS.get(how, {}) if changes is None else changes
