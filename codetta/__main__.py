@@ -104,8 +104,10 @@ def main(argv=None) -> int:
             "eager",
             "liger",
             "torch.compile",
+            "torch.compile:regional",
             "codetta",
             "codetta+compile",
+            "codetta+compile:regional",
             "codetta:no-pingpong",
             "codetta:epilogue-bound",
             "codetta:qkv-one-launch",
@@ -119,7 +121,9 @@ def main(argv=None) -> int:
             "codetta:low-memory",
         ],
         help="which variants to time (default: all of a part's; the floor / cuBLAS baseline is always "
-        "timed, and codetta with --tuned-ab). Model part: codetta:<how> runs codetta with the portable "
+        "timed, and codetta with --tuned-ab). Model part: torch.compile:regional and "
+        "codetta+compile:regional compile each decoder layer and the loss apart, not the whole model "
+        "(the causal mask stays on SDPA's is_causal path); codetta:<how> runs codetta with the portable "
         "mainloop only (no-pingpong), ping-pong only where it pays (epilogue-bound) or q, k, v and their "
         "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) "
         "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
