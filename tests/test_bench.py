@@ -371,7 +371,6 @@ def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     from transformers.models.llama import modeling_llama
 
     masks = []
-
     real = modeling_llama.LlamaDecoderLayer.forward
 
     def spy(self, *args, **kwargs):

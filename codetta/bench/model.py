@@ -154,10 +154,11 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
             return None
     elif name in ("codetta", "codetta+compile"):
         codetta.apply_codetta(model)
-    if name.endswith("compile") and how == "regional":
-        compile_regions(model)
-    elif name.endswith("compile"):
-        run = torch.compile(model)
+    if name.endswith("compile"):
+        if how == "regional":
+            compile_regions(model)
+        else:
+            run = torch.compile(model)
     fused = ids.device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused)
     losses = []
