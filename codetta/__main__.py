@@ -76,7 +76,13 @@ def _bench(args) -> int:
     return 0
 
 
+# the operator parts' own variant names, beside the model part's (bench/model.py)
+PART_VARIANTS = ("codetta-triton", "codetta-recompute-y", "codetta-keep-y", "codetta:low-memory")
+
+
 def main(argv=None) -> int:
+    from codetta.bench import model as model_bench  # (its names; transformers is imported on use)
+
     p = argparse.ArgumentParser(
         prog="codetta", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -93,33 +99,14 @@ def main(argv=None) -> int:
     b.add_argument(
         "--models",
         nargs="+",
-        default=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
-        choices=["1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"],
+        default=list(model_bench.CASES),
+        choices=list(model_bench.CASES),
         help="model part: which training steps (needs transformers; Liger if installed)",
     )
     b.add_argument(
         "--variants",
         nargs="+",
-        choices=[
-            "eager",
-            "liger",
-            "torch.compile",
-            "torch.compile:regional",
-            "codetta",
-            "codetta+compile",
-            "codetta+compile:regional",
-            "codetta:no-pingpong",
-            "codetta:epilogue-bound",
-            "codetta:qkv-one-launch",
-            "codetta:recompute-y",
-            "codetta:keep-y",
-            "codetta:no-overwrite",
-            "codetta:no-tied-grad",
-            "codetta-triton",
-            "codetta-recompute-y",
-            "codetta-keep-y",
-            "codetta:low-memory",
-        ],
+        choices=[*model_bench.ALL_VARIANTS, *PART_VARIANTS],
         help="which variants to time (default: all of a part's; the floor / cuBLAS baseline is always "
         "timed, and codetta with --tuned-ab). Model part: torch.compile:regional and "
         "codetta+compile:regional compile each decoder layer and the loss apart, not the whole model "
@@ -128,7 +115,7 @@ def main(argv=None) -> int:
         "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) "
         "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
         "dg, du not written over g, u (no-overwrite) or a tied embedding's two gradients formed "
-        "apart (no-tied-grad); "
+        "apart (no-tied-grad) or an untied embedding's backward left to PyTorch (no-embed-grad); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory (ce). A name a part "
         "lacks is skipped there",

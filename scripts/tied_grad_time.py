@@ -4,6 +4,9 @@ backward, their sum), paired timing, on the GPU.
 
     python scripts/tied_grad_time.py [V D T ...]   (default: Llama-3.2-1B's 128256 2048 16384)
     python scripts/tied_grad_time.py --sweep [V D T]   pass B's tile and warps, uniform ids
+    python scripts/tied_grad_time.py --untied [V D T ...]   an untied lookup's gradient
+        (embedding_weight_grad) against PyTorch's embedding backward (default: 8B's
+        128256 4096 16384)
 
 Ids uniform, skewed (40 % one id) and all one id: the one-pass kernel's time should not
 depend on how the ids repeat."""
@@ -14,7 +17,7 @@ import torch
 
 from codetta.kernels.timing import paired_ms
 from codetta.programs.ce import scale_cast
-from codetta.programs.embedding import tied_weight_grad
+from codetta.programs.embedding import embedding_weight_grad, tied_weight_grad
 
 
 def sweep(V, D, T):
@@ -41,9 +44,43 @@ def sweep(V, D, T):
               f"{(V * D * 6 + T * D * 2) / (ms * 1e-3) / 1e9:6.0f} GB/s")  # fmt: skip
 
 
+def _ids(V, T, how):
+    ids = torch.randint(0, V, (T,), device="cuda")
+    if how == "skewed":
+        ids[torch.rand(T, device="cuda") < 0.4] = 5
+    elif how == "one":
+        ids.fill_(7)
+    return ids
+
+
+def untied(nums):
+    """The lookup's gradient alone: ours (one pass, the table written once) against
+    aten.embedding_dense_backward (a zero-filled table, a sum and a scatter over it)."""
+    print("untied:  V      d      T  ids       torch us   ours us  ours/torch  ours GB/s  max rel err")
+    for V, D, T in zip(nums[0::3], nums[1::3], nums[2::3]):
+        g = torch.randn(T, D, device="cuda").to(torch.bfloat16)
+        for how in ("uniform", "skewed", "one"):
+            ids = _ids(V, T, how)
+
+            def theirs(g=g, ids=ids, V=V):
+                return torch.ops.aten.embedding_dense_backward(g, ids, V, -1, False)
+
+            def ours(g=g, ids=ids, V=V):
+                return embedding_weight_grad(g, ids, None, V, torch.bfloat16)
+
+            a, b = theirs(), ours()
+            err = ((b.float() - a.float()).abs().max() / a.float().abs().max()).item()
+            t = paired_ms({"torch": theirs, "ours": ours}, min_s=1.0)
+            gbs = (V * D * 2 + T * D * 10) / (t["ours"] * 1e-3) / 1e9  # table out; demb, runs in and out
+            print(f"      {V:>6} {D:>6} {T:>6}  {how:<8} {t['torch'] * 1e3:9.1f} {t['ours'] * 1e3:9.1f} "
+                  f"{t['ours'] / t['torch']:10.3f} {gbs:10.0f}  {err:.2e}")  # fmt: skip
+
+
 def main(argv):
     if argv[:1] == ["--sweep"]:
         return sweep(*([int(a) for a in argv[1:4]] or [128256, 2048, 16384]))
+    if argv[:1] == ["--untied"]:
+        return untied([int(a) for a in argv[1:]] or [128256, 4096, 16384])
     nums = [int(a) for a in argv] or [128256, 2048, 16384]
     print("   V      d      T  ids       torch us   ours us  ours/torch  ours GB/s  max rel err vs torch")
     for V, D, T in zip(nums[0::3], nums[1::3], nums[2::3]):

@@ -175,6 +175,37 @@ def test_tied_gradient_in_one_pass(monkeypatch):
     assert calls == [1]
 
 
+def test_untied_embedding_gradient_in_one_pass(monkeypatch):
+    """An untied embedding (and a padding id): the patched model's lookup is
+    ``codetta.ops.embedding`` (its gradient in one pass: it ran), every gradient within
+    twice the unpatched model's error; CODETTA_EMBED_GRAD=0 leaves it to PyTorch."""
+    import importlib
+
+    from conftest import ON_GPU
+
+    from codetta.kernels import settings
+
+    mod = importlib.import_module("codetta.ops.tied_embedding")
+    calls = []
+    real = mod.embedding_weight_grad
+    monkeypatch.setattr(mod, "embedding_weight_grad", lambda *a: calls.append(1) or real(*a))
+    dev, dtype = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float32)
+    model = _model("llama", False, dtype, pad_token_id=0).to(dev)
+    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
+    ours = codetta.apply_codetta(copy.deepcopy(model))
+    kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
+    kw["input_ids"][0, :4] = 0
+    want, same, got = (_step(m, kw) for m in (ref64, plain, ours))
+    assert calls == [1], "the one-pass embedding gradient did not run"
+    for name in same[2]:
+        assert_within(f"grad {name}", got[2][name], want[2][name], same[2][name])
+    with settings.override(embed_grad=False):
+        off = _step(ours, kw)
+    assert calls == [1]
+    name = "model.embed_tokens.weight"
+    assert_within(f"grad {name}, CODETTA_EMBED_GRAD=0", off[2][name], want[2][name], same[2][name])
+
+
 def test_low_memory_loss_in_the_drop_in():
     """CODETTA_CE_VOCAB_CHUNK puts the drop-in's loss in the low-memory mode (here V 128 in
     two slices): the same checks against float64, tied embeddings and padding."""

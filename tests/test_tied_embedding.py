@@ -1,6 +1,7 @@
 """Tied embeddings: the table's gradient from the LM head + loss and from the lookup in one
 pass (programs/embedding.py, ops/tied_embedding.py), against float64 and against PyTorch
-summing the two gradients itself."""
+summing the two gradients itself; an untied lookup's gradient in one pass (the same
+kernels without the head's term) against float64 and PyTorch's embedding backward."""
 
 import importlib
 
@@ -9,8 +10,14 @@ import torch
 from conftest import ON_GPU
 from util import assert_within
 
-from codetta.ops import TiedLink, linear_cross_entropy, tied_embedding
-from codetta.programs.embedding import SEG, tied_weight_grad, tied_weight_grad_reference
+from codetta.ops import TiedLink, embedding, linear_cross_entropy, tied_embedding
+from codetta.programs.embedding import (
+    SEG,
+    embedding_weight_grad,
+    embedding_weight_grad_reference,
+    tied_weight_grad,
+    tied_weight_grad_reference,
+)
 
 tied_mod = importlib.import_module("codetta.ops.tied_embedding")  # (the package exports a function so named)
 
@@ -57,6 +64,50 @@ def test_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
         assert torch.equal(got[pad], (dw32[pad] * scale).to(dtype))
 
 
+@pytest.mark.parametrize("V,D,T,pad,how", CASES)
+def test_untied_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
+    """The lookup's gradient alone (no head term): within twice PyTorch's own embedding
+    backward's error; every row written (rows no token names, and the padding row, zero)."""
+    g = torch.randn(T, D, device=device).to(dtype)
+    ids = _ids(V, T, pad, how, device)
+    got = embedding_weight_grad(g, ids, pad, V, dtype)
+    ref = embedding_weight_grad_reference(g, ids, pad, V)
+    theirs = torch.ops.aten.embedding_dense_backward(g, ids, V, -1 if pad is None else pad, False)
+    assert got.dtype == dtype and got.shape == (V, D)
+    assert_within("dW", got, ref, theirs)
+    named = torch.zeros(V, dtype=torch.bool, device=device)
+    named[ids] = True
+    if pad is not None:
+        named[pad] = False
+    assert torch.equal(got[~named], torch.zeros_like(got[~named])), "a row no token names is not zero"
+
+
+def test_embedding_op_matches_torch(dtype, device, monkeypatch):
+    """``codetta.ops.embedding``: F.embedding's output bit for bit, its weight gradient from
+    the one pass (it ran), within twice PyTorch's error; no gradient wanted: a plain lookup."""
+    V, d, T = (80, 24, 50) if not ON_GPU else (32000, 4096, 8192)
+    calls = []
+    real = tied_mod.embedding_weight_grad
+    monkeypatch.setattr(tied_mod, "embedding_weight_grad", lambda *a: calls.append(1) or real(*a))
+    w0 = torch.randn(V, d, device=device)
+    ids = torch.randint(0, V, (2, T // 2), device=device)
+    ids[0, :3] = 1
+    up = torch.randn(2, T // 2, d, device=device)
+    grads = {}
+    for name, dt in (("ours", dtype), ("torch", dtype), ("f64", torch.float64)):
+        w = w0.to(dt).clone().requires_grad_()
+        f = embedding if name == "ours" else torch.nn.functional.embedding
+        out = f(ids, w, 1)
+        if name == "ours":
+            assert torch.equal(out, torch.nn.functional.embedding(ids, w, 1))
+        (out * up.to(dt)).sum().backward()
+        grads[name] = w.grad
+    assert calls == [1], "the one-pass embedding gradient did not run"
+    assert_within("dW", grads["ours"], grads["f64"], grads["torch"])
+    with torch.no_grad():
+        assert embedding(ids, w0, None).grad_fn is None
+
+
 def test_weight_grad_launch_shapes_agree(device):
     """Pass B's tile (rows x columns a program, warps) changes no bit: each element sums its
     runs in the same order (scripts/tied_grad_time.py --sweep relies on it)."""
@@ -66,8 +117,10 @@ def test_weight_grad_launch_shapes_agree(device):
     ids = _ids(V, T, 2, "skewed", device)
     scale = torch.tensor(0.3, device=device)
     want = tied_weight_grad(dw32, scale, g, ids, 2, torch.float16)
+    alone = embedding_weight_grad(g, ids, 2, V, torch.float16)
     for launch in ((4, 16, 2), (32, 64, 4)) if not ON_GPU else ((4, 128, 2), (32, 512, 8)):
         assert torch.equal(tied_weight_grad(dw32, scale, g, ids, 2, torch.float16, launch), want), launch
+        assert torch.equal(embedding_weight_grad(g, ids, 2, V, torch.float16, launch), alone), launch
 
 
 @pytest.mark.gpu  # (the interpreter runs programs one by one: nothing to race there)
@@ -79,6 +132,8 @@ def test_weight_grad_is_deterministic(device):
     scale = torch.tensor(1.0, device=device)
     first = tied_weight_grad(dw32, scale, g, ids, None, torch.float16)
     assert torch.equal(first, tied_weight_grad(dw32, scale, g, ids, None, torch.float16))
+    alone = embedding_weight_grad(g, ids, None, V, torch.float16)
+    assert torch.equal(alone, embedding_weight_grad(g, ids, None, V, torch.float16))
 
 
 def _tied_step(x, w, ids, t, dtype, tie):
@@ -122,7 +177,8 @@ GEMM_DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 def test_lookup_off_the_loss_path(device):
     """The lookup's output does not reach the loss: the loss returns its own gradient (the
     engine will not run the lookup's backward in that pass: bit-equal to no link at all);
-    a later backward through the lookup alone gets PyTorch's embedding gradient."""
+    a later backward through the lookup alone gets the lookup's gradient alone (the one
+    pass without the head's term), within twice PyTorch's error."""
     V, d, T = 64, 16, 20
     w0 = torch.randn(V, d, device=device).to(GEMM_DTYPE)
     x = torch.randn(T, d, device=device).to(GEMM_DTYPE)
@@ -137,7 +193,9 @@ def test_lookup_off_the_loss_path(device):
     w.grad = v.grad = None
     (h * 2).sum().backward()
     (torch.nn.functional.embedding(ids, v) * 2).sum().backward()
-    assert torch.equal(w.grad, v.grad)
+    u = w0.double().requires_grad_()
+    (torch.nn.functional.embedding(ids, u) * 2).sum().backward()
+    assert_within("dW", w.grad, u.grad, v.grad)
 
 
 def test_two_losses_one_lookup(device):
@@ -173,3 +231,11 @@ def test_bad_arguments(device):
         tied_embedding(ids, w, 10, TiedLink())
     with pytest.raises(TypeError, match="ids"):
         tied_embedding(ids.float(), w, None, TiedLink())
+    with pytest.raises(TypeError, match="TiedLink"):
+        tied_embedding(ids, w, None, None)
+    with pytest.raises(ValueError, match="padding_idx"):
+        embedding(ids, w, -1)
+    with pytest.raises(TypeError, match="ids"):
+        embedding(ids.float(), w)
+    with pytest.raises(ValueError, match="disagree"):
+        embedding_weight_grad(torch.randn(4, 8, device=device), ids[:3], None, 10, torch.float32)

@@ -65,6 +65,7 @@ SETTING_VARIANTS = {
     "keep-y": {"swiglu_keep_y": True},
     "no-overwrite": {"overwrite_saved": False},
     "no-tied-grad": {"tied_grad": False},
+    "no-embed-grad": {"embed_grad": False},
 }
 ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 

@@ -19,7 +19,8 @@ epilogue) where the head dim has a RoPE program; training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
 loss (``codetta.ops.linear_cross_entropy``); with tied embeddings (a plain
 ``nn.Embedding``, no FSDP2) the lookup goes through ``codetta.ops.tied_embedding`` so
-the table's whole gradient is formed in one pass. Activations other than
+the table's whole gradient is formed in one pass, and an untied one through
+``codetta.ops.embedding`` (its gradient in one pass too). Activations other than
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
@@ -54,7 +55,7 @@ from ..ops.residual_rmsnorm import (
     rmsnorm_linear,
 )
 from ..ops.rope import RoPE
-from ..ops.tied_embedding import TiedLink, tied_embedding
+from ..ops.tied_embedding import TiedLink, embedding, tied_embedding
 from ..programs.rope import RMS_ROPE
 from .fsdp import Spans
 
@@ -247,6 +248,10 @@ def _codetta_forward(
         tied = TiedLink()
         emb = base.embed_tokens
         h = tied_embedding(input_ids, emb.weight, emb.padding_idx, tied)
+    elif not spans.active and SETTINGS.embed_grad and _plain_lookup(base.embed_tokens):
+        # the table's gradient in one pass (ops/tied_embedding.py: embedding)
+        emb = base.embed_tokens
+        h = embedding(input_ids, emb.weight, emb.padding_idx)
     else:
         h = base.embed_tokens(input_ids)
     # the masks see the caller's position_ids: given none, the positions are 0..T-1 and
@@ -385,17 +390,19 @@ def _causal_lm_loss(n, head_weight, labels, num_items_in_batch, tied=None):
 def _tied_lookup(emb, head) -> bool:
     """The embedding is a plain lookup into the LM head's own weight, nothing hooked on it:
     its gradient and the head's can be formed in one pass (``CODETTA_TIED_GRAD``)."""
-    plain = (
+    return SETTINGS.tied_grad and _plain_lookup(emb) and emb.weight is head.weight
+
+
+def _plain_lookup(emb) -> bool:
+    """``emb`` is an ``nn.Embedding`` doing a plain lookup (no max_norm, frequency scaling or
+    sparse gradient), nothing hooked on it, its weight a plain Parameter: its backward can
+    be replaced by codetta's one pass (``CODETTA_EMBED_GRAD``, ``CODETTA_TIED_GRAD``)."""
+    return (
         type(emb) is torch.nn.Embedding
         and emb.max_norm is None
         and not emb.scale_grad_by_freq
         and not emb.sparse
         and not (emb._forward_hooks or emb._forward_pre_hooks or emb._backward_hooks)
-    )
-    return (
-        SETTINGS.tied_grad
-        and plain
-        and emb.weight is head.weight
         and type(emb.weight) is torch.nn.Parameter
         and not _global_module_hooks()
     )

@@ -44,6 +44,9 @@
 |  |  | its weight gradient itself and the embedding's backward its own (PyTorch sums |
 |  |  | them), instead of one pass forming both (``ops/tied_embedding.py``; the switch |
 |  |  | for an A/B) |
+| ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
+|  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
+|  |  | weight gradient in one pass over the table; the switch for an A/B) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -87,6 +90,8 @@ class Settings:
     overwrite_saved: bool = True
     # False: a tied embedding's two gradients formed apart (ops/tied_embedding.py)
     tied_grad: bool = True
+    # False: an untied embedding's backward is PyTorch's (ops/tied_embedding.py: embedding)
+    embed_grad: bool = True
     compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
@@ -133,6 +138,7 @@ class Settings:
             swiglu_keep_y=_auto_flag("CODETTA_SWIGLU_KEEP_Y", env.get("CODETTA_SWIGLU_KEEP_Y", "auto")),
             overwrite_saved=flag("CODETTA_OVERWRITE_SAVED", True),
             tied_grad=flag("CODETTA_TIED_GRAD", True),
+            embed_grad=flag("CODETTA_EMBED_GRAD", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )

@@ -10,7 +10,7 @@ from .residual_rmsnorm import (
 )
 from .rope import RoPE
 from .swiglu import swiglu_mlp
-from .tied_embedding import TiedLink, tied_embedding
+from .tied_embedding import TiedLink, embedding, tied_embedding
 
 __all__ = [
     "residual_rmsnorm",
@@ -23,4 +23,5 @@ __all__ = [
     "linear_cross_entropy",
     "TiedLink",
     "tied_embedding",
+    "embedding",
 ]

@@ -19,6 +19,12 @@ still gets every gradient. Until the embedding's backward runs, the float32 grad
 float32 [T, d] scratch of run sums (T tokens; 134 MB at 16384 tokens and d 2048). The
 step's peak, at the end of the forward, did not move (Llama-3.2-1B, run 119, NOTES.md).
 
+``embedding(ids, weight, padding_idx)`` is the same lookup untied (no link): its
+backward is the one pass without the head's term, ``programs/embedding.py``'s
+``embedding_weight_grad`` (PyTorch's own zero-fills the [V, d] table, then sums and
+scatters in two kernels over it). A tied lookup whose loss returned its own gradient gets
+the same.
+
 Eager mode only: under torch.compile, ``linear_cross_entropy`` ignores the link and the
 lookup is a plain ``F.embedding`` in the traced graph.
 """
@@ -30,7 +36,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from ..programs.embedding import tied_weight_grad
+from ..programs.embedding import embedding_weight_grad, tied_weight_grad
 
 
 class TiedLink:
@@ -88,10 +94,9 @@ class _TiedEmbedding(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         flat = ids.reshape(-1)
         g = demb.reshape(-1, demb.shape[-1])
-        held = ctx.link.take()
-        if held is None:  # the loss returned its own gradient: the embedding's alone
-            pad = -1 if ctx.padding_idx is None else ctx.padding_idx
-            dw = torch.ops.aten.embedding_dense_backward(g, flat, ctx.shape[0], pad, False)
+        held = None if ctx.link is None else ctx.link.take()
+        if held is None:  # untied, or the loss returned its own gradient: the embedding's alone
+            dw = embedding_weight_grad(g, flat, ctx.padding_idx, ctx.shape[0], ctx.dtype)
         else:
             dw = tied_weight_grad(held[0], held[1], g, flat, ctx.padding_idx, ctx.dtype)
         return dw, None, None, None
@@ -102,6 +107,18 @@ def tied_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | N
     """``F.embedding(ids, weight, padding_idx)``, tied through ``link`` to a
     ``linear_cross_entropy(..., tied=link)`` over the same ``weight`` (module docstring).
     ``padding_idx``: None or in [0, V), as ``nn.Embedding`` stores it."""
+    if not isinstance(link, TiedLink):
+        raise TypeError(f"link must be a codetta.ops.TiedLink, got {type(link).__name__}")
+    return _lookup(ids, weight, padding_idx, link)
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """``F.embedding(ids, weight, padding_idx)`` whose weight gradient is formed in one pass
+    over the table (module docstring); the same values, rounded once from float32 sums."""
+    return _lookup(ids, weight, padding_idx, None)
+
+
+def _lookup(ids, weight, padding_idx, link):
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
     if weight.dim() != 2:
@@ -111,5 +128,6 @@ def tied_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | N
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and weight.requires_grad):
         return F.embedding(ids, weight, padding_idx)
     out = _TiedEmbedding.apply(weight, ids, padding_idx, link)
-    link.bind(out)
+    if link is not None:
+        link.bind(out)
     return out

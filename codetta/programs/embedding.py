@@ -1,7 +1,9 @@
-"""The weight gradient of an embedding table that is also the LM head's weight (tied
-embeddings), in one pass over the table.
+"""The weight gradient of an embedding table in one pass over the table: of a table that
+is also the LM head's weight (tied embeddings, ``tied_weight_grad``),
 
     dW = scale * dW_head + E,   E[v] = sum of demb[t] over the tokens t with ids[t] = v
+
+and of a table used by the lookup alone (``embedding_weight_grad``: dW = E).
 
 dW_head is the LM head's float32 weight gradient (``linear_cross_entropy`` forms it in
 the forward, unscaled), scale the loss's incoming gradient (0-dim float32) and demb the
@@ -9,7 +11,9 @@ embedding output's gradient [T, d]. PyTorch forms the two terms apart: the head'
 gradient cast to the weight's dtype, the embedding's own backward (a sort, a zero-filled
 [V, d] table and two kernels over it), then their sum: three more passes over a [V, d]
 table (NOTES.md has their times in the Llama-3.2-1B step). Here the float32 table is read
-once and the result rounded once.
+once and the result rounded once. Without the head's term PyTorch's own backward still
+zero-fills the table, then sums the sorted tokens' rows in one kernel and scatters them in
+another; here the table is written once.
 
 Deterministic (no atomics): the tokens are sorted by id (stable), pass A sums each run
 of equal ids within a block of ``SEG`` sorted tokens (a segmented scan) and stores the
@@ -63,13 +67,16 @@ def _run_sums_kernel(demb, sid, order, runs, T, D, SEG: tl.constexpr, BLOCK_D: t
 
 @triton.jit
 def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constexpr, ROWS: tl.constexpr,
-                      BLOCK_D: tl.constexpr):  # fmt: skip
+                      BLOCK_D: tl.constexpr, HEAD: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     rmask = rows < V
     both = rmask[:, None] & (cols < D)[None, :]
     at = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    acc = tl.load(dw32 + at, mask=both, other=0.0) * tl.load(scale)
+    if HEAD:  # the LM head's term (tied), else the lookup's sums alone
+        acc = tl.load(dw32 + at, mask=both, other=0.0) * tl.load(scale)
+    else:
+        acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     a = tl.load(starts + rows, mask=rmask, other=0)
     b = tl.load(starts + rows + 1, mask=rmask, other=0)
     b = tl.where(rows == PAD, a, b)
@@ -93,13 +100,44 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     --sweep``). Returns a new [V, d] tensor of ``dtype``."""
     if dw32.dim() != 2 or not dw32.is_contiguous() or dw32.dtype != torch.float32:
         raise ValueError(f"dw32 must be a contiguous float32 [V, d], got {dw32.dtype} {tuple(dw32.shape)}")
-    V, D = dw32.shape
+    if traced(dw32) or torch_path(dw32) or torch_path(demb):
+        _check(demb, ids, dw32.shape[1])
+        return _summed(dw32, scale, demb, ids, _pad(padding_idx), torch.float32).to(dtype)
+    return _one_pass(dw32, scale, demb, ids, padding_idx, dw32.shape[0], dtype, launch)
+
+
+def embedding_weight_grad(demb: torch.Tensor, ids: torch.Tensor, padding_idx: int | None, V: int,
+                          dtype: torch.dtype, launch: tuple = ()) -> torch.Tensor:  # fmt: skip
+    """E.to(dtype), the weight gradient of ``F.embedding(ids, W, padding_idx)`` for a [V, d]
+    table W (``demb`` [T, d] its output's gradient, any float dtype; ids [T] integer in
+    [0, V)): as ``torch.ops.aten.embedding_dense_backward``, in float32, rounded once.
+    ``launch`` as for ``tied_weight_grad``. Returns a new [V, d] tensor of ``dtype``."""
+    if V < 0:
+        raise ValueError(f"V must be >= 0, got {V}")
+    if demb.dim() != 2:
+        raise ValueError(f"demb must be [T, d], got {tuple(demb.shape)}")
+    if traced(demb) or torch_path(demb):
+        _check(demb, ids, demb.shape[1])
+        zero = torch.zeros((V, demb.shape[1]), dtype=torch.float32, device=demb.device)
+        return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float32).to(dtype)
+    return _one_pass(None, None, demb, ids, padding_idx, V, dtype, launch)
+
+
+def _pad(padding_idx: int | None) -> int:
+    return -1 if padding_idx is None else int(padding_idx)
+
+
+def _check(demb: torch.Tensor, ids: torch.Tensor, D: int) -> None:
     if demb.dim() != 2 or demb.shape[1] != D or ids.shape != (demb.shape[0],):
         raise ValueError(f"demb [T, {D}] and ids [T] disagree: {tuple(demb.shape)} and {tuple(ids.shape)}")
-    pad = -1 if padding_idx is None else int(padding_idx)
-    if traced(dw32) or torch_path(dw32) or torch_path(demb):
-        return _summed(dw32, scale, demb, ids, pad, torch.float32).to(dtype)
-    out = alloc((V, D), dtype, dw32.device)
+
+
+def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, launch: tuple):
+    """The two passes (module docstring); dw32 None: no head term (scale unused)."""
+    D = demb.shape[1]
+    _check(demb, ids, D)
+    pad = _pad(padding_idx)
+    out = alloc((V, D), dtype, demb.device)
     if V == 0 or D == 0:
         return out
     T = ids.shape[0]
@@ -107,27 +145,37 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
     sid, order = torch.sort(ids, stable=True)
     # row v's first sorted slot (no bincount: its output size is a host synchronization)
     starts = torch.searchsorted(sid, torch.arange(V + 1, device=ids.device, dtype=sid.dtype))
-    runs = alloc((max(T, 1), D), torch.float32, dw32.device)
+    runs = alloc((max(T, 1), D), torch.float32, demb.device)
     rows_b, block_b, warps_b = launch or (_ROWS, _BLOCK_D, 4)
     block_d = min(_BLOCK_D, triton.next_power_of_2(D))
     block_b = min(block_b, triton.next_power_of_2(D))
     cols = triton.cdiv(D, block_d)
-    with device.on_device(dw32.device):
+    head = dw32 is not None
+    with device.on_device(demb.device):
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
                               SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
         grid = (triton.cdiv(V, rows_b), triton.cdiv(D, block_b))
-        precompile.launch(_tied_grad_kernel, grid, dw32, scale, runs, starts, out, V, D, pad, SEG=SEG,
-                          ROWS=rows_b, BLOCK_D=block_b, num_warps=warps_b)  # fmt: skip
+        precompile.launch(_tied_grad_kernel, grid, dw32 if head else runs, scale if head else runs, runs,
+                          starts, out, V, D, pad, SEG=SEG, ROWS=rows_b, BLOCK_D=block_b, num_warps=warps_b,
+                          HEAD=head)  # fmt: skip
     return out
 
 
 def _summed(dw32, scale, demb, ids, pad: int, acc: torch.dtype) -> torch.Tensor:
-    """scale * dw32 + the lookup's rows, in PyTorch with ``acc`` math (pad -1: none)."""
+    """scale * dw32 + the lookup's rows, in PyTorch with ``acc`` math (pad -1: none;
+    scale None: dw32 itself)."""
     keep = ids != pad
-    return (dw32.to(acc) * scale.to(acc)).index_add(0, ids[keep], demb[keep].to(acc))
+    base = dw32.to(acc) if scale is None else dw32.to(acc) * scale.to(acc)
+    return base.index_add(0, ids[keep], demb[keep].to(acc))
 
 
 def tied_weight_grad_reference(dw32, scale, demb, ids, padding_idx):
     """The same in float64 PyTorch, not rounded (tests)."""
     return _summed(dw32, scale, demb, ids, -1 if padding_idx is None else padding_idx, torch.float64)
+
+
+def embedding_weight_grad_reference(demb, ids, padding_idx, V):
+    """The lookup's gradient alone in float64 PyTorch, not rounded (tests)."""
+    zero = torch.zeros((V, demb.shape[1]), dtype=torch.float64, device=demb.device)
+    return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float64)
