@@ -8,7 +8,10 @@ codetta variants also every GEMM call of the step timed in place (CUDA events ar
 each ``gemm`` call the operators make, finishing kernels included), grouped by
 program, layout and shape, next to cuBLAS's time for a GEMM of the same shape and
 layout timed alone right after (paired): which calls lose time inside the step,
-where isolated timing (scripts/call_ratios.py) may not show it.
+where isolated timing (scripts/call_ratios.py) may not show it. Then a second profiled
+pass with the host side recorded: PyTorch's own ops (aten) by their self GPU time and
+input shapes, which names the small elementwise kernels of the kernel table (a copy, a
+fill, a mixed-dtype multiply) by the op and tensor that launched them.
 
 Usage: python scripts/profile_step.py [case[@BxS]] [variants...]   (B sequences of S tokens;
 default 4 x 4096)
@@ -123,6 +126,22 @@ def idle_report(case: str, name: str, prof, steps: int) -> None:
         print(f"   {g / steps / 1e3:7.3f} ms  x{c // steps:<4d} {key}")
 
 
+def ops_report(case: str, name: str, prof, steps: int, top: int = 24) -> None:
+    """PyTorch's ops (aten::*) by the GPU time of the kernels they launched themselves,
+    grouped by op and input shapes: which op (and tensor) each small kernel belongs to."""
+    rows = [
+        e
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key.startswith("aten::") and e.self_device_time_total > 0
+    ]
+    total = sum(e.self_device_time_total for e in rows) / steps / 1e3
+    print(f"== {case} {name}: PyTorch ops' own kernels {total:.2f} ms per step (host side recorded)")
+    for e in sorted(rows, key=lambda e: -e.self_device_time_total)[:top]:
+        shapes = str(e.input_shapes)[:90]
+        ms = e.self_device_time_total / steps / 1e3
+        print(f"  {ms:8.3f} ms  x{e.count // steps:<4d} {e.key:<32} {shapes}")
+
+
 def _operand(rows, cols, transposed, dtype):
     t = torch.randn((cols, rows) if transposed else (rows, cols), device="cuda", dtype=dtype)
     return t.t() if transposed else t
@@ -211,6 +230,12 @@ def profile_variant(case: str, name: str, base, ids) -> None:
     for e in rows:
         print(f"  {e.device_time_total / STEPS / 1e3:8.3f} ms  x{e.count // STEPS:<4d} {e.key[:110]}")
     idle_report(case, name, prof, STEPS)
+    both = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=both, record_shapes=True) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    ops_report(case, name, prof, STEPS)
     if not name.startswith("codetta"):
         return
     with CallTimer() as timer:

@@ -44,6 +44,9 @@ def sweep(V, D, T):
               f"{(V * D * 6 + T * D * 2) / (ms * 1e-3) / 1e9:6.0f} GB/s")  # fmt: skip
 
 
+BF16 = torch.bfloat16
+
+
 def _ids(V, T, how):
     ids = torch.randint(0, V, (T,), device="cuda")
     if how == "skewed":
@@ -54,26 +57,43 @@ def _ids(V, T, how):
 
 
 def untied(nums):
-    """The lookup's gradient alone: ours (one pass, the table written once) against
-    aten.embedding_dense_backward (a zero-filled table, a sum and a scatter over it)."""
-    print("untied:  V      d      T  ids       torch us   ours us  ours/torch  ours GB/s  max rel err")
+    """The lookup's gradient alone: ours, dense (every row written by pass B) and sparse
+    (the table zero-filled, then only the rows some token names), against
+    aten.embedding_dense_backward (a zero-filled table, a sum and a scatter over it); then
+    the sparse form's launch shapes at the first (V, d, T), uniform ids."""
+    print("untied:  V      d      T  ids       torch us  dense us  sparse us  dense/torch  sparse/torch  "
+          "max rel diff")  # fmt: skip
     for V, D, T in zip(nums[0::3], nums[1::3], nums[2::3]):
         g = torch.randn(T, D, device="cuda").to(torch.bfloat16)
         for how in ("uniform", "skewed", "one"):
             ids = _ids(V, T, how)
-
-            def theirs(g=g, ids=ids, V=V):
-                return torch.ops.aten.embedding_dense_backward(g, ids, V, -1, False)
-
-            def ours(g=g, ids=ids, V=V):
-                return embedding_weight_grad(g, ids, None, V, torch.bfloat16)
-
-            a, b = theirs(), ours()
-            err = ((b.float() - a.float()).abs().max() / a.float().abs().max()).item()
-            t = paired_ms({"torch": theirs, "ours": ours}, min_s=1.0)
-            gbs = (V * D * 2 + T * D * 10) / (t["ours"] * 1e-3) / 1e9  # table out; demb, runs in and out
-            print(f"      {V:>6} {D:>6} {T:>6}  {how:<8} {t['torch'] * 1e3:9.1f} {t['ours'] * 1e3:9.1f} "
-                  f"{t['ours'] / t['torch']:10.3f} {gbs:10.0f}  {err:.2e}")  # fmt: skip
+            fns = {
+                "torch": lambda g=g, ids=ids, V=V: torch.ops.aten.embedding_dense_backward(g, ids, V, -1, 0),
+                "dense": lambda g=g, ids=ids, V=V: embedding_weight_grad(g, ids, None, V, BF16),
+                "sparse": lambda g=g, ids=ids, V=V: embedding_weight_grad(g, ids, None, V, BF16, sparse=True),
+            }
+            want = fns["torch"]().float()
+            diff = max((fns[k]().float() - want).abs().max().item() for k in ("dense", "sparse"))
+            diff /= want.abs().max().item()
+            t = paired_ms(fns, min_s=1.0)
+            us = {k: v * 1e3 for k, v in t.items()}
+            rd, rs = t["dense"] / t["torch"], t["sparse"] / t["torch"]
+            print(f"      {V:>6} {D:>6} {T:>6}  {how:<8} {us['torch']:9.1f} {us['dense']:9.1f} "
+                  f"{us['sparse']:10.1f} {rd:12.3f} {rs:13.3f}  {diff:.2e}")  # fmt: skip
+    V, D, T = nums[:3]
+    g = torch.randn(T, D, device="cuda").to(torch.bfloat16)
+    ids = _ids(V, T, "uniform")
+    fns = {(): lambda: embedding_weight_grad(g, ids, None, V, torch.bfloat16, sparse=True)}
+    for slots in (4, 8, 16, 32):
+        for block in (256, 512, 1024):
+            for warps in (4, 8):
+                if slots * block // (32 * warps) <= 64:
+                    key = (slots, block, warps)
+                    fns[key] = lambda k=key: embedding_weight_grad(g, ids, None, V, torch.bfloat16, k, True)
+    t = paired_ms(fns, min_s=2.0)
+    print(f"sparse launch sweep, V {V} d {D} T {T}: default (16, 256, 4) {t[()] * 1e3:.1f} us")
+    for key, ms in sorted(t.items(), key=lambda kv: kv[1])[:6]:
+        print(f"  {str(key or 'default'):<16} {ms * 1e3:8.1f} us  {ms / t[()]:.3f}x")
 
 
 def main(argv):
@@ -88,11 +108,7 @@ def main(argv):
         scale = torch.tensor(0.5, device="cuda")
         g = torch.randn(T, D, device="cuda").to(torch.bfloat16)
         for how in ("uniform", "skewed", "one"):
-            ids = torch.randint(0, V, (T,), device="cuda")
-            if how == "skewed":
-                ids[torch.rand(T, device="cuda") < 0.4] = 5
-            elif how == "one":
-                ids.fill_(7)
+            ids = _ids(V, T, how)
 
             def theirs(dw32=dw32, scale=scale, g=g, ids=ids, V=V):
                 head = scale_cast(dw32, scale, torch.bfloat16)

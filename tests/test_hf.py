@@ -140,29 +140,37 @@ def test_matches_unpatched(family, tied, mask, dtype):
     assert_within("logits", *logits)
 
 
-def test_tied_gradient_in_one_pass(monkeypatch):
-    """Tied embeddings (and a padding id): the patched model forms the table's whole
-    gradient in the lookup's backward (ops/tied_embedding.py; eager, no dispatch mode, so
-    the kernels run), within twice the unpatched model's error; CODETTA_TIED_GRAD=0 and an
-    untied model leave it to PyTorch."""
+def _embedding_case(monkeypatch, tied: bool, kernel: str):
+    """A patched Llama with a padding id (0, at four positions), its unpatched twin in the
+    same dtype and in float64, one training step of each, and a spy counting the calls of
+    ``ops/tied_embedding.py``'s ``kernel``: (want, same, got, ours, kw, calls, dtype, dev)."""
     import importlib
 
     from conftest import ON_GPU
 
-    from codetta.kernels import settings
-
     mod = importlib.import_module("codetta.ops.tied_embedding")
     calls = []
-    real = mod.tied_weight_grad
-    monkeypatch.setattr(mod, "tied_weight_grad", lambda *a: calls.append(1) or real(*a))
+    real = getattr(mod, kernel)
+    monkeypatch.setattr(mod, kernel, lambda *a: calls.append(1) or real(*a))
     dev, dtype = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float32)
-    model = _model("llama", True, dtype, pad_token_id=0).to(dev)
+    model = _model("llama", tied, dtype, pad_token_id=0).to(dev)
     assert model.model.embed_tokens.padding_idx == 0
     ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))
     kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
     kw["input_ids"][0, :4] = 0  # the padding id, whose row gets no lookup gradient
     want, same, got = (_step(m, kw) for m in (ref64, plain, ours))
+    return want, same, got, ours, kw, calls, dtype, dev
+
+
+def test_tied_gradient_in_one_pass(monkeypatch):
+    """Tied embeddings (and a padding id): the patched model forms the table's whole
+    gradient in the lookup's backward (ops/tied_embedding.py; eager, no dispatch mode, so
+    the kernels run), within twice the unpatched model's error; CODETTA_TIED_GRAD=0 and an
+    untied model leave it to PyTorch."""
+    from codetta.kernels import settings
+
+    want, same, got, ours, kw, calls, dtype, dev = _embedding_case(monkeypatch, True, "tied_weight_grad")
     assert calls == [1], "the one-pass tied gradient did not run"
     for name in same[2]:
         assert_within(f"grad {name}", got[2][name], want[2][name], same[2][name])
@@ -182,23 +190,9 @@ def test_untied_embedding_gradient_in_one_pass(monkeypatch):
     (The other gradients are test_matches_unpatched's; in this case, on the GPU in bf16,
     the final norm's 64-element weight gradient missed that bound, 1.0e-4 against
     2 x 4.8e-5 (run 127), the noisy small-gradient bound NOTES.md describes.)"""
-    import importlib
-
-    from conftest import ON_GPU
-
     from codetta.kernels import settings
 
-    mod = importlib.import_module("codetta.ops.tied_embedding")
-    calls = []
-    real = mod.embedding_weight_grad
-    monkeypatch.setattr(mod, "embedding_weight_grad", lambda *a: calls.append(1) or real(*a))
-    dev, dtype = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float32)
-    model = _model("llama", False, dtype, pad_token_id=0).to(dev)
-    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
-    ours = codetta.apply_codetta(copy.deepcopy(model))
-    kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
-    kw["input_ids"][0, :4] = 0
-    want, same, got = (_step(m, kw) for m in (ref64, plain, ours))
+    want, same, got, ours, kw, calls, *_ = _embedding_case(monkeypatch, False, "embedding_weight_grad")
     assert calls == [1], "the one-pass embedding gradient did not run"
     name = "model.embed_tokens.weight"
     assert_within(f"grad {name}", got[2][name], want[2][name], same[2][name])

@@ -64,13 +64,18 @@ def test_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
         assert torch.equal(got[pad], (dw32[pad] * scale).to(dtype))
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("V,D,T,pad,how", CASES)
-def test_untied_weight_grad_matches_float64(V, D, T, pad, how, dtype, device):
-    """The lookup's gradient alone (no head term): within twice PyTorch's own embedding
-    backward's error; every row written (rows no token names, and the padding row, zero)."""
+def test_untied_weight_grad_matches_float64(V, D, T, pad, how, sparse, dtype, device):
+    """The lookup's gradient alone (no head term), either form of pass B: within twice
+    PyTorch's own embedding backward's error; every row written (rows no token names, and
+    the padding row, zero: under poisoned outputs, so an unwritten row cannot pass)."""
+    from codetta.kernels import settings
+
     g = torch.randn(T, D, device=device).to(dtype)
     ids = _ids(V, T, pad, how, device)
-    got = embedding_weight_grad(g, ids, pad, V, dtype)
+    with settings.override(poison_outputs=True):
+        got = embedding_weight_grad(g, ids, pad, V, dtype, sparse=sparse)
     ref = embedding_weight_grad_reference(g, ids, pad, V)
     theirs = torch.ops.aten.embedding_dense_backward(g, ids, V, -1 if pad is None else pad, False)
     assert got.dtype == dtype and got.shape == (V, D)
@@ -109,8 +114,9 @@ def test_embedding_op_matches_torch(dtype, device, monkeypatch):
 
 
 def test_weight_grad_launch_shapes_agree(device):
-    """Pass B's tile (rows x columns a program, warps) changes no bit: each element sums its
-    runs in the same order (scripts/tied_grad_time.py --sweep relies on it)."""
+    """Pass B's tile (rows x columns a program, warps) and its sparse form change no bit:
+    each element sums its runs in the same order (scripts/tied_grad_time.py --sweep relies
+    on it)."""
     V, D, T = (90, 40, 150) if not ON_GPU else (32000, 2048, 16384)
     dw32 = torch.randn(V, D, device=device)
     g = torch.randn(T, D, device=device).to(torch.float16)
@@ -118,9 +124,12 @@ def test_weight_grad_launch_shapes_agree(device):
     scale = torch.tensor(0.3, device=device)
     want = tied_weight_grad(dw32, scale, g, ids, 2, torch.float16)
     alone = embedding_weight_grad(g, ids, 2, V, torch.float16)
+    assert torch.equal(embedding_weight_grad(g, ids, 2, V, torch.float16, sparse=True), alone)
     for launch in ((4, 16, 2), (32, 64, 4)) if not ON_GPU else ((4, 128, 2), (32, 512, 8)):
         assert torch.equal(tied_weight_grad(dw32, scale, g, ids, 2, torch.float16, launch), want), launch
         assert torch.equal(embedding_weight_grad(g, ids, 2, V, torch.float16, launch), alone), launch
+        sparse = embedding_weight_grad(g, ids, 2, V, torch.float16, launch, sparse=True)
+        assert torch.equal(sparse, alone), launch
 
 
 @pytest.mark.gpu  # (the interpreter runs programs one by one: nothing to race there)
@@ -134,6 +143,7 @@ def test_weight_grad_is_deterministic(device):
     assert torch.equal(first, tied_weight_grad(dw32, scale, g, ids, None, torch.float16))
     alone = embedding_weight_grad(g, ids, None, V, torch.float16)
     assert torch.equal(alone, embedding_weight_grad(g, ids, None, V, torch.float16))
+    assert torch.equal(alone, embedding_weight_grad(g, ids, None, V, torch.float16, sparse=True))
 
 
 def _tied_step(x, w, ids, t, dtype, tie):

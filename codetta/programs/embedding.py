@@ -91,6 +91,32 @@ def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constex
     tl.store(out + at, acc.to(out.dtype.element_ty), mask=both)
 
 
+@triton.jit
+def _sparse_rows_kernel(runs, sid, starts, out, T, D, PAD, SEG: tl.constexpr, SLOTS: tl.constexpr,
+                        BLOCK_D: tl.constexpr):  # fmt: skip
+    # pass B's sparse form (no head term, the table zero-filled before): a program per SLOTS
+    # sorted slots; each slot that is its row's first (the id changes there) writes that
+    # row, summing its runs as pass B does; the other slots and the padding row write nothing
+    slots = tl.program_id(0) * SLOTS + tl.arange(0, SLOTS)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    live = slots < T
+    cmask = cols < D
+    v = tl.load(sid + slots, mask=live, other=-1)
+    prev = tl.load(sid + slots - 1, mask=live & (slots > 0), other=-1)
+    lead = live & (v != prev) & (v != PAD)
+    b = tl.load(starts + v + 1, mask=lead, other=0)
+    b = tl.where(lead, b, slots)
+    first = slots // SEG
+    n = tl.where(b > slots, (b - 1) // SEG - first + 1, 0)
+    acc = tl.zeros((SLOTS, BLOCK_D), dtype=tl.float32)
+    for k in range(0, tl.max(n, axis=0)):
+        slot = tl.minimum((first + k + 1) * SEG, b) - 1
+        take = (k < n)[:, None] & cmask[None, :]
+        acc += tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :], mask=take, other=0.0)
+    at = v.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(out + at, acc.to(out.dtype.element_ty), mask=lead[:, None] & cmask[None, :])
+
+
 def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor, ids: torch.Tensor,
                      padding_idx: int | None, dtype: torch.dtype, launch: tuple = ()):  # fmt: skip
     """``(scale * dw32 + E).to(dtype)`` with E the embedding's gradient of ``ids`` (module
@@ -107,11 +133,15 @@ def tied_weight_grad(dw32: torch.Tensor, scale: torch.Tensor, demb: torch.Tensor
 
 
 def embedding_weight_grad(demb: torch.Tensor, ids: torch.Tensor, padding_idx: int | None, V: int,
-                          dtype: torch.dtype, launch: tuple = ()) -> torch.Tensor:  # fmt: skip
+                          dtype: torch.dtype, launch: tuple = (), sparse: bool = False):  # fmt: skip
     """E.to(dtype), the weight gradient of ``F.embedding(ids, W, padding_idx)`` for a [V, d]
     table W (``demb`` [T, d] its output's gradient, any float dtype; ids [T] integer in
     [0, V)): as ``torch.ops.aten.embedding_dense_backward``, in float32, rounded once.
-    ``launch`` as for ``tied_weight_grad``. Returns a new [V, d] tensor of ``dtype``."""
+    ``launch`` as for ``tied_weight_grad``. ``sparse``: the table zero-filled first and
+    only the rows some token names written (pass B over the sorted slots, ``launch`` then
+    (slots, block_d, num_warps)), the same values; not yet timed on a GPU, so not the
+    default (``scripts/tied_grad_time.py --untied`` times both). Returns a new [V, d]
+    tensor of ``dtype``."""
     if V < 0:
         raise ValueError(f"V must be >= 0, got {V}")
     if demb.dim() != 2:
@@ -120,7 +150,7 @@ def embedding_weight_grad(demb: torch.Tensor, ids: torch.Tensor, padding_idx: in
         _check(demb, ids, demb.shape[1])
         zero = torch.zeros((V, demb.shape[1]), dtype=torch.float32, device=demb.device)
         return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float32).to(dtype)
-    return _one_pass(None, None, demb, ids, padding_idx, V, dtype, launch)
+    return _one_pass(None, None, demb, ids, padding_idx, V, dtype, launch, sparse)
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -132,12 +162,16 @@ def _check(demb: torch.Tensor, ids: torch.Tensor, D: int) -> None:
         raise ValueError(f"demb [T, {D}] and ids [T] disagree: {tuple(demb.shape)} and {tuple(ids.shape)}")
 
 
-def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, launch: tuple):
-    """The two passes (module docstring); dw32 None: no head term (scale unused)."""
+def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, launch: tuple,
+              sparse: bool = False):  # fmt: skip
+    """The two passes (module docstring); dw32 None: no head term (scale unused); sparse
+    (no head term only): pass B writes only the rows some token names, into zeros."""
     D = demb.shape[1]
     _check(demb, ids, D)
     pad = _pad(padding_idx)
-    out = alloc((V, D), dtype, demb.device)
+    dev = demb.device
+    # (sparse: the zeros are part of the result, never poisoned)
+    out = torch.zeros((V, D), dtype=dtype, device=dev) if sparse else alloc((V, D), dtype, dev)
     if V == 0 or D == 0:
         return out
     T = ids.shape[0]
@@ -155,6 +189,12 @@ def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, l
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
                               SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
+        if sparse:
+            if T:
+                grid = (triton.cdiv(T, rows_b), triton.cdiv(D, block_b))
+                precompile.launch(_sparse_rows_kernel, grid, runs, sid, starts, out, T, D, pad, SEG=SEG,
+                                  SLOTS=rows_b, BLOCK_D=block_b, num_warps=warps_b)  # fmt: skip
+            return out
         grid = (triton.cdiv(V, rows_b), triton.cdiv(D, block_b))
         precompile.launch(_tied_grad_kernel, grid, dw32 if head else runs, scale if head else runs, runs,
                           starts, out, V, D, pad, SEG=SEG, ROWS=rows_b, BLOCK_D=block_b, num_warps=warps_b,
