@@ -21,6 +21,7 @@ computations; ``test-rowref`` runs that case with the q/k norm + RoPE backward p
 PyTorch form instead of its kernel.
 
 Usage: python scripts/grad_ratios.py [family] [dtype] [seeds] [moved|test|test-moved|test-rowref]
+(family: llama or qwen3, tied embeddings; llama-untied or qwen3-untied without)
 On a CPU, bfloat16 runs each program's PyTorch reference (the interpreter's bfloat16
 dot products are wrong); set TRITON_INTERPRET=1 with float16 for the kernels.
 """
@@ -35,9 +36,11 @@ import codetta
 
 
 def model_of(family: str, seed: int, dtype, device):
+    family, _, untied = family.partition("-")
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                  tie_word_embeddings=True, attn_implementation="sdpa", rms_norm_eps=1e-5)  # fmt: skip
+                  tie_word_embeddings=untied != "untied", attn_implementation="sdpa",
+                  rms_norm_eps=1e-5)  # fmt: skip
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]  # fmt: skip
     torch.manual_seed(seed)  # built on the CPU, as test_hf builds it (the same weights on any device)
