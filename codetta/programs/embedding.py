@@ -219,3 +219,21 @@ def embedding_weight_grad_reference(demb, ids, padding_idx, V):
     """The lookup's gradient alone in float64 PyTorch, not rounded (tests)."""
     zero = torch.zeros((V, demb.shape[1]), dtype=torch.float64, device=demb.device)
     return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float64)
+
+
+def row_pass_jobs() -> list[tuple]:
+    """The embedding gradient's pass B as the sm_90a check compiles it
+    (``programs/sm90_check.py``): (label, kernel, argument types, constexprs, warps) at the
+    default launch, bf16 output, int64 ids, with and without the head's term, and its
+    sparse form. Pass A (``_run_sums_kernel``) is left out: at its default launch (SEG 64,
+    BLOCK_D 256, 4 warps) the segmented scan spills a 40 B stack frame on sm_90a (SEG 32
+    does not; not timed yet, NOTES.md)."""
+    ptrs = {"sid": "*i64", "runs": "*fp32", "starts": "*i64", "out": "*bf16", "dw32": "*fp32",
+            "scale": "*fp32", "T": "i32", "V": "i32", "D": "i32", "PAD": "i32"}  # fmt: skip
+    jobs = []
+    for head in (True, False):
+        consts = {"SEG": SEG, "ROWS": _ROWS, "BLOCK_D": _BLOCK_D, "HEAD": head}
+        jobs.append((f"embedding pass B{' + head' if head else ''}", _tied_grad_kernel, ptrs, consts, 4))
+    consts = {"SEG": SEG, "SLOTS": _ROWS, "BLOCK_D": _BLOCK_D}
+    jobs.append(("embedding pass B sparse", _sparse_rows_kernel, ptrs, consts, 4))
+    return jobs

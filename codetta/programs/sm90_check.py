@@ -1,7 +1,8 @@
 """``python -m codetta.programs.sm90_check``: compile every shipped program with every
 candidate configuration of both mainloops for sm_90a, without a GPU, and read the
-PTX and resource use (wgmma, TMA, no spills, shared memory fits); and the RoPE
-backward row passes at their default launches (no spills). CI runs it (tests/test_sass.py).
+PTX and resource use (wgmma, TMA, no spills, shared memory fits); and the row passes of
+the backward (RoPE's, the norms', the embedding gradient's) at their default launches
+(no spills). CI runs it (tests/test_sass.py).
 """
 
 import os
@@ -9,14 +10,16 @@ import sys
 
 from .. import programs
 from ..kernels.aot import check_all, compile_kernel_sm90, inspect
-from . import norm_rows, rope
+from . import embedding, norm_rows, rope
 
 
 def check_row_passes() -> list[str]:
     """The row passes of the backward (RoPE's inverse rotation, the q/k-norm backward, the
-    RMSNorm backward) at their default launches, bf16: one line per spill found."""
+    RMSNorm backward, the embedding gradient's) at their default launches, bf16: one line
+    per spill found."""
     problems = []
-    for label, fn, types, consts, warps in rope.row_pass_jobs() + norm_rows.row_pass_jobs():
+    jobs = rope.row_pass_jobs() + norm_rows.row_pass_jobs() + embedding.row_pass_jobs()
+    for label, fn, types, consts, warps in jobs:
         sig = {a: types.get(a, "constexpr") for a in fn.arg_names}  # (the kernel's argument order)
         rep = inspect(compile_kernel_sm90(fn, sig, consts, warps), label)
         found = [p for p in rep.problems() if "spills" in p]
