@@ -82,7 +82,7 @@ def _will_run(node) -> bool:
         return False
 
 
-class _TiedEmbedding(torch.autograd.Function):
+class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, ids, padding_idx, link):
         ctx.save_for_backward(ids)
@@ -127,7 +127,7 @@ def _lookup(ids, weight, padding_idx, link):
         raise ValueError(f"padding_idx must be None or in [0, {weight.shape[0]}), got {padding_idx}")
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and weight.requires_grad):
         return F.embedding(ids, weight, padding_idx)
-    out = _TiedEmbedding.apply(weight, ids, padding_idx, link)
+    out = _Lookup.apply(weight, ids, padding_idx, link)
     if link is not None:
         link.bind(out)
     return out

@@ -66,6 +66,20 @@ def _run_sums_kernel(demb, sid, order, runs, T, D, SEG: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
+def _add_runs(acc, runs, a, b, cols, mask, D, SEG: tl.constexpr):
+    # acc's rows plus their tokens' run sums: a row's tokens are the sorted slots [a, b);
+    # their sums sit at the last slot of each block of SEG slots they touch (the block's
+    # end, or b - 1): n of them, added in order
+    first = a // SEG
+    n = tl.where(b > a, (b - 1) // SEG - first + 1, 0)
+    for k in range(0, tl.max(n, axis=0)):
+        slot = tl.minimum((first + k + 1) * SEG, b) - 1
+        take = mask & (k < n)[:, None]
+        acc += tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :], mask=take, other=0.0)
+    return acc
+
+
+@triton.jit
 def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK_D: tl.constexpr, HEAD: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -80,14 +94,7 @@ def _tied_grad_kernel(dw32, scale, runs, starts, out, V, D, PAD, SEG: tl.constex
     a = tl.load(starts + rows, mask=rmask, other=0)
     b = tl.load(starts + rows + 1, mask=rmask, other=0)
     b = tl.where(rows == PAD, a, b)
-    # row v's tokens are the sorted slots [a, b); their sums sit at the last slot of each
-    # block of SEG slots they touch (the block's end, or b - 1): n of them
-    first = a // SEG
-    n = tl.where(b > a, (b - 1) // SEG - first + 1, 0)
-    for k in range(0, tl.max(n, axis=0)):
-        slot = tl.minimum((first + k + 1) * SEG, b) - 1
-        take = both & (k < n)[:, None]
-        acc += tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :], mask=take, other=0.0)
+    acc = _add_runs(acc, runs, a, b, cols, both, D, SEG)
     tl.store(out + at, acc.to(out.dtype.element_ty), mask=both)
 
 
@@ -106,13 +113,8 @@ def _sparse_rows_kernel(runs, sid, starts, out, T, D, PAD, SEG: tl.constexpr, SL
     lead = live & (v != prev) & (v != PAD)
     b = tl.load(starts + v + 1, mask=lead, other=0)
     b = tl.where(lead, b, slots)
-    first = slots // SEG
-    n = tl.where(b > slots, (b - 1) // SEG - first + 1, 0)
     acc = tl.zeros((SLOTS, BLOCK_D), dtype=tl.float32)
-    for k in range(0, tl.max(n, axis=0)):
-        slot = tl.minimum((first + k + 1) * SEG, b) - 1
-        take = (k < n)[:, None] & cmask[None, :]
-        acc += tl.load(runs + slot.to(tl.int64)[:, None] * D + cols[None, :], mask=take, other=0.0)
+    acc = _add_runs(acc, runs, slots, b, cols, lead[:, None] & cmask[None, :], D, SEG)
     at = v.to(tl.int64)[:, None] * D + cols[None, :]
     tl.store(out + at, acc.to(out.dtype.element_ty), mask=lead[:, None] & cmask[None, :])
 
@@ -148,8 +150,7 @@ def embedding_weight_grad(demb: torch.Tensor, ids: torch.Tensor, padding_idx: in
         raise ValueError(f"demb must be [T, d], got {tuple(demb.shape)}")
     if traced(demb) or torch_path(demb):
         _check(demb, ids, demb.shape[1])
-        zero = torch.zeros((V, demb.shape[1]), dtype=torch.float32, device=demb.device)
-        return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float32).to(dtype)
+        return _lookup_sums(demb, ids, padding_idx, V, torch.float32).to(dtype)
     return _one_pass(None, None, demb, ids, padding_idx, V, dtype, launch, sparse)
 
 
@@ -179,13 +180,14 @@ def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, l
     sid, order = torch.sort(ids, stable=True)
     # row v's first sorted slot (no bincount: its output size is a host synchronization)
     starts = torch.searchsorted(sid, torch.arange(V + 1, device=ids.device, dtype=sid.dtype))
-    runs = alloc((max(T, 1), D), torch.float32, demb.device)
+    runs = alloc((max(T, 1), D), torch.float32, dev)
     rows_b, block_b, warps_b = launch or (_ROWS, _BLOCK_D, 4)
     block_d = min(_BLOCK_D, triton.next_power_of_2(D))
     block_b = min(block_b, triton.next_power_of_2(D))
     cols = triton.cdiv(D, block_d)
     head = dw32 is not None
-    with device.on_device(demb.device):
+    assert not (sparse and head), "the sparse form has no head term"
+    with device.on_device(dev):
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
                               SEG=SEG, BLOCK_D=block_d, num_warps=4)  # fmt: skip
@@ -212,13 +214,18 @@ def _summed(dw32, scale, demb, ids, pad: int, acc: torch.dtype) -> torch.Tensor:
 
 def tied_weight_grad_reference(dw32, scale, demb, ids, padding_idx):
     """The same in float64 PyTorch, not rounded (tests)."""
-    return _summed(dw32, scale, demb, ids, -1 if padding_idx is None else padding_idx, torch.float64)
+    return _summed(dw32, scale, demb, ids, _pad(padding_idx), torch.float64)
+
+
+def _lookup_sums(demb, ids, padding_idx, V: int, acc: torch.dtype) -> torch.Tensor:
+    """The lookup's rows summed into a zero [V, d] table, in PyTorch with ``acc`` math."""
+    zero = torch.zeros((V, demb.shape[1]), dtype=acc, device=demb.device)
+    return _summed(zero, None, demb, ids, _pad(padding_idx), acc)
 
 
 def embedding_weight_grad_reference(demb, ids, padding_idx, V):
     """The lookup's gradient alone in float64 PyTorch, not rounded (tests)."""
-    zero = torch.zeros((V, demb.shape[1]), dtype=torch.float64, device=demb.device)
-    return _summed(zero, None, demb, ids, _pad(padding_idx), torch.float64)
+    return _lookup_sums(demb, ids, padding_idx, V, torch.float64)
 
 
 def row_pass_jobs() -> list[tuple]:
