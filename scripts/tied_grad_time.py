@@ -94,6 +94,36 @@ def untied(nums):
     print(f"sparse launch sweep, V {V} d {D} T {T}: default (16, 256, 4) {t[()] * 1e3:.1f} us")
     for key, ms in sorted(t.items(), key=lambda kv: kv[1])[:6]:
         print(f"  {str(key or 'default'):<16} {ms * 1e3:8.1f} us  {ms / t[()]:.3f}x")
+    seg_sweep(g, ids, V)
+
+
+def seg_sweep(g, ids, V):
+    """Pass A's block of sorted tokens (module constant SEG: 64 spills a 40 B stack frame on
+    sm_90a, 32 does not), both forms of the whole gradient, paired."""
+    from codetta.programs import embedding
+
+    base = embedding.SEG
+    fns = {}
+    for seg in (16, 32, 64, 128):
+        for sparse in (False, True):
+
+            def fn(seg=seg, sparse=sparse):
+                embedding.SEG = seg
+                try:
+                    return embedding_weight_grad(g, ids, None, V, BF16, sparse=sparse)
+                finally:
+                    embedding.SEG = base
+
+            fns[(seg, sparse)] = fn
+    want = fns[(base, False)]().float()
+    for key, fn in fns.items():
+        assert (fn().float() - want).abs().max().item() <= 1e-2 * want.abs().max().item(), key
+    t = paired_ms(fns, min_s=2.0)
+    print(f"pass A SEG sweep (V {V}, T {g.shape[0]}, d {g.shape[1]}), whole gradient:")
+    for (seg, sparse), ms in sorted(t.items()):
+        rel = ms / t[(base, sparse)]
+        form = "sparse" if sparse else "dense"
+        print(f"  SEG {seg:>4} {form:<6} {ms * 1e3:8.1f} us  {rel:.3f}x SEG {base}")
 
 
 def main(argv):
