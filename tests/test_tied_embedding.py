@@ -128,8 +128,11 @@ def test_weight_grad_launch_shapes_agree(device):
     for launch in ((4, 16, 2), (32, 64, 4)) if not ON_GPU else ((4, 128, 2), (32, 512, 8)):
         assert torch.equal(tied_weight_grad(dw32, scale, g, ids, 2, torch.float16, launch), want), launch
         assert torch.equal(embedding_weight_grad(g, ids, 2, V, torch.float16, launch), alone), launch
-        sparse = embedding_weight_grad(g, ids, 2, V, torch.float16, launch, sparse=True)
-        assert torch.equal(sparse, alone), launch
+        slots = (min(launch[0], 16),) + launch[1:]  # (the sparse form's most, below)
+        sparse = embedding_weight_grad(g, ids, 2, V, torch.float16, slots, sparse=True)
+        assert torch.equal(sparse, alone), slots
+    with pytest.raises(ValueError, match="at most 16 slots"):
+        embedding_weight_grad(g, ids, 2, V, torch.float16, (32, 64, 4), sparse=True)
 
 
 @pytest.mark.gpu  # (the interpreter runs programs one by one: nothing to race there)

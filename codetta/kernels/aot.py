@@ -103,8 +103,13 @@ def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False,
 def compile_kernel_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
     """Compile any ``@triton.jit`` kernel (a row pass) for sm_90a: ``signature`` maps each
     argument to its type ("*bf16", "i32", "fp32", or "constexpr" with its value in
-    ``constexprs``)."""
-    src = ASTSource(fn, signature, constexprs)
+    ``constexprs``); a type ending in ":16" (``"*bf16:16"``, ``"i32:16"``) is specialised as
+    divisible by 16, as the GPU's launcher does for aligned pointers and sizes (some
+    compiler failures show only then)."""
+    names = list(signature)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items() if t.endswith(":16")}
+    signature = {a: t.removesuffix(":16") for a, t in signature.items()}
+    src = ASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 

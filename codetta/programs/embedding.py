@@ -36,6 +36,7 @@ from ..kernels.launch import alloc
 from .norm_rows import torch_path, traced
 
 SEG = 64  # sorted tokens per block of pass A
+_MAX_SPARSE_SLOTS = 16
 _BLOCK_D = 256
 _ROWS = 16  # table rows per program of pass B
 
@@ -187,6 +188,11 @@ def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, l
     cols = triton.cdiv(D, block_d)
     head = dw32 is not None
     assert not (sparse and head), "the sparse form has no head term"
+    if sparse and rows_b > _MAX_SPARSE_SLOTS:
+        # (Triton 3.6's layout pass fails on the 1-D slot vectors at 32 slots a program,
+        # with the pointers' 16-byte alignment specialised, as on the GPU; NOTES.md)
+        most = _MAX_SPARSE_SLOTS
+        raise ValueError(f"launch: the sparse form takes at most {most} slots a program, got {rows_b}")
     with device.on_device(dev):
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
@@ -235,8 +241,9 @@ def row_pass_jobs() -> list[tuple]:
     sparse form. Pass A (``_run_sums_kernel``) is left out: at its default launch (SEG 64,
     BLOCK_D 256, 4 warps) the segmented scan spills a 40 B stack frame on sm_90a (SEG 32
     does not; not timed yet, NOTES.md)."""
-    ptrs = {"sid": "*i64", "runs": "*fp32", "starts": "*i64", "out": "*bf16", "dw32": "*fp32",
-            "scale": "*fp32", "T": "i32", "V": "i32", "D": "i32", "PAD": "i32"}  # fmt: skip
+    # (aligned pointers and sizes divisible by 16, as the GPU specialises them at training sizes)
+    ptrs = {"sid": "*i64:16", "runs": "*fp32:16", "starts": "*i64:16", "out": "*bf16:16", "dw32": "*fp32:16",
+            "scale": "*fp32:16", "T": "i32:16", "V": "i32:16", "D": "i32:16", "PAD": "i32"}  # fmt: skip
     jobs = []
     for head in (True, False):
         consts = {"SEG": SEG, "ROWS": _ROWS, "BLOCK_D": _BLOCK_D, "HEAD": head}
