@@ -353,7 +353,10 @@ def test_scale_cast(device, dtype):
     scale = torch.tensor(0.37, device=device)
     out = scale_cast(src, scale, dtype)
     assert out.dtype == dtype and torch.equal(out, (src * scale).to(dtype))
-    with pytest.raises(ValueError, match="contiguous float32"):
+    # a narrower source in its own dtype (the loss's dX): fp32 math, rounded once
+    narrow = src.to(dtype)
+    assert torch.equal(scale_cast(narrow, scale, dtype), (narrow.float() * scale).to(dtype))
+    with pytest.raises(ValueError, match="contiguous floating"):
         scale_cast(src.t(), scale, dtype)
 
 

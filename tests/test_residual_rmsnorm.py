@@ -309,6 +309,25 @@ def test_scale_columns(R, D, device):
         scale_columns(w, g[:-1])
 
 
+@pytest.mark.parametrize("M,D", [(1, 8), (77, 1000)])
+def test_normalize_rows(M, D, device):
+    """The last norm's rows (no next GEMM): h * rsqrt(sumsq / d + eps), fp32, rounded once;
+    every element written (outputs are NaN-poisoned in the tests)."""
+    from codetta.programs.norm_rows import normalize_rows
+
+    if ON_GPU:
+        M, D = M * 53, D * 4
+    h = rand(M, D, dtype=torch.float16, device=device)
+    sumsq = torch.rand(M, device=device) * D + 0.1
+    want = h.double() * torch.rsqrt(sumsq.double() / D + EPS)[:, None]
+    same = (h.float() * torch.rsqrt(sumsq / D + EPS)[:, None]).half()
+    got = normalize_rows(h, sumsq, EPS)
+    assert got.dtype == h.dtype and not got.isnan().any()
+    assert_within("n", got, want, same)
+    with pytest.raises(ValueError, match="sumsq"):
+        normalize_rows(h, sumsq[:-1], EPS)
+
+
 @pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
 def test_rowdot(M, N, device):
     from codetta.programs.norm_rows import rowdot

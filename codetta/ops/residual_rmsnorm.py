@@ -40,7 +40,7 @@ from ..programs import (
     RESIDUAL_SUMSQ,
     RMS_SCALE,
 )
-from ..programs.norm_rows import gamma_sumsq, scale_columns
+from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns
 from ..programs.rope import (
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_PAIRS,
@@ -95,8 +95,7 @@ def _forward_impl(
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
         k1 = _k1(y, w_o, residual, gamma)
-        r = torch.rsqrt(k1.sumsq * (1.0 / d) + eps)[:, None]
-        return k1.x, [(k1.h.float() * r).to(y.dtype)], k1.sumsq, residual.new_empty(0)
+        return k1.x, [normalize_rows(k1.h, k1.sumsq, eps)], k1.sumsq, residual.new_empty(0)
     if swiglu:
         k1 = _k1(y, w_o, residual, gamma)
         act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)

@@ -11,6 +11,7 @@ import triton.language as tl
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels import device, precompile
+from ..kernels.launch import alloc
 from ..kernels.settings import SETTINGS
 from .norm import rms_scale_of
 
@@ -151,6 +152,39 @@ def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, tor
         grid = (triton.cdiv(M, 4),)
         precompile.launch(_gamma_sumsq_kernel, grid, x, gamma, h, sumsq, M, D, BLOCK_M=4, BLOCK_D=block_d)
     return h, sumsq
+
+
+@triton.jit
+def _normalize_kernel(h_ptr, s_ptr, n_ptr, M, D, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rmask = rows < M
+    m = rmask[:, None] & (cols < D)[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    r = rms_scale_of(tl.load(s_ptr + rows, mask=rmask, other=0.0), inv_d, eps)
+    h = tl.load(h_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(n_ptr + offs, (h * r[:, None]).to(n_ptr.dtype.element_ty), mask=m)
+
+
+def normalize_rows(h: torch.Tensor, sumsq: torch.Tensor, eps: float) -> torch.Tensor:
+    """``n = h * r`` in h's dtype, r = rsqrt(sumsq / d + eps) per row, formed in fp32 and
+    rounded once, in one pass over h: the normalized rows of a norm with no next GEMM to
+    carry r (the last one, before the LM head). h: contiguous [M, d]; sumsq fp32 [M].
+    (PyTorch's h.float() * r, .to(dtype) took three passes, 0.55 ms at 16384 x 4096, run 129.)"""
+    if h.dim() != 2 or not h.is_contiguous() or sumsq.shape != (h.shape[0],) or sumsq.dtype != torch.float32:
+        raise ValueError(
+            f"need a contiguous [M, d] h and a float32 [M] sumsq, got {tuple(h.shape)} and "
+            f"{sumsq.dtype} {tuple(sumsq.shape)}"
+        )
+    M, D = h.shape
+    if traced(h) or torch_path(h) or h.numel() == 0:
+        return (h.float() * _r(sumsq, D, eps)).to(h.dtype)
+    n = alloc((M, D), h.dtype, h.device)
+    with device.on_device(h.device):
+        grid = (triton.cdiv(M, 8), triton.cdiv(D, 512))
+        precompile.launch(_normalize_kernel, grid, h, sumsq, n, M, D, 1.0 / D, eps, BLOCK_M=8, BLOCK_D=512,
+                          num_warps=4)  # fmt: skip
+    return n
 
 
 @triton.jit
