@@ -233,6 +233,10 @@ def test_float32_seed_streams_through_two_slots():
     by_split = {c.epi_split: c for c in PINGPONG.candidates(pg.ACCUMULATE_F32) if c.block_n == 128}
     assert PINGPONG.ring_slots(pg.ACCUMULATE_F32, by_split[4], bf16) == 2
     assert PINGPONG.ring_slots(pg.STORE_F32, by_split[4], bf16) == 2
+    # a float32 seed finished in the GEMM's dtype: the same float32 ring, its output stored
+    # through a slot viewed as bf16
+    assert PINGPONG.ring_dtype(pg.FINISH_F32, bf16) == torch.float32
+    assert PINGPONG.ring_slots(pg.FINISH_F32, by_split[4], bf16) == 2
     assert PINGPONG.ring_slots(pg.ACCUMULATE_F32, by_split[2], bf16) == 2  # = the split: nothing streams
     assert max(c.num_stages for c in PINGPONG.candidates(pg.ACCUMULATE_F32) if c.block_n == 128) == 5
     for prog in (pg.ACCUMULATE, pg.DSWIGLU, pg.STORE):

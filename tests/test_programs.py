@@ -387,6 +387,7 @@ def _program_operands(name, M, N, device, K=64):
         "store_f32": {},
         "accumulate": {"c": rand(M, N, dtype=dtype, device=device)},
         "accumulate_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
+        "finish_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
         "row_scale": {"scale": torch.rand(M, **f32) + 0.5},
         "rms_scale": {"sumsq": torch.rand(M, **f32) * 9, "inv_d": 1.0 / N, "eps": 1e-6},
         "mul_colsum": {"other": rand(M, N, dtype=dtype, device=device)},

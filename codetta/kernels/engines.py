@@ -318,6 +318,16 @@ def _gl_desc(t: torch.Tensor, shape, strides, block):
     return tma_desc(t, shape, strides, block, _gl_layout(tuple(block), t.dtype))
 
 
+def _fits_ring(op, value, ring: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether a tile operand (its tensor ``value``, None for an output) can move through
+    a ring of ``ring``: in its dtype, or an output of a narrower dtype stored through a
+    ring slot viewed in that dtype (a float32 ring's output in the GEMM's dtype)."""
+    want = op.dtype or dtype
+    if value is not None and value.dtype != want:
+        return False
+    return want == ring or (value is None and ring == torch.float32 and want.itemsize < 4)
+
+
 class PingPongEngine:
     """The warp-specialized sm_90 mainloop (``pingpong.py``), bf16/fp16 only."""
 
@@ -331,9 +341,18 @@ class PingPongEngine:
     @staticmethod
     def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:
         """The dtype of the epilogue ring: that of every tile operand when they all
-        declare one (float32: a weight gradient summed in place), else the GEMM's."""
+        declare one (float32: a weight gradient summed in place); float32 too when every
+        tile input declares it and the outputs are float32 or the GEMM's dtype (a float32
+        sum finished in the GEMM's dtype, ``FINISH_F32``: the narrower output is stored
+        through a ring slot viewed in its dtype, ``pingpong._store_tiles``); else the GEMM's."""
         declared = {op.dtype for op in program.slots if op.is_tile}
-        return declared.pop() if len(declared) == 1 and None not in declared else dtype
+        if len(declared) == 1 and None not in declared:
+            return declared.pop()
+        ins = {op.dtype for op in program.inputs if op.is_tile}
+        outs = {op.dtype for op in program.outputs if op.is_tile}
+        if ins == {torch.float32} and outs <= {torch.float32, None}:
+            return torch.float32
+        return dtype
 
     def candidates(self, program: Program) -> list[Config]:
         if not program.pingpong:
@@ -416,11 +435,11 @@ class PingPongEngine:
         bad = [
             op.name
             for op, v in zip(program.slots, values)
-            if op.is_tile and ((op.dtype or call.dtype) != ring or (v is not None and v.dtype != ring))
+            if op.is_tile and not _fits_ring(op, v, ring, call.dtype)
         ]
         if bad:
             return (f"tile operands {bad} are not in the epilogue ring's dtype ({ring}: the GEMM's, "
-                    "or float32 when every tile operand declares it)")  # fmt: skip
+                    "or float32 when every tile operand, or every tile input, declares it)")  # fmt: skip
         return None
 
     def constexprs(self, program: Program, in_kinds, cfg: Config, dtype, a_t, b_t) -> dict:

@@ -240,6 +240,12 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
             else:
                 off = off_n
             tma.store_wait(SLOTS - 1)  # the store issued from this slot SLOTS stores ago is done
+            if desc.dtype != ring.dtype:
+                # a narrower output through a float32 ring slot viewed in its dtype
+                # (FINISH_F32): the view's elements lie in other threads' bytes, which may
+                # still hold the seed they are reading from this slot, so all read first
+                buf = buf._reinterpret(desc.dtype, desc.block_type.shape, desc.layout)
+                gl.thread_barrier()
             buf.store(res[o].to(desc.dtype))
             fence_async_shared()
             if len(OUT_PARTS) == 0:

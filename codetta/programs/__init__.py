@@ -3,6 +3,7 @@
 from .basic import (
     ACCUMULATE,
     ACCUMULATE_F32,
+    FINISH_F32,
     MUL_COLSUM,
     ROW_SCALE,
     STORE,
@@ -45,6 +46,7 @@ __all__ = [
     "STORE",
     "ACCUMULATE",
     "ACCUMULATE_F32",
+    "FINISH_F32",
     "STORE_F32",
     "STORE_K2",
     "STORE_K3",

@@ -10,8 +10,8 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 from ..kernels.program import STORE, ColSum, PerRow, Program, Tile, with_k_parts, with_m_parts
 
-__all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "ROW_SCALE", "MUL_COLSUM", "STORE_K2",
-           "STORE_K3", "STORE_K4", "STORE_M3"]  # fmt: skip
+__all__ = ["STORE", "STORE_F32", "ACCUMULATE", "ACCUMULATE_F32", "FINISH_F32", "ROW_SCALE", "MUL_COLSUM",
+           "STORE_K2", "STORE_K3", "STORE_K4", "STORE_M3"]  # fmt: skip
 
 
 @triton.jit
@@ -63,6 +63,21 @@ STORE_F32 = Program(
     accumulate,
     outputs=(Tile("out", dtype=torch.float32),),
     reference=lambda acc: {"out": acc},
+    configs=tuple(BACKWARD_CANDIDATES),
+    layouts=((True, True),),
+)
+
+
+# the last chunk's term: the float32 sum so far plus this product, rounded once into the
+# GEMM's dtype (a weight gradient's last chunk: no float32 result written, no cast pass after;
+# on the ping-pong mainloop the seed streams through a float32 ring, the output is stored
+# through a slot viewed in its dtype)
+FINISH_F32 = Program(
+    "finish_f32",
+    accumulate,
+    inputs=(Tile("c", seeds_acc=True, dtype=torch.float32),),
+    outputs=(Tile("out"),),
+    reference=lambda acc, c: {"out": acc},
     configs=tuple(BACKWARD_CANDIDATES),
     layouts=((True, True),),
 )
