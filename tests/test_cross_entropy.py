@@ -325,16 +325,18 @@ def test_option_errors(device):
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_weight_gradient_chunks(device, reduction):
-    """The first chunk's dW GEMM stores its product (STORE_F32), the later ones add theirs
-    in place (ACCUMULATE_F32), for mean (in the forward) and none (in the backward); a
-    single chunk stores only. The sum over chunks is checked against fp64 above."""
+    """The first chunk's dW GEMM stores its product (STORE_F32), the middle ones add theirs
+    in place (ACCUMULATE_F32), the last adds its own and rounds into the weight's dtype
+    (FINISH_F32), for mean (in the forward) and none (in the backward); a single chunk is
+    one plain GEMM into the weight's dtype. The sum over chunks is checked against fp64
+    above."""
     from codetta.kernels.launch import recording
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
     w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
     t = torch.randint(0, 96, (70,), device=device)
-    for rows, want in ((32, ["store_f32", "accumulate_f32", "accumulate_f32"]), (None, ["store_f32"])):
+    for rows, want in ((32, ["store_f32", "accumulate_f32", "finish_f32"]), (None, [])):
         with recording() as rec:
             loss = linear_cross_entropy(x, w, t, reduction=reduction, chunk_rows=rows)
             loss.sum().backward()
@@ -358,6 +360,37 @@ def test_scale_cast(device, dtype):
     assert torch.equal(scale_cast(narrow, scale, dtype), (narrow.float() * scale).to(dtype))
     with pytest.raises(ValueError, match="contiguous floating"):
         scale_cast(src.t(), scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rescale_in_place(device, dtype):
+    """The head's dW (rounded in the forward) scaled in place: fp32 math, rounded once,
+    over more than one block; a scale of 1 leaves every bit as it was; the version counter
+    moves either way (a graph that saved the tensor refuses a second use)."""
+    from codetta.programs.ce import rescale_
+
+    t = (torch.randn(70, 130, device=device) * 100).to(dtype)
+    for s in (0.37, 1.0, 3.0):
+        want = (t.float() * s).to(dtype)
+        got = t.clone()
+        v = got._version
+        assert rescale_(got, torch.tensor(s, device=device)) is got
+        assert torch.equal(got, want) and got._version > v, s
+    with pytest.raises(ValueError, match="contiguous floating"):
+        rescale_(t.t(), torch.tensor(2.0, device=device))
+
+
+def test_second_backward_is_refused(device):
+    """The loss hands its saved dW to the first backward (scaled in place): a second
+    backward through the same graph raises, naming why, instead of scaling it twice."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
+    w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
+    t = torch.randint(0, 96, (70,), device=device)
+    loss = linear_cross_entropy(x, w, t)
+    (loss * 2).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
 
 
 def test_scale_cast_traced(device):

@@ -15,10 +15,13 @@ per-row log-sum-exp and does the same work in the backward, with its per-row
 gradient. Extra memory beyond the inputs and their gradients: one logits buffer
 (<= the budget, reused by every chunk; rows padded to 16 bytes, so any V works) and
 the fp32 dW accumulator (4 V d bytes: the first chunk's product stored by the
-STORE_F32 epilogue, the others' summed in place by ACCUMULATE_F32; for mean and sum it
-stays float32 until the backward scales it and casts it to the weight's dtype in one
-pass; with tied embeddings, ``tied=``, the embedding's backward does that pass and adds
-its own gradient in it, ``ops/tied_embedding.py``), plus O(M) row statistics: at
+STORE_F32 epilogue, the middle ones' summed in place by ACCUMULATE_F32, the last one's
+added by FINISH_F32, which rounds the sum once into the weight's dtype; for mean and sum
+the backward then scales that in place where its incoming gradient is not 1, a second
+rounding there, none for a power of 2, and a pass that does nothing on the device when it
+is 1, the usual ``loss.backward()``; with tied embeddings, ``tied=``, dW stays float32
+and the embedding's backward scales it, casts it and adds its own gradient in one pass,
+``ops/tied_embedding.py``), plus O(M) row statistics: at
 V = 128256, d = 4096 that is 1 + 2 GiB, above issue 15's 512 MiB bar (the fp32
 accumulator is the larger term). Each chunk reads and writes the whole fp32
 accumulator (2 GiB of traffic at d = 4096): bigger chunks make fewer of those passes,
@@ -51,8 +54,8 @@ import torch
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
-from ..programs.basic import ACCUMULATE_F32, STORE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, scale_cast
+from ..programs.basic import ACCUMULATE_F32, FINISH_F32, STORE_F32
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, rescale_, scale_cast
 from ._eager import FastOp
 from .ce_rows import (
     CEOptions,
@@ -71,6 +74,13 @@ REDUCTIONS = ("mean", "sum", "none")
 _TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
+def _finishes() -> bool:
+    """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): always
+    but for a tied embedding's lookup in eager mode, whose backward takes the float32 sum
+    and adds its own rows to it in one pass (``ops/tied_embedding.py``)."""
+    return _TIED.get() is None
+
+
 def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
     """Rows per chunk: as many as fit ``budget`` bytes of logits (default: the
     ``CODETTA_CE_CHUNK_MB`` setting, 1 GiB) (a multiple of 128 when more than 128 fit),
@@ -82,9 +92,13 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
     return min(max(M, 1), rows)
 
 
-def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True):
+def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
+          finish=True):  # fmt: skip
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
-    dX (input dtype), dW and dbias (fp32).
+    dX (input dtype), dW and dbias (fp32). dW: with ``finish`` in the weight's dtype (the
+    last chunk's GEMM adds its product to the float32 sum of the others and rounds once,
+    FINISH_F32; one chunk: a plain GEMM), else float32 (the tied embedding's one pass
+    takes it).
 
     Row loss, with p = softmax(c) over the (capped) logits c, eps = label smoothing,
     w = class weights (1 without), t = the row's target:
@@ -97,11 +111,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     dx = torch.empty_like(x) if want_grads else x.new_empty(0)
     # (the first chunk stores its product, the others add theirs: no zero fill; no rows:
     # no chunk, a zero gradient)
-    dw32 = (
-        (torch.empty if M else torch.zeros)(w.shape, dtype=torch.float32, device=x.device)
-        if want_grads
-        else None
-    )
+    last = (M - 1) // rows * rows if M else 0  # the last chunk's first row
+    dw32 = dw = None
+    if want_grads and (last or not finish):
+        dw32 = (torch.empty if M else torch.zeros)(w.shape, dtype=torch.float32, device=x.device)
+    if want_grads and finish:
+        dw = (torch.empty if M else torch.zeros)(w.shape, dtype=w.dtype, device=x.device)
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
@@ -133,7 +148,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
                             softcap=opts.softcap, want_sum=bool(eps), **coef)  # fmt: skip
             gemm(logits, w.t(), out=dx[sl])
-            if start == 0:
+            if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
+                if start == 0:
+                    gemm(logits.t(), xc.t(), out=dw)
+                else:
+                    gemm(logits.t(), xc.t(), epilogue=FINISH_F32, c=dw32, out=dw)
+            elif start == 0:
                 gemm(logits.t(), xc.t(), epilogue=STORE_F32, out=dw32)  # dW = dl^T x
             else:
                 gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
@@ -145,7 +165,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
         losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
-    return losses, lse_all, dx, dw32, db32
+    return losses, lse_all, dx, dw if finish else dw32, db32
 
 
 def _forward_impl(
@@ -172,7 +192,7 @@ def _forward_impl(
         dx = dw32 = db32 = None
     else:
         losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts,
-                                            want_grads=grads)  # fmt: skip
+                                            want_grads=grads, finish=_finishes())  # fmt: skip
     if not grads:
         dx = x.new_empty(0)
     if reduction == "none":
@@ -181,7 +201,8 @@ def _forward_impl(
         loss = losses.sum()
         if reduction == "mean":  # 0/0 = nan when every row is ignored, as torch
             loss = loss / row_weights(target, target != ignore_index, opts).sum()
-    # dW stays float32 until the backward scales it (one pass: scale and cast together)
+    # dW in the weight's dtype (the backward scales it in place where its incoming gradient
+    # is not 1), or float32 for a tied embedding's one pass (_finishes)
     dw = dw32 if grads else w.new_empty(0)
     db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
     return loss, lse, dx, dw, db
@@ -197,8 +218,9 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none" and not vocab_chunk
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
+    dw_dtype = f32 if grads and not _finishes() else w.dtype
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
-            w.new_empty(w.shape if grads else (0,), dtype=f32 if grads else w.dtype), db)  # fmt: skip
+            w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db)  # fmt: skip
 
 
 def _backward_none_impl(
@@ -215,8 +237,8 @@ def _backward_none_impl(
     rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
-    _, _, dx, dw32, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
-    return dx, dw32.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
+    _, _, dx, dw, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
+    return dx, dw, (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
 
 _backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())(
@@ -299,7 +321,13 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
                                          ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
     else:
-        dx, dw, db = ctx.saved_tensors
+        try:
+            dx, dw, db = ctx.saved_tensors
+        except RuntimeError as e:  # (rescale_ bumped dW's version: it is the first backward's result)
+            raise RuntimeError(
+                "codetta.linear_cross_entropy: a second backward through the same loss (retain_graph=True) "
+                "is not supported: the first one returned the saved weight gradient itself, scaled in place"
+            ) from e
         if not ctx.grads_in_forward:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
         # dX scaled in one vectorized pass (PyTorch's product with a float32 0-dim factor,
@@ -309,7 +337,12 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         scale = dloss.to(torch.float32)
         dx = scale_cast(dx, scale, dx.dtype) if dx.numel() else dx
         db = db * scale if db.numel() else db
-        if ctx.tied is not None and ctx.tied.hand_over(dw, scale):
+        if ctx.tied is None:  # (the forward's choice, _finishes)
+            # dW already rounded to the weight's dtype in the forward: scaled in place where
+            # the incoming gradient is not 1 (a second rounding there; none for powers of 2),
+            # a pass that skips its work on the device when it is 1 (the usual loss.backward())
+            dw = rescale_(dw, scale)
+        elif ctx.tied is not None and ctx.tied.hand_over(dw, scale):
             dw = None  # the tied embedding's backward returns the weight's whole gradient
         else:
             dw = scale_cast(dw, scale, ctx.w_dtype)
