@@ -44,8 +44,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     run = getattr(sys.modules.get("test_sass"), "_RUN", None)
-    if run and run["proc"].poll() is None:  # the session ended before the check was waited for
-        run["proc"].kill()
+    proc = (run or {}).get("proc")
+    if proc is not None and proc.poll() is None and not os.path.exists(os.path.join(run["dir"], "rc")):
+        if os.environ.get("PYTEST_XDIST_WORKER") and exitstatus == 0:
+            proc.wait()  # (another worker may be waiting for its result)
+        else:  # the session stopped before the check was waited for
+            sys.modules["test_sass"].stop()
 
 
 @pytest.fixture(autouse=True)

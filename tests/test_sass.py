@@ -5,46 +5,82 @@ Runs in a subprocess: the tests themselves run the kernels through the
 interpreter, and the sm_90a compiler needs the real JIT functions. conftest.py
 starts it when the test is collected (``start``), with two compile workers, so it
 runs beside the interpreter tests instead of after them, and moves this test to the
-end of the session, where it waits for the check.
+end of the session, where it waits for the check. Under pytest-xdist the first worker
+to collect starts it and whichever runs this test waits for its result (a folder named
+by the run's id).
 """
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
 _RUN: dict = {}
 
 
+def _shared_dir() -> str | None:
+    """Under pytest-xdist, a folder every worker of this run names alike: the first to
+    create it runs the check, the others wait for its result there (one check per run)."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return os.path.join(tempfile.gettempdir(), f"codetta-sass-{uid}") if uid else None
+
+
 def start(workers: int = 1) -> None:
-    """Start the sm_90a check in the background (once); its output goes to a temporary file."""
+    """Start the sm_90a check in the background (once per run); its output and exit
+    status go to files."""
     if _RUN:
         return
+    shared = _shared_dir()
+    if shared is None:
+        folder = tempfile.mkdtemp(prefix="codetta-sass-")
+    else:
+        try:
+            os.mkdir(shared)
+        except FileExistsError:  # another worker runs it
+            _RUN["dir"] = shared
+            return
+        folder = shared
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env["CODETTA_AOT_WORKERS"] = str(workers)
-    out = tempfile.TemporaryFile(mode="w+")
-    _RUN["out"] = out
-    _RUN["proc"] = subprocess.Popen(
-        [sys.executable, "-m", "codetta.programs.sm90_check"], env=env, stdout=out, stderr=subprocess.STDOUT
-    )
+    # the exit status is written last (its file's presence says the check is over)
+    cmd = f'"{sys.executable}" -m codetta.programs.sm90_check > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc'
+    _RUN["dir"] = folder
+    _RUN["proc"] = subprocess.Popen(["sh", "-c", cmd], cwd=folder, env=env, start_new_session=True)
+
+
+def stop() -> None:
+    """Kill the check this process started, with its compile workers."""
+    proc = _RUN.get("proc")
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait(folder: str, timeout: float) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout
+    rc = os.path.join(folder, "rc")
+    while not os.path.exists(rc):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the sm_90a check did not finish in {timeout:.0f} s")
+        time.sleep(1.0)
+    with open(rc) as f, open(os.path.join(folder, "out.txt")) as g:
+        return int(f.read().strip() or 1), g.read()
 
 
 @pytest.mark.slow
 def test_sm90_sass():
     start(workers=os.cpu_count() or 1)  # (not started at collection: run alone, use every core)
-    proc, out = _RUN["proc"], _RUN["out"]
     try:
-        rc = proc.wait(timeout=1500)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        rc, text = _wait(_RUN["dir"], timeout=1500)
+    except TimeoutError:
+        stop()
         raise
-    out.seek(0)
-    text = out.read()
-    out.close()
     assert rc == 0, text[-10000:]
     assert "all sm_90a kernels" in text
 
