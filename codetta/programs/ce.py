@@ -195,12 +195,15 @@ def _scale_cast_kernel(src, scale, dst, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _rescale_kernel(x, scale, n, BLOCK: tl.constexpr):
+    # a few programs a SM, each striding over blocks (one program a block took 83 us at
+    # [128256, 4096] just to read a scale of 1, run 131)
     s = tl.load(scale)
     if s != 1.0:  # (the usual incoming gradient: each program reads 4 bytes and stops)
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        v = tl.load(x + offs, mask=mask).to(tl.float32) * s
-        tl.store(x + offs, v.to(x.dtype.element_ty), mask=mask)
+        for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < n
+            v = tl.load(x + offs, mask=mask).to(tl.float32) * s
+            tl.store(x + offs, v.to(x.dtype.element_ty), mask=mask)
 
 
 def rescale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -219,7 +222,9 @@ def rescale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n = t.numel()
     if n:
         with device.on_device(t.device):
-            precompile.launch(_rescale_kernel, (triton.cdiv(n, 4096),), t, scale, n, BLOCK=4096, num_warps=8)
+            most = 8 * device.num_sms(t.device.index or 0) if t.device.type == "cuda" else 2
+            programs = min(triton.cdiv(n, 4096), most)  # (the interpreter: 2, so that they stride)
+            precompile.launch(_rescale_kernel, (programs,), t, scale, n, BLOCK=4096, num_warps=8)
     torch.autograd.graph.increment_version(t)
     return t
 
