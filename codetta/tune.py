@@ -80,15 +80,16 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
 
 def _probe_loss(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     """The fused LM head + loss of a training step (its row chunk recorded as the probe,
-    the vocabulary as ``_PROBE_VOCAB``: ``_scaled`` makes both the real ones). Two chunks:
-    the first chunk's dW GEMM stores, the others' add to it (different programs)."""
+    the vocabulary as ``_PROBE_VOCAB``: ``_scaled`` makes both the real ones). Three
+    chunks: the first chunk's dW GEMM stores, the middle ones' add to it, the last one's
+    adds and rounds (three programs)."""
     T, d = _PROBE_TOKENS, w.hidden
-    if d in (_PROBE_TOKENS, _PROBE_VOCAB, 2 * _PROBE_TOKENS):
+    if d in (_PROBE_TOKENS, _PROBE_VOCAB, 2 * _PROBE_TOKENS, 3 * _PROBE_TOKENS):
         raise ValueError(f"model {w.name}: its width {d} equals a probe dimension")
     with override(force_reference=True), recording() as rec:
-        n = torch.empty(2 * T, d, dtype=dtype, requires_grad=True)
+        n = torch.empty(3 * T, d, dtype=dtype, requires_grad=True)
         head = torch.empty(_PROBE_VOCAB, d, dtype=dtype, requires_grad=True)
-        target = torch.zeros(2 * T, dtype=torch.long)
+        target = torch.zeros(3 * T, dtype=torch.long)
         linear_cross_entropy(n, head, target, chunk_rows=T).backward()
         return list(rec)
 

@@ -81,7 +81,7 @@ def test_model_calls_cover_the_step():
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
     assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits", "store_f32",
-                     "accumulate_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128"}  # fmt: skip
+                     "accumulate_f32", "finish_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
     assert ("swiglu_rms", False, False, 16384, 14336, 4096) in shapes  # gate and up, paired
