@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from conftest import ON_GPU
 from util import assert_within, rand
 
+from codetta.kernels import settings
 from codetta.ops import linear_cross_entropy
 from codetta.ops.cross_entropy import rows_per_chunk
 
@@ -58,6 +59,20 @@ def test_matches_float64(M, d, V, rows, reduction, dtype, device):
     t[::7] = -100
     grad = torch.rand(M, device=device, generator=g) + 0.5 if reduction == "none" else None
     _check(M, d, V, rows, dtype, device, reduction, t, grad=grad)
+
+
+@pytest.mark.parametrize("finish", [True, False])
+@pytest.mark.parametrize("incoming", [1 / 3, 4.0])
+def test_incoming_gradient(finish, incoming, dtype, device):
+    """An incoming gradient other than 1 (a loss divided by gradient-accumulation steps,
+    a loss scaler's power of 2): dW rounded in the forward and scaled in place after
+    (FINISH_F32: a second rounding for 1/3), or kept float32 and cast once
+    (``CODETTA_CE_FINISH=0``), both within the bound against float64, several chunks."""
+    M, d, V, rows = SHAPES[0]
+    rows = rows or 512
+    t = torch.randint(0, V, (M,), device=device)
+    with settings.override(ce_finish=finish):
+        _check(M, d, V, rows, dtype, device, "mean", t, grad=torch.tensor(incoming, device=device))
 
 
 def test_large_logits_and_3d_input(dtype, device):
@@ -336,12 +351,18 @@ def test_weight_gradient_chunks(device, reduction):
     x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
     w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
     t = torch.randint(0, 96, (70,), device=device)
-    for rows, want in ((32, ["store_f32", "accumulate_f32", "finish_f32"]), (None, [])):
-        with recording() as rec:
-            loss = linear_cross_entropy(x, w, t, reduction=reduction, chunk_rows=rows)
-            loss.sum().backward()
-        dw = [c.program.name for c in rec if c.program.name.endswith("_f32")]
-        assert dw == want, (rows, dw)
+    for finish in (True, False):
+        runs = ((32, ["store_f32", "accumulate_f32", "finish_f32"]), (None, []))
+        if not finish:  # CODETTA_CE_FINISH=0: dW float32 to the end, cast after
+            runs = ((32, ["store_f32", "accumulate_f32", "accumulate_f32"]), (None, ["store_f32"]))
+        for rows, want in runs:
+            x.grad = w.grad = None
+            with settings.override(ce_finish=finish), recording() as rec:
+                loss = linear_cross_entropy(x, w, t, reduction=reduction, chunk_rows=rows)
+                (loss.sum() * 3).backward()
+            dw = [c.program.name for c in rec if c.program.name.endswith("_f32")]
+            assert dw == want, (finish, rows, dw)
+            assert w.grad.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -66,6 +66,7 @@ SETTING_VARIANTS = {
     "no-overwrite": {"overwrite_saved": False},
     "no-tied-grad": {"tied_grad": False},
     "no-embed-grad": {"embed_grad": False},
+    "no-ce-finish": {"ce_finish": False},
 }
 ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 

@@ -44,6 +44,11 @@
 |  |  | its weight gradient itself and the embedding's backward its own (PyTorch sums |
 |  |  | them), instead of one pass forming both (``ops/tied_embedding.py``; the switch |
 |  |  | for an A/B) |
+| ``CODETTA_CE_FINISH`` | 1 | 0: the LM head + loss keeps dW in float32 until its backward scales and |
+|  |  | casts it (one more pass over a float32 [V, d]: 0.73 ms at V 128256, d 4096, run |
+|  |  | 129), instead of its last row chunk's GEMM rounding it into the weight's dtype in |
+|  |  | the forward (``FINISH_F32``); 1 GB less at the peak of the untied 8B slice (9.5 |
+|  |  | against 10.5 GB, runs 127 and 130) |
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
@@ -92,6 +97,8 @@ class Settings:
     tied_grad: bool = True
     # False: an untied embedding's backward is PyTorch's (ops/tied_embedding.py: embedding)
     embed_grad: bool = True
+    # False: the loss's dW stays float32 until the backward (ops/cross_entropy.py: _finishes)
+    ce_finish: bool = True
     compile_workers: int = 0
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
@@ -139,6 +146,7 @@ class Settings:
             overwrite_saved=flag("CODETTA_OVERWRITE_SAVED", True),
             tied_grad=flag("CODETTA_TIED_GRAD", True),
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
+            ce_finish=flag("CODETTA_CE_FINISH", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             cache_dir=Path(cache),
         )

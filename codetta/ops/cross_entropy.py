@@ -75,10 +75,12 @@ _TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
 def _finishes() -> bool:
-    """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): always
-    but for a tied embedding's lookup in eager mode, whose backward takes the float32 sum
-    and adds its own rows to it in one pass (``ops/tied_embedding.py``)."""
-    return _TIED.get() is None
+    """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): unless
+    the ``ce_finish`` setting is off (``CODETTA_CE_FINISH=0``: 1 GB less at the untied 8B
+    slice's peak, a float32 pass more) or a tied embedding's lookup runs in eager mode
+    (its backward takes the float32 sum and adds its own rows to it in one pass,
+    ``ops/tied_embedding.py``)."""
+    return SETTINGS.ce_finish and _TIED.get() is None
 
 
 def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
@@ -237,8 +239,9 @@ def _backward_none_impl(
     rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
-    _, _, dx, dw, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad)
-    return dx, dw, (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
+    finish = SETTINGS.ce_finish  # (its gradient known here: nothing to scale after)
+    _, _, dx, dw, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad, finish=finish)
+    return dx, dw if finish else dw.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
 
 _backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())(
@@ -297,6 +300,7 @@ def _setup(ctx, inputs, output):
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
+    ctx.finished = ctx.grads_in_forward and _finishes()  # (the forward's choice)
     ctx.set_materialize_grads(False)
     if vocab_chunk:
         ctx.save_for_backward(x, w, target, lse, bias, class_weight)
@@ -337,7 +341,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         scale = dloss.to(torch.float32)
         dx = scale_cast(dx, scale, dx.dtype) if dx.numel() else dx
         db = db * scale if db.numel() else db
-        if ctx.tied is None:  # (the forward's choice, _finishes)
+        if ctx.finished:
             # dW already rounded to the weight's dtype in the forward: scaled in place where
             # the incoming gradient is not 1 (a second rounding there; none for powers of 2),
             # a pass that skips its work on the device when it is 1 (the usual loss.backward())
