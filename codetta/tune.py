@@ -78,18 +78,18 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
         return list(rec)
 
 
-def _probe_loss(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
+def _probe_loss(w: Widths, dtype: torch.dtype, chunks: int = 3) -> list[RecordedCall]:
     """The fused LM head + loss of a training step (its row chunk recorded as the probe,
     the vocabulary as ``_PROBE_VOCAB``: ``_scaled`` makes both the real ones). Three
     chunks: the first chunk's dW GEMM stores, the middle ones' add to it, the last one's
-    adds and rounds (three programs)."""
+    adds and rounds (three programs); one chunk: a plain GEMM into the weight's dtype."""
     T, d = _PROBE_TOKENS, w.hidden
     if d in (_PROBE_TOKENS, _PROBE_VOCAB, 2 * _PROBE_TOKENS, 3 * _PROBE_TOKENS):
         raise ValueError(f"model {w.name}: its width {d} equals a probe dimension")
     with override(force_reference=True), recording() as rec:
-        n = torch.empty(3 * T, d, dtype=dtype, requires_grad=True)
+        n = torch.empty(chunks * T, d, dtype=dtype, requires_grad=True)
         head = torch.empty(_PROBE_VOCAB, d, dtype=dtype, requires_grad=True)
-        target = torch.zeros(3 * T, dtype=torch.long)
+        target = torch.zeros(chunks * T, dtype=torch.long)
         linear_cross_entropy(n, head, target, chunk_rows=T).backward()
         return list(rec)
 
@@ -112,11 +112,12 @@ def _scaled(call: RecordedCall, tokens: int, vocab: int | None = None) -> Record
 def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong: bool = True) -> dict:
     """``{tuning key: RecordedCall}``: one call per distinct key of the model's step over
     the token counts (keys bucket shapes to powers of two, so many calls share one)."""
-    probe, loss = _probe(w, dtype), _probe_loss(w, dtype)
+    probe, loss, single = _probe(w, dtype), _probe_loss(w, dtype), _probe_loss(w, dtype, chunks=1)
     out = {}
     for t in tokens:
         chunk = rows_per_chunk(t, w.vocab, torch.finfo(dtype).bits // 8)
-        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk, w.vocab) for c in loss]:
+        head = single if chunk >= t else loss  # (all the rows in one chunk: its own dW GEMM)
+        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk, w.vocab) for c in head]:
             # keyed as the launcher keys it: with or without the ping-pong mainloop, as the
             # program and the ping-pong policy setting allow
             pp = pingpong and call.program.pingpong and policy_allows(call)

@@ -412,6 +412,14 @@ def test_second_backward_is_refused(device):
     (loss * 2).backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
         loss.backward()
+    # the float32 path keeps its saved gradients: a second backward adds the same again
+    with settings.override(ce_finish=False):
+        x.grad = w.grad = None
+        loss = linear_cross_entropy(x, w, t)
+    loss.backward(retain_graph=True)
+    first = w.grad.clone()
+    loss.backward()
+    assert torch.allclose(w.grad.float(), 2 * first.float(), rtol=1e-2, atol=1e-6)
 
 
 def test_scale_cast_traced(device):

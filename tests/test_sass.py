@@ -11,6 +11,7 @@ by the run's id).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,11 +56,27 @@ def start(workers: int = 1) -> None:
 
 
 def stop() -> None:
-    """Kill the check this process started, with its compile workers."""
+    """Kill the check this process started, with its compile workers, and leave a status
+    saying so (a worker waiting for it fails at once instead of timing out)."""
     proc = _RUN.get("proc")
     if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # (it ended meanwhile)
+            pass
         proc.wait()
+        rc = os.path.join(_RUN["dir"], "rc")
+        if os.path.isdir(_RUN["dir"]) and not os.path.exists(rc):
+            with open(rc, "w") as f:
+                f.write("killed\n")
+
+
+def finish(timeout: float) -> None:
+    """Wait for the check this process started (at most ``timeout`` s, then stop it)."""
+    try:
+        _RUN["proc"].wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop()
 
 
 def _wait(folder: str, timeout: float) -> tuple[int, str]:
@@ -69,13 +86,19 @@ def _wait(folder: str, timeout: float) -> tuple[int, str]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the sm_90a check did not finish in {timeout:.0f} s")
         time.sleep(1.0)
-    with open(rc) as f, open(os.path.join(folder, "out.txt")) as g:
-        return int(f.read().strip() or 1), g.read()
+    with open(rc) as f:
+        status = f.read().strip()
+    if not status.isdigit():
+        raise RuntimeError(f"the sm_90a check was stopped ({status}) before it finished")
+    with open(os.path.join(folder, "out.txt")) as g:
+        text = g.read()
+    shutil.rmtree(folder, ignore_errors=True)  # (read: no stale result for a later run to find)
+    return int(status), text
 
 
 @pytest.mark.slow
 def test_sm90_sass():
-    start(workers=os.cpu_count() or 1)  # (not started at collection: run alone, use every core)
+    start(workers=os.cpu_count() or 1)  # (started at collection unless run on its own: then every core)
     try:
         rc, text = _wait(_RUN["dir"], timeout=1500)
     except TimeoutError:

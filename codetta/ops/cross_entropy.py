@@ -74,13 +74,13 @@ REDUCTIONS = ("mean", "sum", "none")
 _TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
-def _finishes() -> bool:
+def _finishes(untied: bool) -> bool:
     """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): unless
     the ``ce_finish`` setting is off (``CODETTA_CE_FINISH=0``: 1 GB less at the untied 8B
-    slice's peak, a float32 pass more) or a tied embedding's lookup runs in eager mode
-    (its backward takes the float32 sum and adds its own rows to it in one pass,
-    ``ops/tied_embedding.py``)."""
-    return SETTINGS.ce_finish and _TIED.get() is None
+    slice's peak, a float32 pass more) or a tied embedding's lookup takes part (not
+    ``untied``: its backward takes the float32 sum and adds its own rows to it in one
+    pass, ``ops/tied_embedding.py``)."""
+    return bool(SETTINGS.ce_finish) and untied
 
 
 def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
@@ -184,9 +184,11 @@ def _forward_impl(
     need_grad: bool,
     rows: int,
     vocab_chunk: int,
+    finish: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else
-    # empty); vocab_chunk > 0: the low-memory passes, gradients always in the backward
+    # empty); vocab_chunk > 0: the low-memory passes, gradients always in the backward;
+    # finish: dW rounded to the weight's dtype in the forward (_finishes)
     grads = need_grad and reduction != "none" and not vocab_chunk
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
     if vocab_chunk:
@@ -194,7 +196,7 @@ def _forward_impl(
         dx = dw32 = db32 = None
     else:
         losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts,
-                                            want_grads=grads, finish=_finishes())  # fmt: skip
+                                            want_grads=grads, finish=finish)  # fmt: skip
     if not grads:
         dx = x.new_empty(0)
     if reduction == "none":
@@ -215,12 +217,12 @@ _forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args
 
 @_forward.register_fake
 def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-      vocab_chunk):  # fmt: skip
+      vocab_chunk, finish):  # fmt: skip
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none" and not vocab_chunk
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
-    dw_dtype = f32 if grads and not _finishes() else w.dtype
+    dw_dtype = f32 if grads and not finish else w.dtype
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
             w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db)  # fmt: skip
 
@@ -292,7 +294,7 @@ def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoo
 
 def _setup(ctx, inputs, output):
     (x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-     vocab_chunk) = inputs  # fmt: skip
+     vocab_chunk, finish) = inputs  # fmt: skip
     _, lse, dx, dw, db = output
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
@@ -300,7 +302,8 @@ def _setup(ctx, inputs, output):
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
-    ctx.finished = ctx.grads_in_forward and _finishes()  # (the forward's choice)
+    ctx.finished = ctx.grads_in_forward and finish  # (the forward's choice)
+    ctx.handed = False  # (set once the backward hands out the saved dX and dW, scaled in place)
     ctx.set_materialize_grads(False)
     if vocab_chunk:
         ctx.save_for_backward(x, w, target, lse, bias, class_weight)
@@ -311,9 +314,9 @@ def _setup(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
-    none = (None,) * 10
+    rest = (None,) * 10  # (the inputs after x, w, target and the bias: no gradient)
     if dloss is None:
-        return (None, None, None) + none
+        return (None, None, None, None) + rest
     if ctx.vocab_chunk:
         x, w, target, lse, bias, class_weight = ctx.saved_tensors
         dx, dw, db = _backward_sliced_fast(
@@ -325,32 +328,37 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
         dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
                                          ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
     else:
-        try:
-            dx, dw, db = ctx.saved_tensors
-        except RuntimeError as e:  # (rescale_ bumped dW's version: it is the first backward's result)
+        if ctx.handed:
             raise RuntimeError(
-                "codetta.linear_cross_entropy: a second backward through the same loss (retain_graph=True) "
-                "is not supported: the first one returned the saved weight gradient itself, scaled in place"
-            ) from e
+                "codetta.linear_cross_entropy: a second backward through the same loss is not supported: "
+                "the first one returned its saved gradients themselves, scaled in place (with "
+                "CODETTA_CE_FINISH=0 they are kept for a retain_graph=True backward: a float32 dW, "
+                "one more pass)"
+            )
+        dx, dw, db = ctx.saved_tensors
         if not ctx.grads_in_forward:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
-        # dX scaled in one vectorized pass (PyTorch's product with a float32 0-dim factor,
-        # per tensor or multi-tensor, takes its unvectorized mixed-dtype kernel: 0.31 ms at
-        # [16384, 4096] bf16, run 129), fp32 math, rounded once; db (a [V] vector) by
-        # PyTorch; the float32 dW scaled and cast to the weight's dtype in one pass
         scale = dloss.to(torch.float32)
-        dx = scale_cast(dx, scale, dx.dtype) if dx.numel() else dx
-        db = db * scale if db.numel() else db
+        db = db * scale if db.numel() else db  # (a [V] vector: PyTorch's product)
         if ctx.finished:
-            # dW already rounded to the weight's dtype in the forward: scaled in place where
-            # the incoming gradient is not 1 (a second rounding there; none for powers of 2),
-            # a pass that skips its work on the device when it is 1 (the usual loss.backward())
+            # dX, and dW already rounded to the weight's dtype in the forward, scaled in place
+            # where the incoming gradient is not 1 (for dW a second rounding there, none for
+            # powers of 2): passes that skip their work on the device when it is 1 (the usual
+            # loss.backward()), no new [M, d]; the graph is then spent (ctx.handed)
+            ctx.handed = True
+            dx = rescale_(dx, scale) if dx.numel() else dx
             dw = rescale_(dw, scale)
-        elif ctx.tied is not None and ctx.tied.hand_over(dw, scale):
-            dw = None  # the tied embedding's backward returns the weight's whole gradient
         else:
-            dw = scale_cast(dw, scale, ctx.w_dtype)
-    return (dx, dw, None, db if ctx.has_bias else None) + none[:9]
+            # dX scaled in one vectorized pass into a new tensor (PyTorch's product with a
+            # float32 0-dim factor takes its unvectorized mixed-dtype kernel: 0.31 ms at
+            # [16384, 4096] bf16, run 129); the float32 dW handed to the tied embedding, or
+            # scaled and cast to the weight's dtype in one pass
+            dx = scale_cast(dx, scale, dx.dtype) if dx.numel() else dx
+            if ctx.tied is not None and ctx.tied.hand_over(dw, scale):
+                dw = None  # the tied embedding's backward returns the weight's whole gradient
+            else:
+                dw = scale_cast(dw, scale, ctx.w_dtype)
+    return (dx, dw, None, db if ctx.has_bias else None) + rest
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)
@@ -469,9 +477,13 @@ def linear_cross_entropy(
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
     grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
+    untied = tied is None or torch.compiler.is_compiling()  # (dynamo cannot trace a ContextVar)
+    # (an argument of the op, not read inside it: a compiled graph keeps the choice it traced)
+    finish = _finishes(untied)
     args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
-            float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0))  # fmt: skip
-    if tied is None or torch.compiler.is_compiling():  # (dynamo cannot trace a ContextVar)
+            float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
+            finish)  # fmt: skip
+    if untied:
         loss, lse, _, _, _ = _forward_fast(*args)
     else:
         token = _TIED.set(tied)

@@ -170,6 +170,11 @@ def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, l
     (no head term only): pass B writes only the rows some token names, into zeros."""
     D = demb.shape[1]
     _check(demb, ids, D)
+    if sparse and launch and launch[0] > _MAX_SPARSE_SLOTS:
+        # (Triton 3.6's layout pass fails on the 1-D slot vectors at 32 slots a program,
+        # with sizes divisible by 16 specialised, as on the GPU; NOTES.md)
+        most = _MAX_SPARSE_SLOTS
+        raise ValueError(f"launch: the sparse form takes at most {most} slots a program, got {launch[0]}")
     pad = _pad(padding_idx)
     dev = demb.device
     # (sparse: the zeros are part of the result, never poisoned)
@@ -188,11 +193,6 @@ def _one_pass(dw32, scale, demb, ids, padding_idx, V: int, dtype: torch.dtype, l
     cols = triton.cdiv(D, block_d)
     head = dw32 is not None
     assert not (sparse and head), "the sparse form has no head term"
-    if sparse and rows_b > _MAX_SPARSE_SLOTS:
-        # (Triton 3.6's layout pass fails on the 1-D slot vectors at 32 slots a program,
-        # with the pointers' 16-byte alignment specialised, as on the GPU; NOTES.md)
-        most = _MAX_SPARSE_SLOTS
-        raise ValueError(f"launch: the sparse form takes at most {most} slots a program, got {rows_b}")
     with device.on_device(dev):
         if T:
             precompile.launch(_run_sums_kernel, (triton.cdiv(T, SEG), cols), demb, sid, order, runs, T, D,
