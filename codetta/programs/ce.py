@@ -186,24 +186,25 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
 
 
 @triton.jit
-def _scale_cast_kernel(src, scale, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(src + offs, mask=mask) * tl.load(scale)
-    tl.store(dst + offs, x.to(dst.dtype.element_ty), mask=mask)
+def _scale_blocks(src, s, dst, n, BLOCK: tl.constexpr):
+    # dst = src * s over the blocks of this program, striding by the grid (fp32 math)
+    for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        v = tl.load(src + offs, mask=mask).to(tl.float32) * s
+        tl.store(dst + offs, v.to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rescale_kernel(x, scale, n, BLOCK: tl.constexpr):
-    # a few programs a SM, each striding over blocks (one program a block took 83 us at
-    # [128256, 4096] just to read a scale of 1, run 131)
+def _scale_kernel(src, scale, dst, n, BLOCK: tl.constexpr, SKIP_ONE: tl.constexpr):
+    # scale_cast (a block a program) and rescale_ (in place, a few programs a SM: one program
+    # a block took 83 us at [128256, 4096] just to read a scale of 1, run 131)
     s = tl.load(scale)
-    if s != 1.0:  # (the usual incoming gradient: each program reads 4 bytes and stops)
-        for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < n
-            v = tl.load(x + offs, mask=mask).to(tl.float32) * s
-            tl.store(x + offs, v.to(x.dtype.element_ty), mask=mask)
+    if SKIP_ONE:
+        if s != 1.0:  # (the usual incoming gradient: each program reads 4 bytes and stops)
+            _scale_blocks(src, s, dst, n, BLOCK)
+    else:
+        _scale_blocks(src, s, dst, n, BLOCK)
 
 
 def rescale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -217,14 +218,15 @@ def rescale_(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"t must be a contiguous floating tensor, got {t.dtype}, strides {t.stride()}")
     if traced(t):
         return (t.float() * scale).to(t.dtype)
-    if torch_path(t) or (t.device.type == "cpu" and t.dtype == torch.bfloat16):
+    if torch_path(t):  # (CPU bf16 included)
         return t.copy_(t.float() * scale)
     n = t.numel()
     if n:
         with device.on_device(t.device):
             most = 8 * device.num_sms(t.device.index or 0) if t.device.type == "cuda" else 2
             programs = min(triton.cdiv(n, 4096), most)  # (the interpreter: 2, so that they stride)
-            precompile.launch(_rescale_kernel, (programs,), t, scale, n, BLOCK=4096, num_warps=8)
+            precompile.launch(_scale_kernel, (programs,), t, scale, t, n, BLOCK=4096, SKIP_ONE=True,
+                              num_warps=8)  # fmt: skip
     torch.autograd.graph.increment_version(t)
     return t
 
@@ -247,5 +249,6 @@ def scale_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> to
     if n:
         with device.on_device(src.device):
             grid = (triton.cdiv(n, 4096),)
-            precompile.launch(_scale_cast_kernel, grid, src, scale, out, n, BLOCK=4096, num_warps=8)
+            precompile.launch(_scale_kernel, grid, src, scale, out, n, BLOCK=4096, SKIP_ONE=False,
+                              num_warps=8)  # fmt: skip
     return out
