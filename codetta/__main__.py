@@ -55,7 +55,7 @@ def _bench(args) -> int:
             from codetta.bench import model
 
             variants = [v for v in args.variants or model.VARIANTS if v in model.ALL_VARIANTS]
-            model.run(args.out, cases=args.models, variants=variants)
+            model.run(args.out, cases=args.models, variants=variants, step_kind=args.step)
         elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
         elif part == "mlp":
@@ -102,6 +102,13 @@ def main(argv=None) -> int:
         default=list(model_bench.CASES),
         choices=list(model_bench.CASES),
         help="model part: which training steps (needs transformers; Liger if installed)",
+    )
+    b.add_argument(
+        "--step",
+        default="train",
+        choices=["train", "fwd-bwd"],
+        help="model part: what a timed step is: forward, backward and an AdamW step (train), or "
+        "forward and backward only (fwd-bwd; the rows are named '<case> fwd+bwd')",
     )
     b.add_argument(
         "--variants",

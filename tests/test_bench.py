@@ -49,6 +49,14 @@ def test_model_step_variants_on_cpu():
     assert losses["codetta:no-pingpong"] == losses["codetta"]  # the interpreter has one mainloop
     with pytest.raises(ValueError, match="unknown variant"):
         mb.variant_step("eager:no-pingpong", base, ids, ids)
+    # forward + backward only (bench --step fwd-bwd): the weights never move, so the loss
+    # after two steps is the first step's, and no optimizer state is made
+    step = mb.variant_step("codetta", base, ids, ids, optimizer=False)
+    step()
+    step()
+    assert not step.trains and step.losses[0] == pytest.approx(losses["codetta"], rel=1e-6)
+    step.last_loss = step.last_loss.clone()
+    mb.check_after_timing("case", {"codetta": step})
     gemms = mb.step_gemms(config, 32)
     assert len(gemms) == 7 * config.num_hidden_layers + 1 and (32, 128, 64) in gemms
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
@@ -304,6 +312,15 @@ def test_model_part_refuses_steps_that_broke_their_weights():
     for bad in (float("nan"), float("inf"), 12.17, 13.0):
         with pytest.raises(AssertionError, match="codetta's loss went from 12.16"):
             model.check_after_timing("case", {"liger": step(12.16, 11.0), "codetta": step(12.16, bad)})
+    # forward + backward only (no optimizer): the loss must stay the first step's
+    still = step(12.16, 12.16)
+    still.trains = False
+    model.check_after_timing("case", {"codetta": still})
+    for bad in (float("nan"), 12.0, 12.2):
+        moved = step(12.16, bad)
+        moved.trains = False
+        with pytest.raises(AssertionError, match="weights unchanged"):
+            model.check_after_timing("case", {"codetta": moved})
 
 
 def test_model_ab_steps_own_their_models(monkeypatch):

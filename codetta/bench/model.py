@@ -1,7 +1,8 @@
 """The model part of the benchmark: whole training steps of Hugging Face Llama models.
 
-A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step, on
-16384 tokens (4 x 4096) in bf16, timed step after step (sustained blocks; paired
+A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step
+(``bench --step fwd-bwd``: forward and backward only, no optimizer, the measure of
+issue 12's decoder-layer bar), on 16384 tokens (4 x 4096) in bf16, timed step after step (sustained blocks; paired
 too). Variants: eager, Liger (its full patch, fused linear cross-entropy included),
 torch.compile (of the whole model, as a user writes it), torch.compile:regional (each
 decoder layer and the loss compiled apart, the masks made eagerly), codetta (the
@@ -126,11 +127,14 @@ class ModuleSwap:
 _MISSING = object()
 
 
-def variant_step(name: str, base_model, ids, labels, changes: dict | None = None):
+def variant_step(name: str, base_model, ids, labels, changes: dict | None = None, optimizer: bool = True):
     """One training step of variant ``name`` on its own copy of ``base_model`` and an
     optimizer of its own; None where the variant is unavailable (Liger not installed).
     ``changes``: codetta settings its steps run under (default: the variant's own,
-    ``SETTING_VARIANTS``; the A/B variants of ``--tuned-ab`` pass theirs)."""
+    ``SETTING_VARIANTS``; the A/B variants of ``--tuned-ab`` pass theirs). ``optimizer=False``
+    (``bench --step fwd-bwd``): forward and backward only, the gradients dropped after each
+    step and the weights never changed (issue 12's decoder-layer bar is of forward +
+    backward; the floor has no optimizer either)."""
     import codetta
     from codetta.kernels import settings
 
@@ -162,7 +166,7 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
         else:
             run = torch.compile(model)
     fused = ids.device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused) if optimizer else None
     losses = []
 
     def step():
@@ -177,13 +181,16 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
 
     def _step():
         out = forward_backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
         if len(losses) < 1:
             losses.append(out.loss.detach().float().item())
         step.last_loss = out.loss.detach()  # (no host sync per step; read after the timing)
 
-    step.losses = losses
+    step.losses, step.trains = losses, opt is not None
     if name == "codetta":  # (the drop-in; not under torch.compile)
 
         def warm():
@@ -255,8 +262,15 @@ def step_flops(config, tokens: int, seq: int = SEQ) -> float:
     return gemm + attn
 
 
-def run_case(res: Results, case: str, variants=VARIANTS) -> None:
+STEPS = ("train", "fwd-bwd")  # what a timed step is: a training step, or forward + backward only
+
+
+def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train") -> None:
+    if step_kind not in STEPS:
+        raise ValueError(f"unknown step {step_kind!r}; known: {', '.join(STEPS)}")
     config = llama_config(case)
+    train = step_kind == "train"
+    label = case if train else f"{case} fwd+bwd"  # (the rows say what was timed)
     tokens = BATCH * SEQ
     base = make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -264,7 +278,7 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
     labels = ids.clone()
     fns = {"floor": floor_step(config, BATCH, SEQ)}
     for name in _progress(variants, f"{case}: building"):
-        step = variant_step(name, base, ids, labels)
+        step = variant_step(name, base, ids, labels, optimizer=train)
         if step is None:
             print(f"  {case}: {name} left out", file=sys.stderr)
             continue
@@ -275,7 +289,8 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
                 print(f"  {case}: {name}: precompile failed ({type(exc).__name__}: {exc})", file=sys.stderr)
         step()  # compile (what precompile left), tune, allocate optimizer state
         fns[name] = step
-    add_ab_steps(fns, lambda changes, base=base: variant_step("codetta", base, ids, labels, changes=changes))
+    add_ab_steps(fns, lambda changes, base=base: variant_step("codetta", base, ids, labels, changes=changes,
+                                                                 optimizer=train))
     del base
     losses = {k: fn.losses[0] for k, fn in fns.items() if getattr(fn, "losses", None)}
     ref = losses.get("eager")
@@ -298,12 +313,12 @@ def run_case(res: Results, case: str, variants=VARIANTS) -> None:
     b = times["floor"]
     for name, t in times.items():
         extra = {"tokens_per_s": tokens / (t.sustained / 1e3), "host_ms": host[name], **round_extra(t)}
-        res.add(Row(case, name, t.paired, flops, b.paired, mem[name], sustained_ms=t.sustained,
+        res.add(Row(label, name, t.paired, flops, b.paired, mem[name], sustained_ms=t.sustained,
                     baseline_sustained_ms=b.sustained, extra=extra))  # fmt: skip
-        print(f"  {case:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
+        print(f"  {label:<34} {name:<18} {tokens / (t.sustained / 1e3) / 1e3:8.1f} k tokens/s (sustained), "
               f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
         if t.rounds:
-            print(f"  {case:<34} {name:<18} x floor {round_spread(t, b)} ({len(t.rounds)})")
+            print(f"  {label:<34} {name:<18} x floor {round_spread(t, b)} ({len(t.rounds)})")
 
 
 def add_ab_steps(fns: dict, build) -> dict:
@@ -334,6 +349,12 @@ def check_after_timing(case: str, fns: dict) -> None:
             continue
         value = float(last.float().item())
         print(f"  {case}: loss {name:<24} {first[0]:.5f} at its first step, {value:.5f} after the timing")
+        if not getattr(fn, "trains", True):  # forward + backward only: the weights never moved
+            if not math.isfinite(value) or abs(value - first[0]) > 1e-3 * abs(first[0]):
+                raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
+                                     f"to {value} after the timing with its weights unchanged: a step "
+                                     "broke them")  # fmt: skip
+            continue
         if not math.isfinite(value) or value >= first[0]:
             raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
                                  f"to {value} after the timing: it did not train, its weights are "
@@ -364,11 +385,11 @@ def _progress(items, desc):
 
 
 def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"),
-        variants=VARIANTS) -> Results:  # fmt: skip
+        variants=VARIANTS, step_kind: str = "train") -> Results:  # fmt: skip
     res = Results("model_step", baseline="floor (cuBLAS GEMMs + SDPA fwd+bwd)")
     for case in cases:
-        print(f"== training step, {case}")
-        run_case(res, case, variants)
+        print(f"== {'training step' if step_kind == 'train' else 'forward + backward'}, {case}")
+        run_case(res, case, variants, step_kind)
         torch.cuda.empty_cache()
         res.write(out_dir)  # after each case: a run cut short keeps what it measured
     print(res.table())
