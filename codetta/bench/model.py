@@ -1,12 +1,13 @@
 """The model part of the benchmark: whole training steps of Hugging Face Llama models.
 
 A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step
-(``bench --step fwd-bwd``: forward and backward only, no optimizer, the measure of
-issue 12's decoder-layer bar), on 16384 tokens (4 x 4096) in bf16, timed step after
-step (sustained blocks; paired too). Variants: eager, Liger (its full patch, fused
-linear cross-entropy included), torch.compile (of the whole model, as a user writes it), torch.compile:regional (each
-decoder layer and the loss compiled apart, the masks made eagerly), codetta (the
-drop-in) and codetta + torch.compile, each on its own copy of the same initial weights.
+(``bench --step fwd-bwd``: forward and backward only, no optimizer, the measure of issue
+12's decoder-layer bar), on 16384 tokens (4 x 4096) in bf16, timed step after step
+(sustained blocks; paired too). Variants: eager, Liger (its full patch, fused linear
+cross-entropy included), torch.compile (of the whole model, as a user writes it),
+torch.compile:regional (each decoder layer and the loss compiled apart, the masks made
+eagerly), codetta (the drop-in) and codetta + torch.compile, each on its own copy of the
+same initial weights.
 Why two compile variants: with torch < 2.14, Hugging Face never skips the causal mask
 while dynamo traces (transformers' masking_utils: dynamo then reports it is exporting),
 so a compiled whole model hands SDPA a materialized [B, 1, S, S] mask and cuDNN's masked
