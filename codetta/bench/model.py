@@ -290,8 +290,12 @@ def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train
                 print(f"  {case}: {name}: precompile failed ({type(exc).__name__}: {exc})", file=sys.stderr)
         step()  # compile (what precompile left), tune, allocate optimizer state
         fns[name] = step
-    add_ab_steps(fns, lambda changes, base=base: variant_step("codetta", base, ids, labels, changes=changes,
-                                                                 optimizer=train))
+    add_ab_steps(
+        fns,
+        lambda changes, base=base: variant_step(
+            "codetta", base, ids, labels, changes=changes, optimizer=train
+        ),
+    )
     del base
     losses = {k: fn.losses[0] for k, fn in fns.items() if getattr(fn, "losses", None)}
     ref = losses.get("eager")
