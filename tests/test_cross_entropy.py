@@ -1,5 +1,7 @@
 """codetta.ops.linear_cross_entropy against F.cross_entropy(F.linear(...)) in float64."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,44 @@ def test_incoming_gradient(finish, incoming, dtype, device):
     t = torch.randint(0, V, (M,), device=device)
     with settings.override(ce_finish=finish):
         _check(M, d, V, rows, dtype, device, "mean", t, grad=torch.tensor(incoming, device=device))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_float16_loss_scaler_gradient(reduction, device):
+    """float16 under a loss scaler's incoming gradient (2^15; a float16 loss cannot hold
+    GradScaler's first 2^16): PyTorch multiplies before rounding the logits' gradient to
+    float16, so its small entries stay normal; forming them at scale 1 first (a mean's
+    p / rows, ~1e-8 here, is below float16's smallest subnormal) and multiplying after
+    lost them: dX 176x and dW 35x PyTorch's error (CPU shape, before the fix). The
+    gradients are now formed at a power-of-2 gain (``ce_rows.gain``), divided out in the
+    backward. On the CPU the shape needs the PyTorch path (``force_reference``: the
+    interpreter takes minutes at it); the GPU runs the kernels."""
+    M, d, V, rows = (4000, 2048, 32000, 1024) if ON_GPU else (4096, 8, 8192, 2048)
+    g = torch.Generator(device=device).manual_seed(3)
+    t = torch.randint(0, V, (M,), device=device, generator=g)
+    t[::11] = -100
+    incoming = torch.tensor(2.0**15 if reduction == "mean" else 2.0**4, device=device)
+    with settings.override(force_reference=not ON_GPU):
+        _check(M, d, V, rows, torch.float16, device, reduction, t, grad=incoming)
+
+
+def test_float16_gain_is_a_bounded_power_of_two():
+    """The gain: a power of 2, the largest row's scale times the largest class weight
+    brought to [GAIN_TARGET / 2, GAIN_TARGET]; none for bf16; 1 without rows; no host
+    sync (a 0-dim tensor)."""
+    from codetta.ops.ce_rows import GAIN_TARGET, CEOptions, gain
+
+    plain = CEOptions(None, None, 0.0, 0.0, 0.0)
+    scale = torch.full((4000,), 1 / 3637.0)
+    scale[::11] = 0
+    got = gain(scale, plain, torch.float16)
+    assert got.dim() == 0 and got.item() == 2.0 ** math.floor(math.log2(GAIN_TARGET * 3637))
+    assert GAIN_TARGET / 2 < got.item() * scale.max().item() <= GAIN_TARGET
+    weighted = CEOptions(None, torch.tensor([0.5, 8.0, 2.0]), 0.0, 0.0, 0.0)
+    assert gain(scale, weighted, torch.float16).item() * scale.max().item() * 8 <= GAIN_TARGET
+    assert gain(scale, plain, torch.bfloat16) is None and gain(scale, plain, torch.float32) is None
+    assert gain(scale[:0], plain, torch.float16).item() == 1.0
+    assert gain(torch.zeros(5), plain, torch.float16).item() == 2.0**60  # (every row ignored)
 
 
 def test_large_logits_and_3d_input(dtype, device):

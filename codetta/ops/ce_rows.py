@@ -20,6 +20,34 @@ def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
     return s
 
 
+# fp16's gradients are formed at a power-of-2 gain (``gain``): the largest row's entries
+# near this magnitude, not at the mean's 1 / rows
+GAIN_TARGET = 16.0
+
+
+def gain(scale, opts: CEOptions, dtype: torch.dtype):
+    """A power of 2 (a 0-dim float32 tensor, on the device: no host sync) that the loss's
+    gradients are formed at before the incoming gradient is known, or None (no gain).
+
+    Only for float16: its narrow exponent range makes a mean's gradient (p - onehot) /
+    rows subnormal or zero where p is small (at 4000 rows and V 32000, p / rows ~ 1e-8
+    is below fp16's smallest subnormal, 6e-8), so forming it at scale 1 and multiplying
+    by the incoming gradient after (a GradScaler's 2^16) would lose what PyTorch, which
+    multiplies first, keeps. With the gain every entry is at most ~2 x GAIN_TARGET (the
+    gradient's row terms are bounded by twice the largest class weight), dX at most
+    ~4 x GAIN_TARGET x max|W|, and the backward divides it out exactly. bf16 has
+    float32's exponent range: no gain."""
+    if dtype != torch.float16:
+        return None
+    if not scale.numel():  # (no rows: nothing is formed; one shape for every M)
+        return torch.ones((), dtype=torch.float32, device=scale.device)
+    m = scale.abs().max()
+    if opts.weight is not None:
+        m = m * opts.weight.abs().max()
+    g = torch.exp2(torch.floor(torch.log2(GAIN_TARGET / m)))  # (m = 0: inf, clamped)
+    return g.clamp(2.0**-60, 2.0**60)
+
+
 class CEOptions(NamedTuple):
     bias: torch.Tensor | None  # [V], input's dtype
     weight: torch.Tensor | None  # [V] class weights, fp32

@@ -21,7 +21,10 @@ the backward then scales that in place where its incoming gradient is not 1, a s
 rounding there, none for a power of 2, and a pass that does nothing on the device when it
 is 1, the usual ``loss.backward()``; with tied embeddings, ``tied=``, dW stays float32
 and the embedding's backward scales it, casts it and adds its own gradient in one pass,
-``ops/tied_embedding.py``), plus O(M) row statistics: at
+``ops/tied_embedding.py``; in float16 the gradients are formed at a power-of-2 gain,
+``ce_rows.gain``, so that a mean's small entries stay normal numbers, dW is summed in
+float32 to the backward and the gain divided out there, exactly), plus O(M) row
+statistics: at
 V = 128256, d = 4096 that is 1 + 2 GiB, above issue 15's 512 MiB bar (the fp32
 accumulator is the larger term). Each chunk reads and writes the whole fp32
 accumulator (2 GiB of traffic at d = 4096): bigger chunks make fewer of those passes,
@@ -60,6 +63,7 @@ from ._eager import FastOp
 from .ce_rows import (
     CEOptions,
     coefs,
+    gain,
     logits_bias,
     row_loss,
     row_weights,
@@ -74,13 +78,15 @@ REDUCTIONS = ("mean", "sum", "none")
 _TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
-def _finishes(untied: bool) -> bool:
+def _finishes(untied: bool, dtype: torch.dtype) -> bool:
     """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): unless
     the ``ce_finish`` setting is off (``CODETTA_CE_FINISH=0``: 1 GB less at the untied 8B
-    slice's peak, a float32 pass more) or a tied embedding's lookup takes part (not
+    slice's peak, a float32 pass more), a tied embedding's lookup takes part (not
     ``untied``: its backward takes the float32 sum and adds its own rows to it in one
-    pass, ``ops/tied_embedding.py``)."""
-    return bool(SETTINGS.ce_finish) and untied
+    pass, ``ops/tied_embedding.py``) or the dtype is float16 (its gradients are formed at
+    a gain, ``ce_rows.gain``, and summed in float32 to the backward: a finished float16 dW
+    at the gain could overflow where the true one does not)."""
+    return bool(SETTINGS.ce_finish) and untied and dtype != torch.float16
 
 
 def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> int:
@@ -97,10 +103,11 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
           finish=True):  # fmt: skip
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
-    dX (input dtype), dW and dbias (fp32). dW: with ``finish`` in the weight's dtype (the
-    last chunk's GEMM adds its product to the float32 sum of the others and rounds once,
-    FINISH_F32; one chunk: a plain GEMM), else float32 (the tied embedding's one pass
-    takes it).
+    dX (input dtype), dW and dbias (fp32), and the gain they were formed at (``ce_rows.
+    gain``: float16's mean and sum, a 0-dim float32 power of 2 the backward divides out;
+    else None). dW: with ``finish`` in the weight's dtype (the last chunk's GEMM adds its
+    product to the float32 sum of the others and rounds once, FINISH_F32; one chunk: a
+    plain GEMM), else float32 (the tied embedding's one pass takes it).
 
     Row loss, with p = softmax(c) over the (capped) logits c, eps = label smoothing,
     w = class weights (1 without), t = the row's target:
@@ -124,6 +131,11 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     )
     bad, valid, wt, w_sum = target_rows(target, V, ignore_index, opts)
     scale = scales(valid, wt.sum(), reduction, grad) if want_grads else None
+    gained = gain(scale, opts, x.dtype) if want_grads and grad is None else None
+    if gained is not None:
+        if finish:
+            raise ValueError("float16's gradients at a gain are summed in float32: finish must be off")
+        scale = scale * gained
     if bad is not None and scale is not None:
         scale = torch.where(bad, float("nan"), scale)
     eps, smooth = opts.smoothing, opts.smoothing / V
@@ -167,7 +179,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
         losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
-    return losses, lse_all, dx, dw if finish else dw32, db32
+    return losses, lse_all, dx, dw if finish else dw32, db32, gained
 
 
 def _forward_impl(
@@ -185,18 +197,19 @@ def _forward_impl(
     rows: int,
     vocab_chunk: int,
     finish: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (loss, lse, dx, dw, db): dx/dw/db for mean and sum when gradients are needed (else
-    # empty); vocab_chunk > 0: the low-memory passes, gradients always in the backward;
-    # finish: dW rounded to the weight's dtype in the forward (_finishes)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (loss, lse, dx, dw, db, gain): dx/dw/db for mean and sum when gradients are needed
+    # (else empty), formed at gain (float16: a 0-dim power of 2, ce_rows.gain; else empty);
+    # vocab_chunk > 0: the low-memory passes, gradients always in the backward; finish:
+    # dW rounded to the weight's dtype in the forward (_finishes)
     grads = need_grad and reduction != "none" and not vocab_chunk
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
     if vocab_chunk:
         losses, lse = sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
-        dx = dw32 = db32 = None
+        dx = dw32 = db32 = gained = None
     else:
-        losses, lse, dx, dw32, db32 = _pass(x, w, target, ignore_index, reduction, rows, opts,
-                                            want_grads=grads, finish=finish)  # fmt: skip
+        losses, lse, dx, dw32, db32, gained = _pass(x, w, target, ignore_index, reduction, rows, opts,
+                                                    want_grads=grads, finish=finish)  # fmt: skip
     if not grads:
         dx = x.new_empty(0)
     if reduction == "none":
@@ -209,7 +222,8 @@ def _forward_impl(
     # is not 1), or float32 for a tied embedding's one pass (_finishes)
     dw = dw32 if grads else w.new_empty(0)
     db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
-    return loss, lse, dx, dw, db
+    gained = gained if gained is not None else lse.new_empty(0)
+    return loss, lse, dx, dw, db, gained
 
 
 _forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args=())(_forward_impl)
@@ -223,8 +237,9 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
     grads = need_grad and reduction != "none" and not vocab_chunk
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
     dw_dtype = f32 if grads and not finish else w.dtype
+    gained = x.new_empty(() if grads and x.dtype == torch.float16 else (0,), dtype=f32)
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
-            w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db)  # fmt: skip
+            w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db, gained)  # fmt: skip
 
 
 def _backward_none_impl(
@@ -242,7 +257,7 @@ def _backward_none_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
     finish = SETTINGS.ce_finish  # (its gradient known here: nothing to scale after)
-    _, _, dx, dw, db32 = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad, finish=finish)
+    _, _, dx, dw, db32, _ = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad, finish=finish)
     return dx, dw if finish else dw.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
 
@@ -295,7 +310,7 @@ def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoo
 def _setup(ctx, inputs, output):
     (x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
      vocab_chunk, finish) = inputs  # fmt: skip
-    _, lse, dx, dw, db = output
+    _, lse, dx, dw, db, gained = output
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.has_bias = bias is not None
@@ -310,10 +325,10 @@ def _setup(ctx, inputs, output):
     elif reduction == "none":
         ctx.save_for_backward(x, w, target, bias, class_weight)
     else:
-        ctx.save_for_backward(dx, dw, db)
+        ctx.save_for_backward(dx, dw, db, gained)
 
 
-def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
+def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
     rest = (None,) * 10  # (the inputs after x, w, target and the bias: no gradient)
     if dloss is None:
         return (None, None, None, None) + rest
@@ -335,10 +350,12 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb):
                 "CODETTA_CE_FINISH=0 they are kept for a retain_graph=True backward: a float32 dW, "
                 "one more pass)"
             )
-        dx, dw, db = ctx.saved_tensors
+        dx, dw, db, gained = ctx.saved_tensors
         if not ctx.grads_in_forward:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
         scale = dloss.to(torch.float32)
+        if gained.numel():  # (float16: formed at a power-of-2 gain, divided out exactly here)
+            scale = scale / gained
         db = db * scale if db.numel() else db  # (a [V] vector: PyTorch's product)
         if ctx.finished:
             # dX, and dW already rounded to the weight's dtype in the forward, scaled in place
@@ -479,16 +496,16 @@ def linear_cross_entropy(
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
     untied = tied is None or torch.compiler.is_compiling()  # (dynamo cannot trace a ContextVar)
     # (an argument of the op, not read inside it: a compiled graph keeps the choice it traced)
-    finish = _finishes(untied)
+    finish = _finishes(untied, x.dtype)
     args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
             float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
             finish)  # fmt: skip
     if untied:
-        loss, lse, _, _, _ = _forward_fast(*args)
+        loss, lse, *_ = _forward_fast(*args)
     else:
         token = _TIED.set(tied)
         try:
-            loss, lse, _, _, _ = _forward_fast(*args)
+            loss, lse, *_ = _forward_fast(*args)
         finally:
             _TIED.reset(token)
     loss = loss.to(loss_dtype or input.dtype)
