@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     b.add_argument(
         "--step",
         default="train",
-        choices=["train", "fwd-bwd"],
+        choices=list(model_bench.STEPS),
         help="model part: what a timed step is: forward, backward and an AdamW step (train), or "
         "forward and backward only (fwd-bwd; the rows are named '<case> fwd+bwd')",
     )
