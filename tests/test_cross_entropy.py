@@ -405,6 +405,27 @@ def test_weight_gradient_chunks(device, reduction):
             assert w.grad.dtype == dtype
 
 
+def test_finish_is_chosen_at_the_call(device):
+    """Reduction 'none' forms its gradients in the backward; whether dW is finished there is
+    the call's choice (an argument of the backward op, as a compiled graph traces it), not
+    the setting in force when the backward runs."""
+    from codetta.kernels.launch import recording
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = rand(70, 32, dtype=dtype, device=device).requires_grad_()
+    w = rand(96, 32, dtype=dtype, device=device, scale=32**-0.5).requires_grad_()
+    t = torch.randint(0, 96, (70,), device=device)
+    for finish in (True, False):
+        x.grad = w.grad = None
+        with settings.override(ce_finish=finish):
+            loss = linear_cross_entropy(x, w, t, reduction="none", chunk_rows=32)
+        with settings.override(ce_finish=not finish), recording() as rec:
+            loss.sum().backward()
+        last = [c.program.name for c in rec if c.program.name.endswith("_f32")][-1]
+        assert last == ("finish_f32" if finish else "accumulate_f32"), (finish, last)
+        assert w.grad.dtype == dtype
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_scale_cast(device, dtype):
     """The LM head's float32 dW, scaled by the incoming gradient and cast in one pass:

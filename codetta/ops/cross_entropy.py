@@ -254,9 +254,12 @@ def _backward_none_impl(
     z_loss: float,
     softcap: float,
     rows: int,
+    finish: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reduction 'none': the loss's gradients from the incoming per-row gradient ``grad``.
+    ``finish``: dW rounded once into the weight's dtype by the last chunk's GEMM (the
+    gradient is known here, nothing is scaled after), else summed in float32 and cast."""
     opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
-    finish = SETTINGS.ce_finish  # (its gradient known here: nothing to scale after)
     _, _, dx, dw, db32, _ = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad, finish=finish)
     return dx, dw if finish else dw.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
 
@@ -273,7 +276,7 @@ def _fake_grads(x, w, bias):
 
 
 @_backward_none.register_fake
-def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, softcap, rows):
+def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, softcap, rows, finish):
     return _fake_grads(x, w, bias)
 
 
@@ -317,7 +320,8 @@ def _setup(ctx, inputs, output):
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
-    ctx.finished = ctx.grads_in_forward and finish  # (the forward's choice)
+    ctx.finish = finish  # (the call's choice: an argument of the op, never a setting read in it)
+    ctx.finished = ctx.grads_in_forward and finish
     ctx.handed = False  # (set once the backward hands out the saved dX and dW, scaled in place)
     ctx.set_materialize_grads(False)
     if vocab_chunk:
@@ -341,7 +345,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
     elif ctx.reduction == "none":
         x, w, target, bias, class_weight = ctx.saved_tensors
         dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
-                                         ctx.ignore_index, *ctx.opts, ctx.rows)  # fmt: skip
+                                         ctx.ignore_index, *ctx.opts, ctx.rows, ctx.finish)  # fmt: skip
     else:
         if ctx.handed:
             raise RuntimeError(
@@ -495,8 +499,9 @@ def linear_cross_entropy(
     grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
     untied = tied is None or torch.compiler.is_compiling()  # (dynamo cannot trace a ContextVar)
-    # (an argument of the op, not read inside it: a compiled graph keeps the choice it traced)
-    finish = _finishes(untied, x.dtype)
+    # (an argument of the op, not read inside it: a compiled graph keeps the choice it traced;
+    # reduction 'none' forms its gradients in the backward, where the incoming gradient is known)
+    finish = bool(SETTINGS.ce_finish) if reduction == "none" else _finishes(untied, x.dtype)
     args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
             float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
             finish)  # fmt: skip
