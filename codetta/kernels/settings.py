@@ -47,8 +47,8 @@
 | ``CODETTA_CE_FINISH`` | 1 | 0: the LM head + loss keeps dW in float32 until its backward scales and |
 |  |  | casts it (one more pass over a float32 [V, d]: 0.73 ms at V 128256, d 4096, run |
 |  |  | 129), instead of its last row chunk's GEMM rounding it into the weight's dtype in |
-|  |  | the forward (``FINISH_F32``); 1 GB less at the peak of the untied 8B slice (9.5 |
-|  |  | against 10.5 GB, runs 127 and 130) |
+|  |  | the forward (``FINISH_F32``); 1 GB less at the peak of the untied 8B slice (9.53 |
+|  |  | against 10.50 GB, below Liger's 10.16) for 0.2-0.4 % of its step (run 139) |
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
