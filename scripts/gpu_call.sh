@@ -24,6 +24,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=${CODET
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "commit (CODETTA_COMMIT): ${CODETTA_COMMIT:-unset}"
+  # the device's checkout holds the landed commit's .git under the working tree that was sent:
+  # git names that commit (plus -dirty), not the code that runs; the source hash below does
+  [ -n "${CODETTA_COMMIT:-}" ] || echo "WARNING: CODETTA_COMMIT unset: results will name the landed commit, not this tree"
   python3 -c "from codetta.bench.harness import source_hash; print('source', source_hash())"
 } 2>&1 | tee "$OUT/env.txt"
 for step in "$@"; do
