@@ -78,14 +78,20 @@ REDUCTIONS = ("mean", "sum", "none")
 _TIED = contextvars.ContextVar("codetta_tied", default=None)
 
 
-def _finishes(untied: bool, dtype: torch.dtype) -> bool:
-    """Whether the loss's forward rounds dW into the weight's dtype (FINISH_F32): unless
-    the ``ce_finish`` setting is off (``CODETTA_CE_FINISH=0``: 1 GB less at the untied 8B
-    slice's peak, a float32 pass more), a tied embedding's lookup takes part (not
-    ``untied``: its backward takes the float32 sum and adds its own rows to it in one
-    pass, ``ops/tied_embedding.py``) or the dtype is float16 (its gradients are formed at
-    a gain, ``ce_rows.gain``, and summed in float32 to the backward: a finished float16 dW
-    at the gain could overflow where the true one does not)."""
+def _finishes(untied: bool, dtype: torch.dtype, reduction: str) -> bool:
+    """Whether the loss rounds dW into the weight's dtype in its last chunk's GEMM
+    (FINISH_F32): unless the ``ce_finish`` setting is off (``CODETTA_CE_FINISH=0``: 1 GB
+    less at the untied 8B slice's peak, a float32 pass more). Reduction 'none' forms its
+    gradients in the backward, where the incoming gradient is known: the setting alone
+    decides. Mean and sum form them in the forward, and do not finish where a tied
+    embedding's lookup takes part (not ``untied``: its backward takes the float32 sum and
+    adds its own rows to it in one pass, ``ops/tied_embedding.py``) or the dtype is float16
+    (its gradients are formed at a gain, ``ce_rows.gain``, and summed in float32 to the
+    backward: a finished float16 dW at the gain could overflow where the true one does
+    not). Decided at the call and passed to the ops as an argument (a compiled graph keeps
+    the choice it traced)."""
+    if reduction == "none":
+        return bool(SETTINGS.ce_finish)
     return bool(SETTINGS.ce_finish) and untied and dtype != torch.float16
 
 
@@ -321,7 +327,6 @@ def _setup(ctx, inputs, output):
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
     ctx.finish = finish  # (the call's choice: an argument of the op, never a setting read in it)
-    ctx.finished = ctx.grads_in_forward and finish
     ctx.handed = False  # (set once the backward hands out the saved dX and dW, scaled in place)
     ctx.set_materialize_grads(False)
     if vocab_chunk:
@@ -361,7 +366,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
         if gained.numel():  # (float16: formed at a power-of-2 gain, divided out exactly here)
             scale = scale / gained
         db = db * scale if db.numel() else db  # (a [V] vector: PyTorch's product)
-        if ctx.finished:
+        if ctx.finish:  # (mean / sum: gradients formed in the forward)
             # dX, and dW already rounded to the weight's dtype in the forward, scaled in place
             # where the incoming gradient is not 1 (for dW a second rounding there, none for
             # powers of 2): passes that skip their work on the device when it is 1 (the usual
@@ -499,9 +504,7 @@ def linear_cross_entropy(
     grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
     untied = tied is None or torch.compiler.is_compiling()  # (dynamo cannot trace a ContextVar)
-    # (an argument of the op, not read inside it: a compiled graph keeps the choice it traced;
-    # reduction 'none' forms its gradients in the backward, where the incoming gradient is known)
-    finish = bool(SETTINGS.ce_finish) if reduction == "none" else _finishes(untied, x.dtype)
+    finish = _finishes(untied, x.dtype, reduction)
     args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
             float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
             finish)  # fmt: skip
