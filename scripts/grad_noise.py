@@ -45,7 +45,8 @@ def ratios(family: str, seeds: int, head_dim: int) -> dict:
         ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
         ours = codetta.apply_codetta(copy.deepcopy(model))
         kw = hf._inputs("none")
-        ids = torch.randint(0, 128, tuple(kw["input_ids"].shape), generator=torch.Generator().manual_seed(seed))
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 128, tuple(kw["input_ids"].shape), generator=gen)
         labels = ids.clone()
         labels[0, :3] = -100
         kw.update(input_ids=ids.to(dev), labels=labels.to(dev))
@@ -62,8 +63,8 @@ def main() -> None:
     seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     head_dim = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     found = ratios(family, seeds, head_dim)
-    print(f"{family}, tied, head_dim {head_dim}, {seeds} seeds, bf16, "
-          f"{'GPU kernels' if torch.cuda.is_available() else 'CPU references'}: err(codetta) / err(PyTorch)")  # fmt: skip
+    where = "GPU kernels" if torch.cuda.is_available() else "CPU references"
+    print(f"{family}, tied, head_dim {head_dim}, {seeds} seeds, bf16, {where}: err(codetta) / err(PyTorch)")
     for name, rs in found.items():
         over = sum(r > 2 for r in rs)
         print(f"  {name:48s} median {statistics.median(rs):5.2f}  max {max(rs):5.2f}  > 2: {over}/{len(rs)}")
