@@ -15,6 +15,9 @@ import torch
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
+    import interpreter_speed
+
+    interpreter_speed.install()  # (the interpreter's per-helper re-patching skipped: its docstring)
 # tests pin configurations where it matters; tuning every test shape would be slow
 os.environ.setdefault("CODETTA_AUTOTUNE", "0")
 
