@@ -36,12 +36,7 @@ def ratios(family: str, seeds: int, head_dim: int) -> dict:
                                             head_dim=head_dim)  # fmt: skip
     out: dict = {}
     for seed in range(seeds):
-        model = hf._model(family, True, torch.bfloat16, **widths)
-        torch.manual_seed(1000 + seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * 0.02)
-        model = model.to(dev)
+        model = hf._model(family, True, torch.bfloat16, seed=1000 + seed, **widths).to(dev)
         ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
         ours = codetta.apply_codetta(copy.deepcopy(model))
         kw = hf._inputs("none")

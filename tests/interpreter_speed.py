@@ -28,6 +28,9 @@ class _Nothing:
         pass
 
 
+_NOTHING = _Nothing()  # (what a skipped re-patching returns: its callers ignore it)
+
+
 class _Launch:
     """A kernel launch's patch scope: restoring it also ends its record of patched modules."""
 
@@ -68,7 +71,7 @@ def install() -> bool:
     def patch_lang(fn):
         mods = modules(fn)
         if active and mods <= active[-1]:
-            return _Nothing()  # a helper inside a running kernel: everything it sees is patched
+            return _NOTHING  # a helper inside a running kernel: everything it sees is patched
         scope = real(fn)
         if active:  # a helper naming a module its kernel did not: patched (and kept) as before
             active[-1] = active[-1] | mods

@@ -28,8 +28,8 @@ def _config(family, tied, **over):
     return transformers.MistralConfig(**common), transformers.MistralForCausalLM
 
 
-def _model(family, tied, dtype=torch.float32, **over):
-    torch.manual_seed(0)
+def _model(family, tied, dtype=torch.float32, seed=0, **over):
+    torch.manual_seed(seed)
     cfg, cls = _config(family, tied, **over)
     model = cls(cfg).to(dtype)
     with torch.no_grad():  # the default init is tiny (std 0.02): give the norms real scales
