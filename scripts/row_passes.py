@@ -5,9 +5,10 @@ RoPE's inverse rotation (``unrotate_half_rows``) and Qwen3's q/k-norm backward
 2026-12-01 their launches had 4 warps ("previous": 182-255 registers per thread for
 sm_90a, the inverse rotation spilling 16-160 B); the default now has 8 with the same
 rows per program (no spill), chosen from the sm_90a compile alone (NOTES.md). This times
-every (rows per program, warps) choice, the previous launch and the default at the
-benchmark's shapes, checks each output against the default's (dz bit for bit; the
-q/k-norm weight gradient's partial sums follow the row blocks: within 1e-5 relative),
+every (rows per program, warps, heads per program) choice, the previous launch and the default at the
+benchmark's shapes, checks each output against the default's (dz bit for bit, or for the
+q/k norm within an ulp: its per-head sums may add in another order; the q/k-norm weight
+gradient's partial sums follow the row blocks: within 1e-5 relative),
 and prints GB/s (bytes read and written / time).
 
 Usage (repo root): PYTHONPATH=. python scripts/row_passes.py [tokens]   (default 16384)
@@ -25,7 +26,12 @@ from codetta.programs.rope import qknorm_backward_rows, qknorm_launch, unrotate_
 
 # (label, q width, k width, head_dim)
 CASES = [("llama3-1b", 2048, 512, 64), ("llama3-8b / qwen3-8b", 4096, 1024, 128)]
-CHOICES = [(bm, w) for bm in (4, 8, 16, 32, 64) for w in (2, 4, 8)]
+
+
+def choices(half: int) -> list[tuple[int, int, int]]:
+    """(rows per program, warps, heads per program: their rows' angles made once for them)
+    with 2048, 4096 or 8192 elements of each rotated half per program."""
+    return [(max(1, e // (h * half)), w, h) for e in (2048, 4096, 8192) for w in (4, 8) for h in (1, 2, 4, 8)]
 
 
 def main() -> None:
@@ -47,20 +53,25 @@ def main() -> None:
                 ),  # fmt: skip
             }
             for name, (fn, streams, launch) in passes.items():
-                previous = (launch(hd // 2)[0], 4)
+                previous = (launch(hd // 2)[0], 4, 1)  # (4 warps, one head: before 2026-12-01)
                 want = fn(launch=None)
                 fns = {"default": partial(fn, launch=None)}
-                for choice in [previous, *CHOICES]:
+                for choice in [previous, *choices(hd // 2)]:
                     got = fn(launch=choice)
                     got = got if isinstance(got, tuple) else (got,)
                     ref = want if isinstance(want, tuple) else (want,)
-                    if not torch.equal(got[0], ref[0]):
+                    same = torch.equal(got[0], ref[0])
+                    near = name == "qknorm" and torch.allclose(got[0], ref[0], rtol=2**-7, atol=1e-6)
+                    if not same and not near:
                         print(f"   {name} {choice}: dz differs from the default's")
                         continue
+                    if not same:  # (a head's norm summed in another order: within an ulp)
+                        diff = (got[0] != ref[0]).float().mean().item()
+                        print(f"   {name} {choice}: dz within an ulp of the default's ({diff:.1e} differ)")
                     if len(got) > 1 and not torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6):
                         print(f"   {name} {choice}: the weight gradient differs beyond partial-sum rounding")
                         continue
-                    key = "previous" if choice == previous else f"{choice[0]}x{choice[1]}w"
+                    key = "previous" if choice == previous else f"{choice[0]}x{choice[1]}wx{choice[2]}h"
                     fns[key] = partial(fn, launch=choice)
                 times = paired_ms(fns, min_s=1.0)
                 gb = streams * tokens * width * 2 / 1e9

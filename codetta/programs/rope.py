@@ -2,6 +2,8 @@
 rotate-half convention (or the interleaved-pairs one) on whole heads after an RMSNorm
 (q and k projections)."""
 
+import math
+
 import torch
 import triton
 import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
@@ -258,6 +260,9 @@ _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", i
                 Scalar("scaling"))  # fmt: skip
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
+# heads per program of the backward row passes' default launches (``unrotate_launch``,
+# ``qknorm_launch``): their rows' angles made once for that many heads
+UNROTATE_HEADS, QKNORM_HEADS = 1, 1
 
 
 def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
@@ -345,32 +350,43 @@ RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
 
 
 @triton.jit
-def _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-                PAIRS: tl.constexpr):  # fmt: skip
-    """The backward passes' block: BLOCK_M rows of one head (program ids: row block, head),
-    its two rotated parts addressed directly: the halves (rotate-half), or with ``PAIRS``
-    the even and odd columns. Returns (offsets of the first part's columns [BLOCK_M,
-    HALF], the second part's distance from them, the row mask, the un-rotated gradient
-    parts n1, n2: the rotation's transpose, in fp32)."""
+def _row_angles(pos_ptr, freq_ptr, M, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The backward passes' rows (program id 0: row block) and their rotation, cos and sin
+    [BLOCK_M, HALF] times ``scaling``: one token's angles serve every head of its row."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
+    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + tl.arange(0, HALF))[None, :])
+    return rows, cos * scaling, sin * scaling
+
+
+@triton.jit
+def _head_block(g_ptr, rows, c, s, M, N, HALF: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr):
+    """HEADS heads of the rows (``_row_angles``; program id 1: the group of heads), [BLOCK_M,
+    HEADS, HALF] blocks, each head's two rotated parts addressed directly: the halves
+    (rotate-half), or with ``PAIRS`` the even and odd columns; the angles broadcast over
+    the heads. Returns (offsets of the first part's columns, the second part's distance
+    from them, the row mask, the un-rotated gradient parts n1, n2: the rotation's
+    transpose, in fp32)."""
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     cols = tl.arange(0, HALF)
-    mask = (rows < M)[:, None]
+    mask = (rows < M)[:, None, None]
     step: tl.constexpr = 2 if PAIRS else 1
     other: tl.constexpr = 1 if PAIRS else HALF
-    base = rows.to(tl.int64)[:, None] * N + tl.program_id(1) * 2 * HALF + step * cols[None, :]
+    base = (rows.to(tl.int64)[:, None, None] * N + (heads * 2 * HALF)[None, :, None]
+            + step * cols[None, None, :])  # fmt: skip
     g1 = tl.load(g_ptr + base, mask=mask, other=0.0).to(tl.float32)
     g2 = tl.load(g_ptr + base + other, mask=mask, other=0.0).to(tl.float32)
-    pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
-    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + cols)[None, :])
-    c = cos * scaling
-    s = sin * scaling
+    c = c[:, None, :]
+    s = s[:, None, :]
     return base, other, mask, g1 * c + g2 * s, g2 * c - g1 * s
 
 
 @triton.jit
 def _unrotate_kernel(g_ptr, out_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
-    base, other, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M, PAIRS)
+                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr):  # fmt: skip
+    # program ids: (row block, group of HEADS heads); the angles made once for the group
+    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M)
+    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
     tl.store(out_ptr + base, n1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + base + other, n2.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -382,18 +398,29 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
     return rope_tables(pos, per_head.repeat(n // per_head.shape[0]), scaling)
 
 
-def unrotate_launch(half: int) -> tuple[int, int]:
-    """The inverse rotation's default launch: (rows per program, warps). 8 warps: with 4,
+def unrotate_launch(half: int) -> tuple[int, int, int]:
+    """The inverse rotation's default launch: (rows per program, warps, heads per program).
+    8 warps: with 4,
     the same rows held 182-255 registers per thread for sm_90a and spilled 16-160 B at
     head dims 16-128 (rotate-half) and 128-256 (pairs); with 8, 73-155 and no spill
-    (NOTES.md; CI's sm_90a check compiles these launches)."""
-    return max(1, 4096 // half), 8
+    (NOTES.md; CI's sm_90a check compiles these launches). Heads per program: a program's
+    rows share their angles over its heads (``_row_angles``), made once for them."""
+    return max(1, 4096 // half), 8, UNROTATE_HEADS
 
 
-def qknorm_launch(half: int) -> tuple[int, int]:
-    """The q/k-norm backward's default launch: 8 warps (with 4: up to 247 registers per
-    thread at head_dim 128, 8 resident warps per SM; with 8: 64-128)."""
-    return max(1, 2048 // half), 8
+def _heads(launch, n_heads: int) -> tuple[int, int, int]:
+    """A launch (rows, warps[, heads]) with its heads per program brought to the largest
+    power of 2 that divides both it and ``n_heads`` (a block dimension)."""
+    block_m, warps, *more = launch
+    common = math.gcd(more[0] if more else 1, n_heads)
+    return block_m, warps, common & -common
+
+
+def qknorm_launch(half: int) -> tuple[int, int, int]:
+    """The q/k-norm backward's default launch (as ``unrotate_launch``'s): 8 warps (with 4:
+    up to 247 registers per thread at head_dim 128, 8 resident warps per SM; with 8:
+    64-128)."""
+    return max(1, 2048 // half), 8, QKNORM_HEADS
 
 
 def row_pass_jobs() -> list[tuple]:
@@ -411,22 +438,25 @@ def row_pass_jobs() -> list[tuple]:
     for name, fn, types, launch in kernels:
         for hd in HEAD_DIMS:
             for pairs in (False, True):
-                block_m, warps = launch(hd // 2)
-                label = f"{name} head_dim {hd}{' pairs' if pairs else ''}, {block_m} rows, {warps} warps"
-                jobs.append((label, fn, types, {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs}, warps))
+                block_m, warps, heads = launch(hd // 2)
+                label = (f"{name} head_dim {hd}{' pairs' if pairs else ''}, {block_m} rows, {warps} warps, "
+                         f"{heads} heads")  # fmt: skip
+                consts = {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs, "HEADS": heads}
+                jobs.append((label, fn, types, consts, warps))
     return jobs
 
 
 def unrotate_half_rows(
     dout: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, pairs: bool = False,
-    *, launch: tuple[int, int] | None = None,
+    *, launch: tuple[int, ...] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The gradient through RMS_ROPE's rotation (its transpose), one pass over [M, N]:
     d1 = g1 c + g2 s, d2 = g2 c - g1 s per head of 2 * len(inv_freq) columns, with the
     angles pos[m] * inv_freq formed in float32 as the forward forms them; ``pairs``:
     RMS_ROPE_PAIRS's rotation (d1, d2 the even and odd columns). Returns a new tensor of
-    dout's dtype. ``launch``: (rows per program, warps) instead of the default
-    (``scripts/row_passes.py`` times the choices)."""
+    dout's dtype. ``launch``: (rows per program, warps[, heads per program]) instead of
+    the default (``scripts/row_passes.py`` times the choices; the heads per program are
+    brought to a divisor of the heads)."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     if torch_path(dout):
@@ -434,42 +464,45 @@ def unrotate_half_rows(
         return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps = launch or unrotate_launch(half)
-    grid = (triton.cdiv(M, block_m), N // (2 * half))
+    block_m, warps, heads = _heads(launch or unrotate_launch(half), N // (2 * half))
+    grid = (triton.cdiv(M, block_m), N // (2 * half) // heads)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         precompile.launch(_unrotate_kernel, grid, dout, out, pos.contiguous(), freq, M, N, float(scaling),
-                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
+                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, num_warps=warps)  # fmt: skip
     return out
 
 
 @triton.jit
 def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
-                            HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
-    # n1, n2: the gradient of the normalized head, before the rotation; dw partials: row
-    # (row block, head) of [., 2 HALF]
-    base, other, mask, n1, n2 = _head_block(g_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF, BLOCK_M, PAIRS)
+                            HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr,
+                            HEADS: tl.constexpr):  # fmt: skip
+    # program ids: (row block, group of HEADS heads); n1, n2: the gradient of the normalized
+    # heads, before the rotation; dw partials: a row per program of [., 2 HALF], summed
+    # over its heads
+    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M)
+    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
     step: tl.constexpr = 2 if PAIRS else 1
-    cols = step * tl.arange(0, HALF)  # the first part's columns within the head
+    cols = step * tl.arange(0, HALF)  # the first part's columns within a head
     z1 = tl.load(pre_ptr + base, mask=mask, other=0.0).to(tl.float32)
     z2 = tl.load(pre_ptr + base + other, mask=mask, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + other + cols).to(tl.float32)[None, :]
-    rho = tl.rsqrt((tl.sum(z1 * z1, axis=1) + tl.sum(z2 * z2, axis=1)) * (0.5 / HALF) + eps)[:, None]
+    w1 = tl.load(w_ptr + cols).to(tl.float32)[None, None, :]
+    w2 = tl.load(w_ptr + other + cols).to(tl.float32)[None, None, :]
+    rho = tl.rsqrt((tl.sum(z1 * z1, axis=2) + tl.sum(z2 * z2, axis=2)) * (0.5 / HALF) + eps)[:, :, None]
     h1 = z1 * rho
     h2 = z2 * rho
     gw1 = n1 * w1
     gw2 = n2 * w2
-    m = ((tl.sum(gw1 * h1, axis=1) + tl.sum(gw2 * h2, axis=1)) * (0.5 / HALF))[:, None]
+    m = ((tl.sum(gw1 * h1, axis=2) + tl.sum(gw2 * h2, axis=2)) * (0.5 / HALF))[:, :, None]
     tl.store(out_ptr + base, (rho * (gw1 - h1 * m)).to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + base + other, (rho * (gw2 - h2 * m)).to(out_ptr.dtype.element_ty), mask=mask)
     part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 2 * HALF
-    tl.store(dw_ptr + part + cols, tl.sum(n1 * h1, axis=0))
-    tl.store(dw_ptr + part + other + cols, tl.sum(n2 * h2, axis=0))
+    tl.store(dw_ptr + part + cols, tl.sum(tl.sum(n1 * h1, axis=1), axis=0))
+    tl.store(dw_ptr + part + other + cols, tl.sum(tl.sum(n2 * h2, axis=1), axis=0))
 
 
 def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: float, pairs: bool = False,
-                        *, launch: tuple[int, int] | None = None):  # fmt: skip
+                        *, launch: tuple[int, ...] | None = None):  # fmt: skip
     """The gradient through RMS_QKNORM_ROPE's per-head norm and rotation, one pass over
     [M, N]: returns (dz [M, N] in dout's dtype, dweight [head_dim] float32). ``pre``: the
     forward's z (the norm's input); ``weight``: the norm weight [head_dim]; ``pairs``:
@@ -489,12 +522,12 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         return dz.reshape(M, N).to(dout.dtype), (n * h).sum((0, 1))
     dout, pre = dout.contiguous(), pre.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps = launch or qknorm_launch(half)
-    grid = (triton.cdiv(M, block_m), N // hd)
+    block_m, warps, heads = _heads(launch or qknorm_launch(half), N // hd)
+    grid = (triton.cdiv(M, block_m), N // hd // heads)
     dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         precompile.launch(_qknorm_backward_kernel, grid, dout, pre, weight.contiguous(), out, dw,
                           pos.contiguous(), freq, M, N, float(scaling), float(eps), HALF=half,
-                          BLOCK_M=block_m, PAIRS=pairs, num_warps=warps)  # fmt: skip
+                          BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, num_warps=warps)  # fmt: skip
     return out, dw.sum(0)
