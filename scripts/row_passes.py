@@ -8,7 +8,8 @@ rows per program (no spill), chosen from the sm_90a compile alone (NOTES.md). Th
 every (rows per program, warps, heads per program) choice, the previous launch and the default at the
 benchmark's shapes, checks each output against the default's (dz bit for bit, or for the
 q/k norm within an ulp: its per-head sums may add in another order; the q/k-norm weight
-gradient's partial sums follow the row blocks: within 1e-5 relative),
+gradient's partial sums follow the row blocks: within 2x the default's error against a
+float64 sum),
 and prints GB/s (bytes read and written / time).
 
 Usage (repo root): PYTHONPATH=. python scripts/row_passes.py [tokens]   (default 16384)
@@ -22,7 +23,12 @@ from functools import partial
 import torch
 
 from codetta.kernels.timing import paired_ms
-from codetta.programs.rope import qknorm_backward_rows, qknorm_launch, unrotate_half_rows, unrotate_launch
+from codetta.programs.rope import (
+    qknorm_backward_rows,
+    rope_tables,
+    unrotate_half,
+    unrotate_half_rows,
+)
 
 # (label, q width, k width, head_dim)
 CASES = [("llama3-1b", 2048, 512, 64), ("llama3-8b / qwen3-8b", 4096, 1024, 128)]
@@ -32,6 +38,16 @@ def choices(half: int) -> list[tuple[int, int, int]]:
     """(rows per program, warps, heads per program: their rows' angles made once for them)
     with 2048, 4096 or 8192 elements of each rotated half per program."""
     return [(max(1, e // (h * half)), w, h) for e in (2048, 4096, 8192) for w in (4, 8) for h in (1, 2, 4, 8)]
+
+
+def qknorm_dw64(g, pre, pos, inv_freq, hd: int, eps: float = 1e-6) -> torch.Tensor:
+    """The q/k-norm weight gradient summed in float64 (the per-element math as the pass's)."""
+    M, N = g.shape
+    cos, sin = rope_tables(pos, inv_freq.repeat(2).repeat(N // hd), 1.0)
+    n = unrotate_half(g.double(), cos.double(), sin.double(), hd).reshape(M, N // hd, hd)
+    z = pre.double().reshape(M, N // hd, hd)
+    h = z * (z.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    return (n * h).sum((0, 1))
 
 
 def main() -> None:
@@ -45,18 +61,17 @@ def main() -> None:
             pre = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
             w = torch.rand(hd, device="cuda", dtype=torch.bfloat16) + 0.5
             passes = {
-                "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2, unrotate_launch),
-                "qknorm": (
-                    partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6),
-                    3,
-                    qknorm_launch,
-                ),  # fmt: skip
+                "unrotate": (partial(unrotate_half_rows, g, pos, inv_freq, 1.0), 2),
+                "qknorm": (partial(qknorm_backward_rows, g, pre, w, pos, inv_freq, 1.0, 1e-6), 3),
             }
-            for name, (fn, streams, launch) in passes.items():
-                previous = (launch(hd // 2)[0], 4, 1)  # (4 warps, one head: before 2026-12-01)
+            dw64 = qknorm_dw64(g, pre, pos, inv_freq, hd)
+            for name, (fn, streams) in passes.items():
+                # the launches before: rows as below, 4 warps (to 2026-12-01), then 8 (to 02aa51b)
+                rows = (4096 if name == "unrotate" else 2048) // (hd // 2)
+                named = {(rows, 4, 1): "previous", (rows, 8, 1): "8w-1h"}
                 want = fn(launch=None)
                 fns = {"default": partial(fn, launch=None)}
-                for choice in [previous, *choices(hd // 2)]:
+                for choice in [*named, *choices(hd // 2)]:
                     got = fn(launch=choice)
                     got = got if isinstance(got, tuple) else (got,)
                     ref = want if isinstance(want, tuple) else (want,)
@@ -68,10 +83,16 @@ def main() -> None:
                     if not same:  # (a head's norm summed in another order: within an ulp)
                         diff = (got[0] != ref[0]).float().mean().item()
                         print(f"   {name} {choice}: dz within an ulp of the default's ({diff:.1e} differ)")
-                    if len(got) > 1 and not torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6):
-                        print(f"   {name} {choice}: the weight gradient differs beyond partial-sum rounding")
+                    # the weight gradient: fp32 partial sums in another order, so within 2x the
+                    # default's error against a float64 sum
+                    if (
+                        len(got) > 1
+                        and (got[1].double() - dw64).abs().max()
+                        > 2 * (ref[1].double() - dw64).abs().max() + 1e-7 * dw64.abs().max()
+                    ):
+                        print(f"   {name} {choice}: weight gradient error > 2x the default's")
                         continue
-                    key = "previous" if choice == previous else f"{choice[0]}x{choice[1]}wx{choice[2]}h"
+                    key = named.get(choice) or f"{choice[0]}x{choice[1]}wx{choice[2]}h"
                     fns[key] = partial(fn, launch=choice)
                 times = paired_ms(fns, min_s=1.0)
                 gb = streams * tokens * width * 2 / 1e9

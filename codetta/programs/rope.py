@@ -262,7 +262,7 @@ _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", i
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # heads per program of the backward row passes' default launches (``unrotate_launch``,
 # ``qknorm_launch``): their rows' angles made once for that many heads
-UNROTATE_HEADS, QKNORM_HEADS = 1, 1
+UNROTATE_HEADS, QKNORM_HEADS = 2, 2
 
 
 def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
@@ -399,13 +399,14 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
 
 
 def unrotate_launch(half: int) -> tuple[int, int, int]:
-    """The inverse rotation's default launch: (rows per program, warps, heads per program).
-    8 warps: with 4,
-    the same rows held 182-255 registers per thread for sm_90a and spilled 16-160 B at
-    head dims 16-128 (rotate-half) and 128-256 (pairs); with 8, 73-155 and no spill
-    (NOTES.md; CI's sm_90a check compiles these launches). Heads per program: a program's
-    rows share their angles over its heads (``_row_angles``), made once for them."""
-    return max(1, 4096 // half), 8, UNROTATE_HEADS
+    """The inverse rotation's default launch: (rows per program, warps, heads per program):
+    2048 elements of each rotated half per program over two heads, 8 warps. Timed on the
+    H200 (run 147, ``scripts/row_passes.py``): [16384, 4096] at head_dim 128 in 71.6 us
+    against 77.4 for one head of 64 rows (the angles made once per row block, not per
+    head). 8 warps: with 4 and one head, 182-255 registers per thread for sm_90a and
+    16-160 B spilled at head dims 16-128; now 34-48 and no spill (CI's sm_90a check
+    compiles these launches)."""
+    return max(1, 1024 // half), 8, UNROTATE_HEADS
 
 
 def _heads(launch, n_heads: int) -> tuple[int, int, int]:
@@ -417,10 +418,12 @@ def _heads(launch, n_heads: int) -> tuple[int, int, int]:
 
 
 def qknorm_launch(half: int) -> tuple[int, int, int]:
-    """The q/k-norm backward's default launch (as ``unrotate_launch``'s): 8 warps (with 4:
-    up to 247 registers per thread at head_dim 128, 8 resident warps per SM; with 8:
-    64-128)."""
-    return max(1, 2048 // half), 8, QKNORM_HEADS
+    """The q/k-norm backward's default launch (as ``unrotate_launch``'s): 2048 elements of
+    each rotated half per program over two heads, 4 warps: 95-204 registers per thread for
+    sm_90a, no spill. Run 147 timed [16384, 4096] at head_dim 128 in 237 us with one head
+    of 32 rows and 8 warps, 147 us with two heads of 32 rows and 4 warps, which spills
+    360 B (so not the default; NOTES.md)."""
+    return max(1, 1024 // half), 4, QKNORM_HEADS
 
 
 def row_pass_jobs() -> list[tuple]:
