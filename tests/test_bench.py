@@ -62,6 +62,26 @@ def test_model_step_variants_on_cpu():
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
 
 
+def test_model_step_qwen3_case_on_cpu():
+    """The model part's Qwen3 case builds a Qwen3 model (per-head q/k norms), and codetta's
+    first training-step loss on it agrees with eager's (CPU, tiny widths)."""
+    pytest.importorskip("transformers")
+    from codetta.bench import model as mb
+
+    config = mb.model_config("qwen3-8B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    assert type(config).__name__ == "Qwen3Config" and config.num_hidden_layers == 2
+    base = mb.make_model(config, device="cpu", dtype=torch.float32)
+    assert type(base).__name__ == "Qwen3ForCausalLM" and hasattr(base.model.layers[0].self_attn, "q_norm")
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    losses = {}
+    for name in ("eager", "codetta"):
+        step = mb.variant_step(name, base, ids, ids)
+        step()
+        losses[name] = step.losses[0]
+    assert abs(losses["codetta"] - losses["eager"]) < 1e-4 * abs(losses["eager"])
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_qkv_part_on_cpu(qk_norm):
     """The qkv part's pieces at a tiny shape (CPU, fp32): codetta's q, k, v and every

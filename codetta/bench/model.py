@@ -55,6 +55,17 @@ CASES = {
     "8B-layers": dict(_8B, num_hidden_layers=2, vocab_size=128, tie_word_embeddings=False),
     "llama-3.2-1B": dict(_1B, num_hidden_layers=16, vocab_size=128256, tie_word_embeddings=True),
     "8B-4layers+head": dict(_8B, num_hidden_layers=4, vocab_size=128256, tie_word_embeddings=False),
+    # Qwen3-8B's widths (per-head q/k RMSNorm, rope_theta 1e6): two layers, as the Llama
+    # layer cases (a Qwen3Config: ``model_config``)
+    "qwen3-8B-layers": dict(
+        _8B,
+        intermediate_size=12288,
+        num_hidden_layers=2,
+        vocab_size=128,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+        model_type="qwen3",
+    ),
 }
 VARIANTS = ("eager", "liger", "torch.compile", "torch.compile:regional", "codetta", "codetta+compile")
 # codetta under other settings, for A/B runs next to the peers: "codetta:<how>" runs the
@@ -73,20 +84,26 @@ SETTING_VARIANTS = {
 ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 
 
-def llama_config(case: str, **over):
-    from transformers import LlamaConfig
+def model_config(case: str, **over):
+    """The case's Hugging Face config: a LlamaConfig, or a Qwen3Config for a case that says
+    ``model_type="qwen3"``."""
+    from transformers import LlamaConfig, Qwen3Config
 
-    kw = dict(CASES[case], max_position_embeddings=SEQ, rms_norm_eps=1e-5, attn_implementation="sdpa",
-              rope_theta=500000.0)  # fmt: skip
+    kw = dict(max_position_embeddings=SEQ, rms_norm_eps=1e-5, attn_implementation="sdpa", rope_theta=500000.0)
+    kw.update(CASES[case])
     kw.update(over)
-    return LlamaConfig(**kw)
+    kind = kw.pop("model_type", "llama")
+    return Qwen3Config(**kw) if kind == "qwen3" else LlamaConfig(**kw)
+
+
+llama_config = model_config  # (the name the scripts use)
 
 
 def make_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    return AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
 
 
 class ModuleSwap:
@@ -269,7 +286,7 @@ STEPS = ("train", "fwd-bwd")  # what a timed step is: a training step, or forwar
 def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train") -> None:
     if step_kind not in STEPS:
         raise ValueError(f"unknown step {step_kind!r}; known: {', '.join(STEPS)}")
-    config = llama_config(case)
+    config = model_config(case)
     train = step_kind == "train"
     label = case if train else f"{case} fwd+bwd"  # (the rows say what was timed)
     tokens = BATCH * SEQ
