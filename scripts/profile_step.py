@@ -157,17 +157,28 @@ def cublas_ms(key) -> float:
     return paired_ms({0: fn}, min_s=0.15, warm_s=0.05, min_cycles=10)[0]
 
 
+# nvidia-smi's clock event ("throttle") reason bits
+REASONS = {0x1: "idle", 0x2: "app clocks", 0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal",
+           0x40: "HW thermal", 0x80: "HW power brake"}  # fmt: skip
+
+
 class Clocks:
-    """nvidia-smi sampling the SM clock (MHz) and the power (W) every 20 ms."""
+    """nvidia-smi sampling the SM clock (MHz) and the power (W) every 20 ms, and in a
+    process of its own (a query field an older driver lacks fails only that one) the
+    active clock event reasons: why the clock is below its maximum."""
 
     def __enter__(self):
         self.p = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"],
             stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.r = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks_event_reasons.active", "--format=csv,noheader", "-lms", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
         return self
 
     def __exit__(self, *exc):
         self.p.terminate()
+        self.r.terminate()
         out, _ = self.p.communicate()
         vals = []
         for line in out.splitlines():
@@ -177,6 +188,13 @@ class Clocks:
             except ValueError:
                 pass
         self.samples = vals
+        out, _ = self.r.communicate()
+        self.reasons = []
+        for line in out.splitlines():
+            try:
+                self.reasons.append(int(line.strip(), 16))
+            except ValueError:
+                pass
 
     def summary(self) -> str:
         v = self.samples[len(self.samples) // 4 :]  # past nvidia-smi's start-up
@@ -184,8 +202,12 @@ class Clocks:
             return "no clock samples"
         clk = sorted(c for c, _ in v)
         pw = sorted(p for _, p in v)
+        r = self.reasons[len(self.reasons) // 4 :]
+        why = ", ".join(f"{name} {sum(1 for x in r if x & bit) / len(r):.0%}" for bit, name in REASONS.items()
+                        if any(x & bit for x in r)) if r else "not sampled"  # fmt: skip
         return (f"SM clock median {clk[len(clk) // 2]:.0f} MHz (min {clk[0]:.0f}), "
-                f"power median {pw[len(pw) // 2]:.0f} W ({len(v)} samples)")  # fmt: skip
+                f"power median {pw[len(pw) // 2]:.0f} W ({len(v)} samples); clock held back by: "
+                f"{why or 'nothing'}")  # fmt: skip
 
 
 def main() -> None:
