@@ -25,6 +25,24 @@ def test_table_fits_long_variant_names(tmp_path):
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.csv").exists()
 
 
+def test_rows_keep_the_host_time(tmp_path, capsys):
+    """``add_rows(host=...)``: each variant's host time per call goes to its row's JSON
+    and is printed beside its time; ``host_ms`` times a call (CPU: no synchronize)."""
+    import json
+    import time
+
+    from codetta.bench.harness import Timing, add_rows, host_ms
+
+    assert 1.5 <= host_ms(lambda: time.sleep(0.002)) < 50
+    res = Results("h")
+    times = {"cublas": Timing(1.0, 1.1), "codetta": Timing(1.2, 2.0)}
+    add_rows(res, "1B fwd+bwd", 1e9, times, host={"cublas": 0.1, "codetta": 1.9})
+    assert "codetta" in capsys.readouterr().out
+    res.write(str(tmp_path))
+    rows = json.loads((tmp_path / "h.json").read_text())["rows"]
+    assert {r["variant"]: r["extra"]["host_ms"] for r in rows} == {"cublas": 0.1, "codetta": 1.9}
+
+
 def test_model_step_variants_on_cpu():
     """The model part's pieces on a tiny Llama (CPU): each variant's training step runs
     and the first-step losses agree; the floor's GEMM list covers the step."""

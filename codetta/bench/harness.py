@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -270,13 +271,36 @@ def round_spread(t: Timing, base: Timing) -> str:
     return f"rounds: paired {min(p):.3f}-{max(p):.3f}, sustained {min(s):.3f}-{max(s):.3f}"
 
 
-def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | None = None, base="cublas"):
-    """One row per variant, ratios against the ``base`` variant under both methods."""
+def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | None = None, base="cublas",
+             host: dict | None = None):  # fmt: skip
+    """One row per variant, ratios against the ``base`` variant under both methods;
+    ``host``: each variant's ``host_ms`` (kept in the JSON, and printed beside its time:
+    where it reaches the time, the host set the pace)."""
     b = times[base]
     for name, t in times.items():
         mb = (mem or {}).get(name, float("nan"))
+        extra = round_extra(t)
+        if host and name in host:
+            extra["host_ms"] = host[name]
+            print(f"  {case:<34} {name:<18} host {host[name]:.3f} ms to issue a call "
+                  f"({t.sustained:.3f} ms a call back to back)")  # fmt: skip
         res.add(Row(case, name, t.paired, flops, b.paired, mb, sustained_ms=t.sustained,
-                    baseline_sustained_ms=b.sustained, extra=round_extra(t)))  # fmt: skip
+                    baseline_sustained_ms=b.sustained, extra=extra))  # fmt: skip
+
+
+def host_ms(step, n: int = 3) -> float:
+    """The host's time to issue one call of ``step`` with the GPU idle at its start
+    (median of n): next to the call's time, whether the host could set the pace (waits
+    on a full launch queue count too, so it is an upper bound where the GPU is slower)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    return sorted(times)[n // 2]
 
 
 def round_extra(t: Timing) -> dict:

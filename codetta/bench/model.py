@@ -25,7 +25,6 @@ import contextlib
 import copy
 import math
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +36,7 @@ from .harness import (
     ab_settings,
     ab_variants,
     compare,
+    host_ms,
     peak_memory_gb,
     round_extra,
     round_spread,
@@ -381,20 +381,6 @@ def check_after_timing(case: str, fns: dict) -> None:
             raise AssertionError(f"{case}: {name}'s loss went from {first[0]:.5f} at its first step "
                                  f"to {value} after the timing: it did not train, its weights are "
                                  "broken")  # fmt: skip
-
-
-def host_ms(step, n: int = 3) -> float:
-    """The host's time to issue one step with the GPU idle at its start (median of n): next
-    to the step's time, whether the host could set the pace (waits on a full launch queue
-    count too, so it is an upper bound where the GPU is slower)."""
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return sorted(times)[n // 2]
 
 
 def _progress(items, desc):
