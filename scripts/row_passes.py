@@ -3,14 +3,14 @@
 RoPE's inverse rotation (``unrotate_half_rows``) and Qwen3's q/k-norm backward
 (``qknorm_backward_rows``) are memory-bound passes over [tokens, q or k width]. Until
 2026-12-01 their launches had 4 warps ("previous": 182-255 registers per thread for
-sm_90a, the inverse rotation spilling 16-160 B); the default now has 8 with the same
-rows per program (no spill), chosen from the sm_90a compile alone (NOTES.md). This times
-every (rows per program, warps, heads per program) choice, the previous launch and the default at the
-benchmark's shapes, checks each output against the default's (dz bit for bit, or for the
-q/k norm within an ulp: its per-head sums may add in another order; the q/k-norm weight
-gradient's partial sums follow the row blocks: within 2x the default's error against a
-float64 sum),
-and prints GB/s (bytes read and written / time).
+sm_90a, the inverse rotation spilling 16-160 B), then 8 with the same rows and one head
+per program ("8w-1h"); since c27276c two heads per program (``unrotate_launch``,
+``qknorm_launch``; runs 147-148 in NOTES.md). This times every (rows per program, warps,
+heads per program) choice, those launches and the default at the benchmark's shapes,
+checks each output against the default's (dz bit for bit, or for the q/k norm within an
+ulp: its per-head sums may add in another order; the q/k-norm weight gradient's partial
+sums follow the row blocks: within 2x the default's error against a float64 sum), and
+prints GB/s (bytes read and written / time).
 
 Usage (repo root): PYTHONPATH=. python scripts/row_passes.py [tokens]   (default 16384)
 """
