@@ -38,7 +38,7 @@ def main() -> None:
     case = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B"
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     variants = sys.argv[3:] or ["eager", "codetta"]
-    config = mb.llama_config(case, max_position_embeddings=SEQ)
+    config = mb.model_config(case, max_position_embeddings=SEQ)
     base = mb.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, SEQ), device="cuda", generator=g)

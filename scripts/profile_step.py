@@ -216,7 +216,7 @@ def main() -> None:
     # "case@BxS": batch B of S tokens (default the benchmark's 4 x 4096)
     case, _, shape = spec.partition("@")
     batch, seq = (int(x) for x in shape.split("x")) if shape else (mb.BATCH, mb.SEQ)
-    config = mb.llama_config(case, max_position_embeddings=max(seq, mb.SEQ))
+    config = mb.model_config(case, max_position_embeddings=max(seq, mb.SEQ))
     base = mb.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=g)

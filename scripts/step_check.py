@@ -28,7 +28,7 @@ def main() -> None:
     case, _, shape = (sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B").partition("@")
     batch, seq = (int(x) for x in shape.split("x")) if shape else (bm.BATCH, bm.SEQ)
     names = sys.argv[2:] or ["eager", "eager again", "codetta", "codetta+precompile"]
-    config = bm.llama_config(case)
+    config = bm.model_config(case)
     base = bm.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=g)

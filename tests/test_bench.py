@@ -49,7 +49,7 @@ def test_model_step_variants_on_cpu():
     pytest.importorskip("transformers")
     from codetta.bench import model as mb
 
-    config = mb.llama_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+    config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
     base = mb.make_model(config, device="cpu", dtype=torch.float32)
     ids = torch.randint(0, config.vocab_size, (2, 16))
@@ -416,7 +416,7 @@ def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
 
     # (the wiring, not inductor's code generation: the CPU suite stays fast)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    config = mb.llama_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+    config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
     base = mb.make_model(config, device="cpu", dtype=torch.float32)
     ids = torch.randint(0, config.vocab_size, (2, 16))

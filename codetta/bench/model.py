@@ -96,9 +96,6 @@ def model_config(case: str, **over):
     return Qwen3Config(**kw) if kind == "qwen3" else LlamaConfig(**kw)
 
 
-llama_config = model_config  # (the name the scripts use)
-
-
 def make_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
     from transformers import AutoModelForCausalLM
 
