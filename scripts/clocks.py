@@ -1,0 +1,157 @@
+"""The SM clock, power and energy per call of codetta's GEMM kernels against cuBLAS's,
+each run back to back for a few seconds (GPU machine).
+
+Sustained-block timing finds codetta's fused operators 1-5 % further from cuBLAS than
+paired timing does, and a model step under codetta ran at a lower median SM clock than
+under torch.compile (run 151, NOTES.md). This runs each kernel alone, back to back,
+for ``SECONDS`` while nvidia-smi samples every 20 ms the SM clock, the power (the
+driver's average and, where it has one, its instant reading) and the active clock event
+reasons (why the clock is below its maximum), and prints per kernel: time per call,
+TFLOP/s, median clock and power, the share of samples with each reason, and the energy
+per call (median average power x time per call). Same shapes, same data: the energy
+column says whether codetta's kernels spend more joules than cuBLAS's on the same work,
+the reasons column which limit sets the clock.
+
+Usage (repo root): PYTHONPATH=. python scripts/clocks.py [seconds]   (default 3)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import torch
+
+from codetta import Config, gemm
+from codetta.programs import RESIDUAL_RMS, SWIGLU
+
+REASONS = {0x1: "idle", 0x2: "app clocks", 0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal",
+           0x40: "HW thermal", 0x80: "HW power brake"}  # fmt: skip
+FIELDS = ("clocks.sm,power.draw", "power.draw.instant", "clocks_event_reasons.active")
+
+
+class Sampler:
+    """nvidia-smi every 20 ms, one process per query (a field an older driver lacks fails
+    only its own process)."""
+
+    def __enter__(self):
+        self.procs = [
+            subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={f}", "--format=csv,noheader,nounits", "-lms", "20"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )  # fmt: skip
+            for f in FIELDS
+        ]
+        return self
+
+    def __exit__(self, *exc):
+        outs = []
+        for p in self.procs:
+            p.terminate()
+            outs.append(p.communicate()[0].splitlines())
+        # the first second: nvidia-smi's start-up and the kernel's own ramp
+        skip = lambda rows: rows[min(len(rows) // 3, 50) :]  # noqa: E731
+        self.clk, self.pw = [], []
+        for line in skip(outs[0]):
+            try:
+                c, w = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.clk.append(c)
+            self.pw.append(w)
+        self.inst = [float(x) for x in skip(outs[1]) if x.strip().replace(".", "", 1).isdigit()]
+        self.why = []
+        for line in skip(outs[2]):
+            try:
+                self.why.append(int(line.strip(), 16))
+            except ValueError:
+                pass
+
+
+def reasons(codes: list[int]) -> str:
+    """The share of samples with each clock event reason, '-' with no samples."""
+    if not codes:
+        return "-"
+    share = {lbl: sum(1 for x in codes if x & bit) / len(codes) for bit, lbl in REASONS.items()}
+    return ", ".join(f"{lbl} {v:.0%}" for lbl, v in share.items() if v)
+
+
+def med(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def run(fn, seconds: float) -> tuple[float, Sampler]:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    n = max(10, int(seconds * 1e3 / max(s.elapsed_time(e), 1e-3)))
+    with Sampler() as smp:
+        time.sleep(0.3)  # nvidia-smi started
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record()
+        e.synchronize()
+    return s.elapsed_time(e) / n, smp
+
+
+def variants() -> dict:
+    M, d, f = 16384, 4096, 14336
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).bfloat16()  # noqa: E731
+    x, w = r(M, d), r(d, d, sc=d**-0.5)
+    wg, wu = r(f, d, sc=d**-0.5), r(f, d, sc=d**-0.5)
+    res, gamma = r(M, d), torch.rand(d, device="cuda", generator=g).bfloat16() + 0.5
+    wgu = torch.cat([wg, wu])
+    portable = Config(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
+    pingpong = Config(
+        block_m=128, block_n=128, block_k=64, num_stages=5, num_warps=4, epi_split=4, pingpong=True
+    )
+    fl = 2 * M * d * d
+    return {
+        "cuBLAS 16384x4096x4096": (lambda: x @ w.t(), fl),
+        "codetta gemm (its pick)": (lambda: gemm(x, w), fl),
+        "codetta gemm portable 128x256": (lambda: gemm(x, w, config=portable), fl),
+        "codetta gemm ping-pong 128x128": (lambda: gemm(x, w, config=pingpong), fl),
+        "codetta K1 (residual + norm stats)": (
+            lambda: gemm(x, w, epilogue=RESIDUAL_RMS, residual=res, gamma=gamma),
+            fl,
+        ),  # fmt: skip
+        "cuBLAS 16384x28672x4096": (lambda: x @ wgu.t(), 2 * M * 2 * f * d),
+        "codetta SwiGLU 16384x(2x14336)x4096": (
+            lambda: gemm(x, wg, epilogue=SWIGLU, up=wu),
+            2 * M * 2 * f * d,
+        ),  # fmt: skip
+        "cuBLAS 16384x4096x4096 (again)": (lambda: x @ w.t(), fl),
+        "torch add [28672, 4096] (memory-bound)": (lambda: torch.add(wgu, 1.0), 0),
+    }
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, f"{seconds:.0f} s per kernel")
+    print(f"{'kernel':40s} {'ms/call':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W avg':>6s} {'W inst':>6s} "
+          f"{'J/call':>7s}  clock held back by")  # fmt: skip
+    for name, (fn, flops) in variants().items():
+        try:
+            ms, smp = run(fn, seconds)
+        except Exception as exc:  # (a config this GPU refuses: say so, go on)
+            print(f"{name:40s} failed: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        why = reasons(smp.why)
+        tf = flops / ms / 1e9 if flops else float("nan")
+        print(f"{name:40s} {ms:8.3f} {tf:8.1f} {med(smp.clk):6.0f} {med(smp.pw):6.0f} {med(smp.inst):6.0f} "
+              f"{med(smp.pw) * ms / 1e3:7.3f}  {why or 'nothing'} ({len(smp.clk)} samples)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
