@@ -12,7 +12,9 @@ per call (median average power x time per call). Same shapes, same data: the ene
 column says whether codetta's kernels spend more joules than cuBLAS's on the same work,
 the reasons column which limit sets the clock.
 
-Usage (repo root): PYTHONPATH=. python scripts/clocks.py [seconds]   (default 3)
+Usage (repo root): PYTHONPATH=. python scripts/clocks.py [seconds [set ...]]   (default 3 s,
+every set: ``kernels`` (codetta's mainloops and fused programs against cuBLAS), ``bytes``
+(one GEMM with epilogues that move more bytes))
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 import torch
 
 from codetta import Config, gemm
-from codetta.programs import RESIDUAL_RMS, SWIGLU
+from codetta.programs import ACCUMULATE, ACCUMULATE_F32, FINISH_F32, RESIDUAL_RMS, SWIGLU
 
 REASONS = {0x1: "idle", 0x2: "app clocks", 0x4: "SW power cap", 0x8: "HW slowdown", 0x20: "SW thermal",
            0x40: "HW thermal", 0x80: "HW power brake"}  # fmt: skip
@@ -136,12 +138,47 @@ def variants() -> dict:
     }
 
 
+def byte_variants() -> dict:
+    """One GEMM shape (16384 x 4096 x 4096, bf16 operands) with epilogues that move more
+    or fewer bytes: the energy a byte of an epilogue costs when the GEMM runs at the
+    power cap. Names end with the epilogue's HBM bytes beyond the operands (MB)."""
+    M, N, K = 16384, 4096, 4096
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).bfloat16()  # noqa: E731
+    x, w, c = r(M, K), r(N, K, sc=K**-0.5), r(M, N)
+    c32, gamma = c.float(), torch.rand(N, device="cuda", generator=g).bfloat16() + 0.5
+    out = torch.empty_like(c)
+    fl = 2 * M * N * K
+    mb = M * N * 2 // 2**20  # one bf16 [M, N] tensor
+    return {
+        f"cuBLAS mm, out bf16 ({mb})": (lambda: torch.mm(x, w.t(), out=out), fl),
+        f"cuBLAS addmm, c bf16 + out bf16 ({2 * mb})": (lambda: torch.addmm(c, x, w.t(), out=out), fl),
+        f"codetta store ({mb})": (lambda: gemm(x, w), fl),
+        f"codetta accumulate, c bf16 ({2 * mb})": (lambda: gemm(x, w, epilogue=ACCUMULATE, c=c), fl),
+        f"codetta finish_f32, c fp32 ({3 * mb})": (lambda: gemm(x, w, epilogue=FINISH_F32, c=c32), fl),
+        f"codetta residual_rms ({3 * mb})": (
+            lambda: gemm(x, w, epilogue=RESIDUAL_RMS, residual=c, gamma=gamma),
+            fl,
+        ),
+        f"codetta accumulate_f32, c fp32 ({4 * mb})": (
+            lambda: gemm(x, w, epilogue=ACCUMULATE_F32, c=c32),
+            fl,
+        ),
+        f"cuBLAS mm, out bf16 ({mb}, again)": (lambda: torch.mm(x, w.t(), out=out), fl),
+    }
+
+
+SETS = {"kernels": variants, "bytes": byte_variants}
+
+
 def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
+    chosen = sys.argv[2:] or list(SETS)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"{seconds:.0f} s per kernel")
     print(f"{'kernel':40s} {'ms/call':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W avg':>6s} {'W inst':>6s} "
           f"{'J/call':>7s}  clock held back by")  # fmt: skip
-    for name, (fn, flops) in variants().items():
+    todo = {k: v for name in chosen for k, v in SETS[name]().items()}
+    for name, (fn, flops) in todo.items():
         try:
             ms, smp = run(fn, seconds)
         except Exception as exc:  # (a config this GPU refuses: say so, go on)
