@@ -13,8 +13,9 @@ column says whether codetta's kernels spend more joules than cuBLAS's on the sam
 the reasons column which limit sets the clock.
 
 Usage (repo root): PYTHONPATH=. python scripts/clocks.py [seconds [set ...]]   (default 3 s,
-every set: ``kernels`` (codetta's mainloops and fused programs against cuBLAS), ``bytes``
-(one GEMM with epilogues that move more bytes))
+the first two sets: ``kernels`` (codetta's mainloops and fused programs against cuBLAS),
+``bytes`` (one GEMM with epilogues that move more bytes); ``configs``: every candidate
+configuration of K1 and SwiGLU)
 """
 
 from __future__ import annotations
@@ -168,25 +169,53 @@ def byte_variants() -> dict:
     }
 
 
-SETS = {"kernels": variants, "bytes": byte_variants}
+def config_variants() -> dict:
+    """Every candidate configuration of two fused calls (K1 at 16384 x 4096 x 4096, the
+    8B SwiGLU at 16384 x 2 x 14336 x 4096), the chosen one marked: which mainloop and tile
+    spend the fewest joules at the cap (the time a step's GEMMs take)."""
+    from codetta.kernels import launch
+    from codetta.kernels.operands import make_call
+    from codetta.kernels.tuning import CHOOSER, candidates
+
+    M, d, f = 16384, 4096, 14336
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).bfloat16()  # noqa: E731
+    x, w, res = r(M, d), r(d, d, sc=d**-0.5), r(M, d)
+    gamma = torch.rand(d, device="cuda", generator=g).bfloat16() + 0.5
+    wg, wu = r(f, d, sc=d**-0.5), r(f, d, sc=d**-0.5)
+    out = {}
+    for label, prog, a, wt, ops, fl in (
+        ("K1", RESIDUAL_RMS, x, w, {"residual": res, "gamma": gamma}, 2 * M * d * d),
+        ("SwiGLU", SWIGLU, x, wg, {"up": wu}, 4 * M * f * d),
+    ):
+        call = make_call(prog, a, wt, ops)
+        chosen = CHOOSER.choose(call, launch._prepare_for_tuning(call))
+        for cfg in candidates(call):
+            mark = " (chosen)" if cfg == chosen else ""
+            fn = lambda a=a, wt=wt, ops=ops, cfg=cfg, prog=prog: gemm(a, wt, epilogue=prog, config=cfg, **ops)  # noqa: E731
+            out[f"{label} {cfg.short()}{mark}"] = (fn, fl)
+    return out
+
+
+SETS = {"kernels": variants, "bytes": byte_variants, "configs": config_variants}
 
 
 def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
-    chosen = sys.argv[2:] or list(SETS)
+    chosen = sys.argv[2:] or ["kernels", "bytes"]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, f"{seconds:.0f} s per kernel")
-    print(f"{'kernel':40s} {'ms/call':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W avg':>6s} {'W inst':>6s} "
+    print(f"{'kernel':44s} {'ms/call':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W avg':>6s} {'W inst':>6s} "
           f"{'J/call':>7s}  clock held back by")  # fmt: skip
     todo = {k: v for name in chosen for k, v in SETS[name]().items()}
     for name, (fn, flops) in todo.items():
         try:
             ms, smp = run(fn, seconds)
         except Exception as exc:  # (a config this GPU refuses: say so, go on)
-            print(f"{name:40s} failed: {type(exc).__name__}: {str(exc)[:100]}")
+            print(f"{name:44s} failed: {type(exc).__name__}: {str(exc)[:100]}")
             continue
         why = reasons(smp.why)
         tf = flops / ms / 1e9 if flops else float("nan")
-        print(f"{name:40s} {ms:8.3f} {tf:8.1f} {med(smp.clk):6.0f} {med(smp.pw):6.0f} {med(smp.inst):6.0f} "
+        print(f"{name:44s} {ms:8.3f} {tf:8.1f} {med(smp.clk):6.0f} {med(smp.pw):6.0f} {med(smp.inst):6.0f} "
               f"{med(smp.pw) * ms / 1e3:7.3f}  {why or 'nothing'} ({len(smp.clk)} samples)")  # fmt: skip
 
 
