@@ -80,6 +80,8 @@ SETTING_VARIANTS = {
     "no-tied-grad": {"tied_grad": False},
     "no-embed-grad": {"embed_grad": False},
     "no-ce-finish": {"ce_finish": False},
+    # the loss's logits chunks at 2 GiB (half as many passes over the float32 dW, 1 GiB more)
+    "ce-chunk-2g": {"ce_chunk_mb": 2048},
 }
 ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 
