@@ -228,6 +228,37 @@ def test_activation_helpers(dtype, device):
     assert_within("rowsum", out.rowsum, acc64.sum(1), acc_t.sum(1))
 
 
+@triton.jit
+def _sincos_kernel(x_ptr, out_ptr, N, APPROX: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if APPROX:
+        s, c = P.sincos_approx(x)
+    else:
+        s, c = P.sincos(x)
+    tl.store(out_ptr + offs, s, mask=m)
+    tl.store(out_ptr + N + offs, c, mask=m)
+
+
+@pytest.mark.parametrize("approx", [False, True], ids=["polynomial", "approx"])
+def test_sincos(approx, device):
+    """RoPE's angles (positions below 2^17 times Llama's and Qwen's frequencies, formed in
+    float32 as the epilogue forms them): both sin/cos helpers within 2e-6 of float64's
+    sin and cos of the same float32 angle. ``sincos_approx`` runs PTX's sin/cos.approx on
+    the GPU; in the interpreter it is ``sincos`` (so on the CPU both cases check that)."""
+    g = torch.Generator().manual_seed(0)
+    pos = torch.cat([torch.arange(4096), torch.randint(4096, 2**17, (4096,), generator=g)]).float()
+    freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in (1e4, 5e5, 1e6)])
+    x = (pos[:, None] * freq[None, :]).reshape(-1).to(device)
+    n = x.numel()
+    out = torch.full((2 * n,), float("nan"), device=device)
+    _sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
+    xd = x.double()
+    assert (out[:n].double() - xd.sin()).abs().max().item() < 2e-6
+    assert (out[n:].double() - xd.cos()).abs().max().item() < 2e-6
+
+
 # ---- the contract: one body, checked here, run by both mainloops
 
 

@@ -5,8 +5,14 @@ these helpers run in both mainloops and in the Triton interpreter. They create
 no index tensors (``tl.arange``) and touch no memory.
 """
 
+import os
+
 import triton
 import triton.language as tl
+
+# the Triton interpreter (TRITON_INTERPRET=1 when codetta was imported) runs no PTX: the
+# helpers that use inline PTX take their plain-arithmetic twin there
+_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -83,4 +89,27 @@ def sincos(x):
     q = j.to(tl.int32) & 3
     sin = tl.where(q == 0, s, tl.where(q == 1, c, tl.where(q == 2, -s, -c)))
     cos = tl.where(q == 0, c, tl.where(q == 1, -s, tl.where(q == 2, -c, s)))
+    return sin, cos
+
+
+@triton.jit
+def _ptx_unary(x, op: tl.constexpr):
+    return tl.inline_asm_elementwise(op + " $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def sincos_approx(x):
+    """(sin x, cos x) in fp32 from the GPU's special-function unit: x reduced by multiples
+    of 2 pi (three-part constant, 6.28125 + 1.934051513671875e-3 + 1.2556659e-6: the first
+    two products exact for |x| < 2^17; reduction error <= 1.2e-7 there), then PTX's
+    ``sin.approx.f32`` / ``cos.approx.f32`` (absolute error <= 2^-20.9 on [-pi, pi]). About
+    7 instructions for both against ~40 for ``sincos``'s polynomials, the same accuracy for a
+    bf16 or fp16 result. In the interpreter: ``sincos``."""
+    if _INTERPRETED:
+        sin, cos = sincos(x)
+    else:
+        j = tl.floor(x * 0.15915494309189535 + 0.5)  # nearest multiple of 2 pi
+        r = ((x - j * 6.28125) - j * 1.934051513671875e-3) - j * 1.2556659e-6
+        sin = _ptx_unary(r, "sin.approx.f32")
+        cos = _ptx_unary(r, "cos.approx.f32")
     return sin, cos

@@ -55,7 +55,7 @@ def _rotate(x1, x2, pos, freq, scaling):
     and sin times ``scaling``. The angles are formed at full width in the accumulator's
     layout, then halved (Gluon takes no other way)."""
     a1, a2 = P.halves(pos.to(tl.float32) * freq)
-    sin, cos = P.sincos(a1)
+    sin, cos = P.sincos_approx(a1)
     c = cos * scaling
     s = sin * scaling
     return P.whole(x1 * c - x2 * s, x2 * c + x1 * s)
