@@ -63,7 +63,8 @@ def main() -> None:
                 r = ratios(M, d, V, scale, reduction, seed)
                 f32 = " ".join(f"{r[f'f32 {n}']:.2f}" for n in CHUNKS)
                 b16 = " ".join(f"{r[f'bf16 {n}']:.2f}" for n in CHUNKS)
-                print(f"x scale {scale}, {reduction}, seed {seed}: float32 sum {f32} | bf16 sum {b16}", flush=True)
+                head = f"x scale {scale}, {reduction}, seed {seed}"
+                print(f"{head}: float32 sum {f32} | bf16 sum {b16}", flush=True)
 
 
 if __name__ == "__main__":
