@@ -2,7 +2,8 @@
 
 Bodies (``program.py``) are plain ``@triton.jit`` math over register tensors, so
 these helpers run in both mainloops and in the Triton interpreter. They create
-no index tensors (``tl.arange``) and touch no memory.
+no index tensors (``tl.arange``) and touch no memory. One, ``sincos_approx``, runs
+inline PTX on the GPU (the interpreter takes its plain-arithmetic twin).
 """
 
 import os
