@@ -80,4 +80,10 @@ for step in "$@"; do
   esac
 done
 cp "$CODETTA_CACHE_DIR/tuning.json" "$OUT/" 2>/dev/null || true
-if [ -d "$OUT/results" ]; then tar czf "$OUT/results.tgz" -C "$OUT" results && rm -r "$OUT/results"; fi
+# one archive per call of this script: a second call in the same device command (other
+# BENCH_ARGS, say) adds results-2.tgz instead of replacing the first's tables
+if [ -d "$OUT/results" ]; then
+  tgz="$OUT/results.tgz" n=1
+  while [ -e "$tgz" ]; do n=$((n + 1)); tgz="$OUT/results-$n.tgz"; done
+  tar czf "$tgz" -C "$OUT" results && rm -r "$OUT/results"
+fi
