@@ -474,3 +474,11 @@ def test_row_pass_launch_shapes(pairs, device):
         dz2, dw2 = qknorm_backward_rows(g, pre, w, pos, inv_freq, 0.9, 1e-6, pairs, launch=launch)
         assert torch.equal(dz2, dz)
         torch.testing.assert_close(dw2, dw, rtol=1e-5, atol=1e-5)
+    # the special-function unit's sines and cosines (a launch's 4th field; on the CPU the
+    # interpreter's polynomials, so equal there): within an ulp of the polynomials' on the GPU
+    for launch in ((8, 4, 1, True), (16, 4, 2, True)):
+        un = unrotate_half_rows(g, pos, inv_freq, 0.9, pairs, launch=launch)
+        torch.testing.assert_close(un, base, rtol=2**-7, atol=1e-5)
+        dz2, dw2 = qknorm_backward_rows(g, pre, w, pos, inv_freq, 0.9, 1e-6, pairs, launch=launch)
+        torch.testing.assert_close(dz2, dz, rtol=2**-7, atol=1e-5)
+        torch.testing.assert_close(dw2, dw, rtol=1e-4, atol=1e-4)

@@ -355,12 +355,17 @@ RMS_QKNORM_ROPE_128 = RMS_QKNORM_ROPE[128]
 
 
 @triton.jit
-def _row_angles(pos_ptr, freq_ptr, M, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr):
+def _row_angles(pos_ptr, freq_ptr, M, scaling, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+                APPROX: tl.constexpr = False):  # fmt: skip
     """The backward passes' rows (program id 0: row block) and their rotation, cos and sin
     [BLOCK_M, HALF] times ``scaling``: one token's angles serve every head of its row."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.float32)
-    sin, cos = P.sincos(pos[:, None] * tl.load(freq_ptr + tl.arange(0, HALF))[None, :])
+    angle = pos[:, None] * tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
+    if APPROX:  # the special-function unit's, as the forward's (_rotate)
+        sin, cos = P.sincos_approx(angle)
+    else:
+        sin, cos = P.sincos(angle)
     return rows, cos * scaling, sin * scaling
 
 
@@ -388,9 +393,10 @@ def _head_block(g_ptr, rows, c, s, M, N, HALF: tl.constexpr, PAIRS: tl.constexpr
 
 @triton.jit
 def _unrotate_kernel(g_ptr, out_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr):  # fmt: skip
+                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr,
+                     APPROX: tl.constexpr = False):  # fmt: skip
     # program ids: (row block, group of HEADS heads); the angles made once for the group
-    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M)
+    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
     base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
     tl.store(out_ptr + base, n1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + base + other, n2.to(out_ptr.dtype.element_ty), mask=mask)
@@ -414,12 +420,15 @@ def unrotate_launch(half: int) -> tuple[int, int, int]:
     return max(1, 1024 // half), 8, UNROTATE_HEADS
 
 
-def _heads(launch, n_heads: int) -> tuple[int, int, int]:
-    """A launch (rows, warps[, heads]) with its heads per program brought to the largest
-    power of 2 that divides both it and ``n_heads`` (a block dimension)."""
+def _heads(launch, n_heads: int) -> tuple[int, int, int, bool]:
+    """A launch (rows, warps[, heads[, approx]]) in full: its heads per program brought to
+    the largest power of 2 that divides both it and ``n_heads`` (a block dimension);
+    ``approx``: the angles' sines and cosines from the special-function unit
+    (``P.sincos_approx``, as the forward's) instead of the polynomials (default False; on
+    the CPU both are the polynomials)."""
     block_m, warps, *more = launch
     common = math.gcd(more[0] if more else 1, n_heads)
-    return block_m, warps, common & -common
+    return block_m, warps, common & -common, bool(more[1]) if len(more) > 1 else False
 
 
 def qknorm_launch(half: int) -> tuple[int, int, int]:
@@ -472,23 +481,24 @@ def unrotate_half_rows(
         return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
     dout = dout.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps, heads = _heads(launch or unrotate_launch(half), N // (2 * half))
+    block_m, warps, heads, approx = _heads(launch or unrotate_launch(half), N // (2 * half))
     grid = (triton.cdiv(M, block_m), N // (2 * half) // heads)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         precompile.launch(_unrotate_kernel, grid, dout, out, pos.contiguous(), freq, M, N, float(scaling),
-                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, num_warps=warps)  # fmt: skip
+                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx,
+                          num_warps=warps)  # fmt: skip
     return out
 
 
 @triton.jit
 def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
                             HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr,
-                            HEADS: tl.constexpr):  # fmt: skip
+                            HEADS: tl.constexpr, APPROX: tl.constexpr = False):  # fmt: skip
     # program ids: (row block, group of HEADS heads); n1, n2: the gradient of the normalized
     # heads, before the rotation; dw partials: a row per program of [., 2 HALF], summed
     # over its heads
-    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M)
+    rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
     base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
     step: tl.constexpr = 2 if PAIRS else 1
     cols = step * tl.arange(0, HALF)  # the first part's columns within a head
@@ -530,12 +540,13 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         return dz.reshape(M, N).to(dout.dtype), (n * h).sum((0, 1))
     dout, pre = dout.contiguous(), pre.contiguous()
     out = torch.empty_like(dout)
-    block_m, warps, heads = _heads(launch or qknorm_launch(half), N // hd)
+    block_m, warps, heads, approx = _heads(launch or qknorm_launch(half), N // hd)
     grid = (triton.cdiv(M, block_m), N // hd // heads)
     dw = torch.empty((grid[0] * grid[1], hd), dtype=torch.float32, device=dout.device)
     with device.on_device(dout.device):
         freq = inv_freq.float().contiguous()
         precompile.launch(_qknorm_backward_kernel, grid, dout, pre, weight.contiguous(), out, dw,
                           pos.contiguous(), freq, M, N, float(scaling), float(eps), HALF=half,
-                          BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, num_warps=warps)  # fmt: skip
+                          BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx,
+                          num_warps=warps)  # fmt: skip
     return out, dw.sum(0)
