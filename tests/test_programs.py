@@ -262,6 +262,18 @@ def test_sincos(approx, device):
 # ---- the contract: one body, checked here, run by both mainloops
 
 
+def test_source_key_follows_the_code():
+    """A program's tuning key hashes its body's code: docstrings, comments and layout left
+    out (a documentation edit keeps the shipped entries), any change of the code kept."""
+    from codetta.kernels.program import _code_of
+
+    base = '@triton.jit\ndef body(acc, s):\n    """Scale."""\n    return acc * s  # by s\n'
+    same = '@triton.jit\ndef body(acc, s):\n    """Scale the tile."""\n    # by s\n    return (acc*s)\n'
+    other = '@triton.jit\ndef body(acc, s):\n    """Scale."""\n    return acc * s + 1.0\n'
+    nested = "    " + base.replace("\n", "\n    ")  # a method's indentation
+    assert _code_of(base) == _code_of(same) == _code_of(nested) != _code_of(other)
+
+
 def test_both_mainloops_run_the_body():
     """The ping-pong mainloop gets the program's own body (no twin), as the portable one does."""
     for name in pg.__all__:

@@ -62,12 +62,14 @@ do not depend on the tile configuration beyond fp32 summation order.
 
 from __future__ import annotations
 
+import ast
 import collections
 import dataclasses
 import enum
 import functools
 import hashlib
 import inspect
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,9 +373,10 @@ class Program:
 
     @functools.cached_property
     def source_key(self) -> str:
-        """A hash of the body's source (and the sm90 body's), with the JIT helpers they call
-        from their modules: the same whether or not the interpreter is on, so tuning keys
-        (``tuning.Chooser.key``) made on a CPU match a GPU's."""
+        """A hash of the body's code (and the sm90 body's), with the JIT helpers they call
+        from their modules, docstrings, comments and layout left out (``_code_of``): the
+        same whether or not the interpreter is on, so tuning keys (``tuning.Chooser.key``)
+        made on a CPU match a GPU's, and a documentation edit keeps a body's tuned entries."""
         return _source_hash(self.body, self.sm90_body)
 
     @functools.cached_property
@@ -495,6 +498,24 @@ class Layout:
     sub_n: int
 
 
+def _code_of(source: str) -> str:
+    """A function's code without its docstrings, comments and layout (the source parsed
+    and printed back): what a kernel compiles from, so editing a body's documentation
+    keeps its tuned entries."""
+    tree = ast.parse(textwrap.dedent(source))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
 def _source_hash(*fns) -> str:
     seen, parts = set(), []
 
@@ -504,7 +525,7 @@ def _source_hash(*fns) -> str:
             return
         seen.add(py)
         try:
-            parts.append(inspect.getsource(py))
+            parts.append(_code_of(inspect.getsource(py)))
         except (OSError, TypeError):
             parts.append(py.__qualname__)
         for name in py.__code__.co_names:

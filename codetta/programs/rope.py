@@ -51,8 +51,6 @@ ROTATE_PAIRS = Program(
 # _rotate's sines and cosines come from the special-function unit (P.sincos_approx): at
 # the 700 W cap the polynomials' ~40 instructions an angle cost the q projection's GEMM
 # 6.5 % of its time against cuBLAS's, the unit's 0.8 % (runs 156 and 159, NOTES.md).
-# (A comment, not the docstring: a body's source, docstrings included, keys its tuned
-# entries.)
 @triton.jit
 def _rotate(x1, x2, pos, freq, scaling):
     """RoPE of one head given its halves: a = position[m] * inv_freq (the column's
