@@ -15,9 +15,17 @@ configuration of both mainloops and the 64-row ping-pong tiles: whether a heavy
 epilogue's power goes with the mainloop's operand traffic (it would change with the
 tile shape) or with the epilogue's own tile traffic (it would not).
 
+With ``--bytes``: one GEMM (16384 x 4096 x 4096) with epilogues that move one to four
+bf16 tiles' worth of HBM bytes (store, accumulate, finish_f32, residual_rms,
+accumulate_f32), cuBLAS's mm and addmm, and a memory-bound pass for reference: what an
+epilogue's byte costs at the cap (runs 153-155, NOTES.md). Every line also gives the
+share of nvidia-smi's samples with each clock event reason (why the clock is below its
+maximum: at 16384 tokens every GEMM reads "SW power cap").
+
 Usage: python scripts/energy.py [seconds per variant]
        python scripts/energy.py [seconds] --program dswiglu residual_rms [--widths llama3-1b]
            [--tokens 16384]
+       python scripts/energy.py [seconds] --bytes
 """
 
 import argparse
@@ -102,6 +110,32 @@ def program_cases(names, widths, tokens):
             yield label, 2 * rec.M * rec.N * rec.K, fns
 
 
+def byte_cases():
+    """The ``--bytes`` case: (label, FLOPs, {variant: fn}); each variant's name ends with its
+    epilogue's HBM bytes beyond the operands (MB)."""
+    from codetta.programs import ACCUMULATE, ACCUMULATE_F32, FINISH_F32, RESIDUAL_RMS
+
+    M, N, K = 16384, 4096, 4096
+    x, w = operands(M, N, K, "nn")  # both row-major, as runs 153-155
+    c = _operand(M, N, False, torch.bfloat16)
+    c32, gamma = c.float(), torch.rand(N, device="cuda").bfloat16() + 0.5
+    out = torch.empty_like(c)
+    mb = M * N * 2 // 2**20  # one bf16 [M, N] tensor
+    gemm = codetta.gemm
+    fns = {
+        f"cuBLAS mm ({mb})": lambda: torch.mm(x, w.t(), out=out),
+        f"cuBLAS addmm, c bf16 ({2 * mb})": lambda: torch.addmm(c, x, w.t(), out=out),
+        f"store ({mb})": lambda: gemm(x, w),
+        f"accumulate, c bf16 ({2 * mb})": lambda: gemm(x, w, epilogue=ACCUMULATE, c=c),
+        f"finish_f32, c fp32 ({3 * mb})": lambda: gemm(x, w, epilogue=FINISH_F32, c=c32),
+        f"residual_rms ({3 * mb})": lambda: gemm(x, w, epilogue=RESIDUAL_RMS, residual=c, gamma=gamma),
+        f"accumulate_f32 ({4 * mb})": lambda: gemm(x, w, epilogue=ACCUMULATE_F32, c=c32),
+        f"cuBLAS mm again ({mb})": lambda: torch.mm(x, w.t(), out=out),
+    }
+    yield f"{M}x{N}x{K} epilogue bytes", 2 * M * N * K, fns
+    yield "memory-bound pass", 0, {f"torch add ({2 * mb} in, {2 * mb} out)": lambda: torch.add(c32, 1.0)}
+
+
 def plain_cases():
     for M, N, K, layout in SHAPES:
         a, w = operands(M, N, K, layout)
@@ -114,10 +148,14 @@ def main() -> None:
     ap.add_argument("--program", nargs="+", help="epilogue programs (default: plain GEMMs)")
     ap.add_argument("--widths", nargs="+", default=["llama3-1b"])
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--bytes", action="store_true", help="one GEMM, epilogues moving more bytes")
     args = ap.parse_args()
-    cases = program_cases(args.program, args.widths, args.tokens) if args.program else plain_cases()
+    if args.bytes:
+        cases = byte_cases()
+    else:
+        cases = program_cases(args.program, args.widths, args.tokens) if args.program else plain_cases()
     head = f"{'case':<40} {'variant':<24} {'ms':>7} {'TFLOP/s':>8} {'MHz':>6} {'W':>5} {'mJ':>7}"
-    print(f"{head} {'Mcycles':>8}")
+    print(f"{head} {'Mcycles':>8}  clock held back by")
     for label, flops, fns in cases:
         for name, fn in fns.items():
             try:
@@ -129,7 +167,8 @@ def main() -> None:
             mhz = sorted(c for c, _ in v)[len(v) // 2]
             watts = sorted(p for _, p in v)[len(v) // 2]
             print(f"{label:<40} {name:<24} {ms:7.3f} {flops / ms / 1e9:8.0f} {mhz:6.0f} "
-                  f"{watts:5.0f} {watts * ms:7.1f} {ms * mhz / 1e3:8.2f}", flush=True)  # fmt: skip
+                  f"{watts:5.0f} {watts * ms:7.1f} {ms * mhz / 1e3:8.2f}  {clocks.why()}",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -202,12 +202,18 @@ class Clocks:
             return "no clock samples"
         clk = sorted(c for c, _ in v)
         pw = sorted(p for _, p in v)
-        r = self.reasons[len(self.reasons) // 4 :]
-        why = ", ".join(f"{name} {sum(1 for x in r if x & bit) / len(r):.0%}" for bit, name in REASONS.items()
-                        if any(x & bit for x in r)) if r else "not sampled"  # fmt: skip
         return (f"SM clock median {clk[len(clk) // 2]:.0f} MHz (min {clk[0]:.0f}), "
                 f"power median {pw[len(pw) // 2]:.0f} W ({len(v)} samples); clock held back by: "
-                f"{why or 'nothing'}")  # fmt: skip
+                f"{self.why()}")  # fmt: skip
+
+    def why(self) -> str:
+        """The share of samples (past nvidia-smi's start-up) with each clock event reason."""
+        r = self.reasons[len(self.reasons) // 4 :]
+        if not r:
+            return "not sampled"
+        why = ", ".join(f"{name} {sum(1 for x in r if x & bit) / len(r):.0%}" for bit, name in REASONS.items()
+                        if any(x & bit for x in r))  # fmt: skip
+        return why or "nothing"
 
 
 def main() -> None:
