@@ -1,0 +1,63 @@
+"""Is bench qkv's sustained column set by the host? (GPU machine)
+
+Times each variant's forward + backward of ``codetta.bench.qkv`` as the benchmark does
+(paired and sustained blocks) and the same call replayed from a CUDA graph (no Python,
+no launch overhead: the GPU's own time). Where a variant's sustained ratio to cuBLAS
+falls when both are replayed from graphs, the host issued its calls slower than the
+GPU ran them.
+
+Usage: python scripts/graph_qkv.py [case ...]   (default: 8B qwen3-8B)
+"""
+
+import sys
+
+import torch
+
+from codetta.bench import qkv
+from codetta.bench.harness import host_ms
+from codetta.kernels.timing import paired_ms, sustained_ms
+
+
+def graphed(run):
+    """``run`` captured once into a CUDA graph; returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def main(cases):
+    for case in cases:
+        p = qkv.problem(case)
+        leaves = p["leaves"]
+
+        def fwd_bwd(fn):
+            outs = fn(p, *leaves)
+            grads = qkv._grads_like(outs, p["grads"])
+            return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
+
+        fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": fwd_bwd(qkv.codetta)}
+        for name in list(fns):
+            fns[name + "-graph"] = graphed(fns[name])
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        host = {k: host_ms(fn) for k, fn in fns.items()}
+        paired = paired_ms(fns)
+        sustained = sustained_ms(fns)
+        print(f"== {case} fwd+bwd, ms (x cuBLAS of the same launch kind)")
+        for k in fns:
+            base = "cublas-graph" if k.endswith("-graph") else "cublas"
+            print(f"  {k:16s} paired {paired[k]:7.3f} (x{paired[k] / paired[base]:.3f})  sustained "
+                  f"{sustained[k]:7.3f} (x{sustained[k] / sustained[base]:.3f})  host {host[k]:6.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["8B", "qwen3-8B"])
