@@ -33,17 +33,17 @@ def graphed(run):
     return graph.replay
 
 
+def fwd_bwd(p, fn):
+    """One forward + backward of ``fn`` on the problem ``p``, as bench qkv times it."""
+    leaves = p["leaves"]
+    grads = qkv._grads_like(fn(p, *leaves), p["grads"])
+    return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
+
+
 def main(cases):
     for case in cases:
         p = qkv.problem(case)
-        leaves = p["leaves"]
-
-        def fwd_bwd(fn):
-            outs = fn(p, *leaves)
-            grads = qkv._grads_like(outs, p["grads"])
-            return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
-
-        fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": fwd_bwd(qkv.codetta)}
+        fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": fwd_bwd(p, qkv.codetta)}
         for name in list(fns):
             fns[name + "-graph"] = graphed(fns[name])
         for fn in fns.values():
@@ -55,8 +55,9 @@ def main(cases):
         print(f"== {case} fwd+bwd, ms (x cuBLAS of the same launch kind)")
         for k in fns:
             base = "cublas-graph" if k.endswith("-graph") else "cublas"
-            print(f"  {k:16s} paired {paired[k]:7.3f} (x{paired[k] / paired[base]:.3f})  sustained "
-                  f"{sustained[k]:7.3f} (x{sustained[k] / sustained[base]:.3f})  host {host[k]:6.3f}")  # fmt: skip
+            pr, su = paired[k] / paired[base], sustained[k] / sustained[base]
+            print(f"  {k:16s} paired {paired[k]:7.3f} (x{pr:.3f})  sustained {sustained[k]:7.3f} (x{su:.3f}) "
+                  f" host {host[k]:6.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

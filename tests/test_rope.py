@@ -469,14 +469,15 @@ def test_row_pass_launch_shapes(pairs, device):
     base = unrotate_half_rows(g, pos, inv_freq, 0.9, pairs, launch=(8, 4, 1))
     dz, dw = qknorm_backward_rows(g, pre, w, pos, inv_freq, 0.9, 1e-6, pairs, launch=(8, 4, 1))
     # several heads per program share their rows' angles (3 brought to 1, 4 to 2: powers of 2 dividing 6)
-    for launch in ((4, 2), (16, 8), (8, 4, 3), (16, 4, 4), None):
+    for launch in ((4, 2), (16, 8), (8, 4, 3), (16, 4, 4), (16, 4, 2, False)):
         assert torch.equal(unrotate_half_rows(g, pos, inv_freq, 0.9, pairs, launch=launch), base)
         dz2, dw2 = qknorm_backward_rows(g, pre, w, pos, inv_freq, 0.9, 1e-6, pairs, launch=launch)
         assert torch.equal(dz2, dz)
         torch.testing.assert_close(dw2, dw, rtol=1e-5, atol=1e-5)
-    # the special-function unit's sines and cosines (a launch's 4th field; on the CPU the
-    # interpreter's polynomials, so equal there): within an ulp of the polynomials' on the GPU
-    for launch in ((8, 4, 1, True), (16, 4, 2, True)):
+    # the special-function unit's sines and cosines (a launch's 4th field, the default
+    # launches' choice; on the CPU the interpreter's polynomials, so equal there): within
+    # an ulp of the polynomials' on the GPU
+    for launch in ((8, 4, 1, True), (16, 4, 2, True), None):
         un = unrotate_half_rows(g, pos, inv_freq, 0.9, pairs, launch=launch)
         torch.testing.assert_close(un, base, rtol=2**-7, atol=1e-5)
         dz2, dw2 = qknorm_backward_rows(g, pre, w, pos, inv_freq, 0.9, 1e-6, pairs, launch=launch)

@@ -407,35 +407,42 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
     return rope_tables(pos, per_head.repeat(n // per_head.shape[0]), scaling)
 
 
-def unrotate_launch(half: int) -> tuple[int, int, int]:
-    """The inverse rotation's default launch: (rows per program, warps, heads per program):
-    2048 elements of each rotated half per program over two heads, 8 warps. Timed on the
+def unrotate_launch(half: int) -> tuple[int, int, int, bool]:
+    """The inverse rotation's default launch: (rows per program, warps, heads per program,
+    approx): 2048 elements of each rotated half per program over two heads, 8 warps, the
+    angles' sines and cosines from the special-function unit as the forward's (``_rotate``:
+    the backward applies the transpose of the rotation the forward applied). Timed on the
     H200 (run 147, ``scripts/row_passes.py``): [16384, 4096] at head_dim 128 in 71.6 us
     against 77.4 for one head of 64 rows (the angles made once per row block, not per
-    head). 8 warps: with 4 and one head, 182-255 registers per thread for sm_90a and
-    16-160 B spilled at head dims 16-128; now 34-48 and no spill (CI's sm_90a check
-    compiles these launches)."""
-    return max(1, 1024 // half), 8, UNROTATE_HEADS
+    head); the special-function unit's angles 0-5 % faster than the polynomials (run 160).
+    8 warps: with 4 and one head, 182-255 registers per thread for sm_90a and 16-160 B
+    spilled at head dims 16-128; now 34-48 and no spill (CI's sm_90a check compiles these
+    launches)."""
+    return max(1, 1024 // half), 8, UNROTATE_HEADS, True
 
 
 def _heads(launch, n_heads: int) -> tuple[int, int, int, bool]:
     """A launch (rows, warps[, heads[, approx]]) in full: its heads per program brought to
     the largest power of 2 that divides both it and ``n_heads`` (a block dimension);
     ``approx``: the angles' sines and cosines from the special-function unit
-    (``P.sincos_approx``, as the forward's) instead of the polynomials (default False; on
-    the CPU both are the polynomials)."""
+    (``P.sincos_approx``, as the forward's) instead of the polynomials (False where the
+    launch leaves it out; the default launches set it; on the CPU both are the
+    polynomials)."""
     block_m, warps, *more = launch
     common = math.gcd(more[0] if more else 1, n_heads)
     return block_m, warps, common & -common, bool(more[1]) if len(more) > 1 else False
 
 
-def qknorm_launch(half: int) -> tuple[int, int, int]:
+def qknorm_launch(half: int) -> tuple[int, int, int, bool]:
     """The q/k-norm backward's default launch (as ``unrotate_launch``'s): 2048 elements of
-    each rotated half per program over two heads, 4 warps: 95-204 registers per thread for
-    sm_90a, no spill. Run 147 timed [16384, 4096] at head_dim 128 in 237 us with one head
-    of 32 rows and 8 warps, 147 us with two heads of 32 rows and 4 warps, which spills
-    360 B (so not the default; NOTES.md); run 148 timed this default at 177 us."""
-    return max(1, 1024 // half), 4, QKNORM_HEADS
+    each rotated half per program over two heads, 4 warps, the special-function unit's
+    sines and cosines: 95-204 registers per thread for sm_90a, no spill. Run 147 timed
+    [16384, 4096] at head_dim 128 in 237 us with one head of 32 rows and 8 warps, 147 us
+    with two heads of 32 rows and 4 warps, which spills 360 B (so not the default;
+    NOTES.md); run 148 timed this launch at 177 us with the polynomials' angles, run 160
+    at 176.4 with them and 156.6 with the special-function unit's (the pass is
+    arithmetic-bound: ~40 instructions an angle against ~7)."""
+    return max(1, 1024 // half), 4, QKNORM_HEADS, True
 
 
 def row_pass_jobs() -> list[tuple]:
@@ -453,10 +460,11 @@ def row_pass_jobs() -> list[tuple]:
     for name, fn, types, launch in kernels:
         for hd in HEAD_DIMS:
             for pairs in (False, True):
-                block_m, warps, heads = launch(hd // 2)
+                block_m, warps, heads, approx = launch(hd // 2)
                 label = (f"{name} head_dim {hd}{' pairs' if pairs else ''}, {block_m} rows, {warps} warps, "
-                         f"{heads} heads")  # fmt: skip
+                         f"{heads} heads{', approx' if approx else ''}")  # fmt: skip
                 consts = {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs, "HEADS": heads}
+                consts["APPROX"] = approx
                 jobs.append((label, fn, types, consts, warps))
     return jobs
 
@@ -469,9 +477,9 @@ def unrotate_half_rows(
     d1 = g1 c + g2 s, d2 = g2 c - g1 s per head of 2 * len(inv_freq) columns, with the
     angles pos[m] * inv_freq formed in float32 as the forward forms them; ``pairs``:
     RMS_ROPE_PAIRS's rotation (d1, d2 the even and odd columns). Returns a new tensor of
-    dout's dtype. ``launch``: (rows per program, warps[, heads per program]) instead of
-    the default (``scripts/row_passes.py`` times the choices; the heads per program are
-    brought to a divisor of the heads)."""
+    dout's dtype. ``launch``: (rows per program, warps[, heads per program[, approx]])
+    instead of the default (``scripts/row_passes.py`` times the choices; the heads per
+    program are brought to a divisor of the heads; ``_heads``)."""
     M, N = dout.shape
     half = inv_freq.shape[0]
     if torch_path(dout):
