@@ -9,8 +9,12 @@ per program ("8w-1h"); since c27276c two heads per program (``unrotate_launch``,
 heads per program) choice, those launches and the default at the benchmark's shapes,
 checks each launch's outputs against float64 (from the same float32 angles): within 2x
 the error of the default launch with the polynomials' sines and cosines ("default-poly";
-the default since 2026-12-03 takes them from the special-function unit), and prints GB/s
-(bytes read and written / time).
+the q/k-norm pass's default takes them from the special-function unit since 2026-12-03,
+the inverse rotation's keeps the polynomials: runs 160 and 163), and prints GB/s (bytes
+read and written / time). These passes take 30-180 us; at the smaller widths their
+paired times follow the host's launch time (~45 us a row kernel on the H200 machine's
+host, run 162) more than the GPU's, and move 2x between machines (the 1B inverse
+rotation: 85 us in run 160, 45 in run 163).
 
 Usage (repo root): PYTHONPATH=. python scripts/row_passes.py [tokens]   (default 16384)
 """

@@ -410,15 +410,15 @@ def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
 def unrotate_launch(half: int) -> tuple[int, int, int, bool]:
     """The inverse rotation's default launch: (rows per program, warps, heads per program,
     approx): 2048 elements of each rotated half per program over two heads, 8 warps, the
-    angles' sines and cosines from the special-function unit as the forward's (``_rotate``:
-    the backward applies the transpose of the rotation the forward applied). Timed on the
-    H200 (run 147, ``scripts/row_passes.py``): [16384, 4096] at head_dim 128 in 71.6 us
-    against 77.4 for one head of 64 rows (the angles made once per row block, not per
-    head); the special-function unit's angles 0-5 % faster than the polynomials (run 160).
-    8 warps: with 4 and one head, 182-255 registers per thread for sm_90a and 16-160 B
-    spilled at head dims 16-128; now 34-48 and no spill (CI's sm_90a check compiles these
-    launches)."""
-    return max(1, 1024 // half), 8, UNROTATE_HEADS, True
+    polynomials' sines and cosines. Timed on the H200 (run 147, ``scripts/row_passes.py``):
+    [16384, 4096] at head_dim 128 in 71.6 us against 77.4 for one head of 64 rows (the
+    angles made once per row block, not per head). The pass is memory-bound: the
+    special-function unit's angles were level in run 160 (72.7 against 72.5 us) and 2-8 %
+    slower in run 163 (83.7 against 77.6), so not taken here (the q/k-norm pass takes
+    them). 8 warps: with 4 and one head, 182-255 registers per thread for sm_90a and
+    16-160 B spilled at head dims 16-128; now 34-48 and no spill (CI's sm_90a check
+    compiles these launches)."""
+    return max(1, 1024 // half), 8, UNROTATE_HEADS, False
 
 
 def _heads(launch, n_heads: int) -> tuple[int, int, int, bool]:
@@ -436,12 +436,14 @@ def _heads(launch, n_heads: int) -> tuple[int, int, int, bool]:
 def qknorm_launch(half: int) -> tuple[int, int, int, bool]:
     """The q/k-norm backward's default launch (as ``unrotate_launch``'s): 2048 elements of
     each rotated half per program over two heads, 4 warps, the special-function unit's
-    sines and cosines: 95-204 registers per thread for sm_90a, no spill. Run 147 timed
-    [16384, 4096] at head_dim 128 in 237 us with one head of 32 rows and 8 warps, 147 us
-    with two heads of 32 rows and 4 warps, which spills 360 B (so not the default;
-    NOTES.md); run 148 timed this launch at 177 us with the polynomials' angles, run 160
-    at 176.4 with them and 156.6 with the special-function unit's (the pass is
-    arithmetic-bound: ~40 instructions an angle against ~7)."""
+    sines and cosines (as the forward's, ``_rotate``): 128-180 registers per thread for
+    sm_90a, no spill. Run 147 timed [16384, 4096] at head_dim 128 in 237 us with one head
+    of 32 rows and 8 warps, 147 us with two heads of 32 rows and 4 warps, which spills
+    360 B (so not the default; NOTES.md). This launch with the polynomials' angles: 176-177
+    us (runs 148, 160, 163); with the special-function unit's 156.6-157.4 (runs 160, 163:
+    the pass is arithmetic-bound, ~40 instructions an angle against ~7). Their weight
+    gradient's float32 error against float64 is 1.2-2.0x the polynomials' (run 163; both
+    ~1e-6 of its size, far inside the standard's bf16 bound)."""
     return max(1, 1024 // half), 4, QKNORM_HEADS, True
 
 
