@@ -89,10 +89,11 @@ def rms_qknorm_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
 def _rotate_pairs_of(x, pos, freq, scaling):
     """RoPE of one head in the interleaved-pairs convention (GPT-J, Meta's original Llama
     code): columns (2i, 2i+1) rotate by position[m] * inv_freq[i] (``freq`` holds each
-    pair's frequency twice). The angles' sines and cosines at full width, then the
-    products split (``_rotate``'s form, its angles split before sincos, spilled for
-    sm_90a on the portable mainloop here: 56-104 B)."""
-    sin, cos = P.sincos(pos.to(tl.float32) * freq)
+    pair's frequency twice). The angles' sines and cosines at full width (from the
+    special-function unit, as ``_rotate``'s), then the products split (``_rotate``'s
+    form, its angles split before sincos, spilled for sm_90a on the portable mainloop
+    here: 56-104 B)."""
+    sin, cos = P.sincos_approx(pos.to(tl.float32) * freq)
     xc1, xc2 = P.even_odd(x * (cos * scaling))
     xs1, xs2 = P.even_odd(x * (sin * scaling))
     return P.interleave(xc1 - xs2, xc2 + xs1)
@@ -105,8 +106,9 @@ def _rotate_pairs_swapped(x, pos, freq, scaling):
     holds 217-240 registers at head dim 64 (128x128 and 64x128 tiles) and spills nothing
     where ``_rotate_pairs_of`` spilled 64-96 B (NOTES.md). The Gluon
     mainloop cannot run it (the split's layout meets x's wgmma layout in one sum), so the
-    programs with ping-pong candidates (head dim 128) keep ``_rotate_pairs_of``."""
-    sin, cos = P.sincos(pos.to(tl.float32) * freq)
+    programs with ping-pong candidates (head dim 128) keep ``_rotate_pairs_of``. The
+    angles from the special-function unit, as ``_rotate``'s."""
+    sin, cos = P.sincos_approx(pos.to(tl.float32) * freq)
     BM: tl.constexpr = x.shape[0]
     W: tl.constexpr = x.shape[1]
     # (a s_a, b s_b) -> (-b s_b, a s_a): each product with its own column's sine, as
