@@ -77,6 +77,23 @@ def test_tune_picks_fastest_and_skips_failures():
     assert tuning.tune("k", cands, prepare, measure) == cands[2]
 
 
+def test_tune_says_where_a_long_key_is(monkeypatch, capsys):
+    """A key whose compiles and first runs pass PROGRESS_S prints a line before its
+    timing (a 70B-class key sat silent for minutes after "tuning ... over 11 configs");
+    a quick one prints only its first and last lines."""
+    cands = configs.PLAIN_CANDIDATES[:2]
+
+    def measure(fns):
+        return {c: 1.0 for c in fns}
+
+    tuning.tune("quick", cands, lambda cfg: lambda: None, measure)
+    assert "timing them" not in capsys.readouterr().err
+    monkeypatch.setattr(tuning, "PROGRESS_S", -1.0)
+    tuning.tune("long", cands, lambda cfg: lambda: None, measure)
+    err = capsys.readouterr().err
+    assert "long: compiled in" in err and "2 of 2 ran once" in err and "timing them" in err
+
+
 def test_tune_all_fail():
     def prepare(cfg):
         raise RuntimeError("nope")

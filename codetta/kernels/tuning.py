@@ -90,6 +90,7 @@ def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
 
 
 SCOUT_KEEP = 1.10  # candidates within this factor of the scouting round's best are timed in full
+PROGRESS_S = 10.0  # a key whose compiles and first runs took longer prints a line before its timing
 
 
 def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None) -> dict[Config, float]:
@@ -119,6 +120,9 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
     if not fns:
         raise RuntimeError(f"codetta: no configuration of {key} could run") from first_err
     t2 = time.perf_counter()
+    if t2 - t0 > PROGRESS_S:  # a long key (a large GEMM, a cold compile): say where it is
+        print(f"codetta:   {key}: compiled in {t1 - t0:.1f} s, {len(fns)} of {len(candidates)} ran once in "
+              f"{t2 - t1:.1f} s; timing them ...", file=sys.stderr, flush=True)  # fmt: skip
     if scout is not None and len(fns) > 3:
         # a short paired round first: candidates clearly behind drop out before the long one
         quick = scout(fns)
