@@ -33,17 +33,10 @@ def graphed(run):
     return graph.replay
 
 
-def fwd_bwd(p, fn):
-    """One forward + backward of ``fn`` on the problem ``p``, as bench qkv times it."""
-    leaves = p["leaves"]
-    grads = qkv._grads_like(fn(p, *leaves), p["grads"])
-    return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
-
-
 def main(cases):
     for case in cases:
         p = qkv.problem(case)
-        fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": fwd_bwd(p, qkv.codetta)}
+        fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": qkv.fwd_bwd(p, qkv.codetta)}
         for name in list(fns):
             fns[name + "-graph"] = graphed(fns[name])
         for fn in fns.values():

@@ -22,13 +22,6 @@ from codetta.bench import qkv
 from codetta.bench.harness import cpu_overhead_us, print_profile, with_settings
 
 
-def fwd_bwd(p, fn):
-    leaves = p["leaves"]
-    outs = fn(p, *leaves)
-    grads = qkv._grads_like(outs, p["grads"])
-    return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
-
-
 def gpu_ms(run, n: int = 20) -> float:
     run()
     torch.cuda.synchronize()
@@ -155,14 +148,14 @@ def main() -> None:
     tiny = qkv.problem(case, batch=1, seq=128)
     full = qkv.problem(case)
     for name, fn in variants.items():
-        small, big = fwd_bwd(tiny, fn), fwd_bwd(full, fn)
+        small, big = qkv.fwd_bwd(tiny, fn), qkv.fwd_bwd(full, fn)
         host = cpu_overhead_us(small, calls=100) / 1e3
         print(f"== {case} {name}: host {host:.3f} ms per fwd+bwd (128 tokens; {gpu_ms(small):.3f} ms back to "
               f"back by events), GPU {gpu_ms(big):.3f} ms per fwd+bwd back to back (16384 tokens), syncs per "
               f"call {syncs(small)}")  # fmt: skip
     pieces(tiny)
     for name in ("codetta",):
-        run = fwd_bwd(tiny, variants[name])
+        run = qkv.fwd_bwd(tiny, variants[name])
         for _ in range(5):
             run()
         torch.cuda.synchronize()

@@ -16,6 +16,7 @@ import torch
 
 import codetta
 from codetta.kernels.timing import paired_ms, sustained_ms
+from codetta.ops.rope import column_freq
 from codetta.programs.rope import RMS_ROPE_128, RMS_ROPE_PAIRS_128
 
 
@@ -27,8 +28,8 @@ def main(M: int = 16384, N: int = 4096, K: int = 4096, hd: int = 128) -> None:
     pos = torch.arange(M, device="cuda") % 4096
     inv_freq = 1.0 / 500000 ** (torch.arange(0, hd, 2, device="cuda").float() / hd)
     common = {"sumsq": sumsq, "inv_d": 1.0 / K, "eps": 1e-5, "pos": pos, "scaling": 1.0}
-    halves = inv_freq.repeat(2).repeat(N // hd)
-    pairs = inv_freq.repeat_interleave(2).repeat(N // hd)
+    halves = column_freq(inv_freq.repeat(2), N, keep=False)  # as the operator forms them (ops/rope.py)
+    pairs = column_freq(inv_freq.repeat_interleave(2), N, keep=False)
     fns = {
         "cublas": lambda: h @ w.t(),
         "codetta store": lambda: codetta.gemm(h, w),

@@ -112,6 +112,7 @@ def test_qkv_part_on_cpu(qk_norm):
     assert len(errs) == 10 if qk_norm else 8
     assert qkv.gemm_shapes(p) == [(16, 64, 64), (16, 32, 64), (16, 32, 64)]
     assert len(qkv.cublas_gemms(p, backward=True)()) == 9
+    assert len(qkv.fwd_bwd(p, qkv.codetta)()) == len(p["leaves"])  # (the timed call: a gradient per leaf)
 
 
 def test_ce_part_on_cpu():

@@ -152,6 +152,14 @@ def _grads_like(outs, grads):
     return [torch.empty_like(o).copy_(g) for o, g in zip(outs, grads)]
 
 
+def fwd_bwd(p: dict, fn):
+    """One forward + backward of the variant ``fn`` on the problem ``p`` as a callable, the
+    incoming gradients in the layout of its own outputs (what the fwd+bwd rows time)."""
+    leaves = p["leaves"]
+    grads = _grads_like(fn(p, *leaves), p["grads"])
+    return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
+
+
 def check(p: dict, fn, tol: float = 3e-2) -> dict:
     """Relative differences of ``fn``'s outputs and gradients to eager's; raises past ``tol``."""
     leaves = p["leaves"]
@@ -187,17 +195,12 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
 
         return run
 
-    def fwd_bwd(fn):
-        outs = fn(p, *leaves)
-        grads = _grads_like(outs, p["grads"])
-        return lambda: torch.autograd.grad(fn(p, *leaves), leaves, grads)
-
     flops = sum(2 * M * N * K for M, N, K in gemm_shapes(p))
     fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
     add_rows(res_fwd, f"{case} fwd", flops, compare(fns))
-    fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(v) for k, v in variants.items()}}
+    fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(p, v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
     mem = {k: peak_memory_gb(fn) for k, fn in selected(fns).items() if k != "cublas"}

@@ -467,8 +467,7 @@ def row_pass_jobs() -> list[tuple]:
                 block_m, warps, heads, approx = launch(hd // 2)
                 label = (f"{name} head_dim {hd}{' pairs' if pairs else ''}, {block_m} rows, {warps} warps, "
                          f"{heads} heads{', approx' if approx else ''}")  # fmt: skip
-                consts = {"HALF": hd // 2, "BLOCK_M": block_m, "PAIRS": pairs, "HEADS": heads}
-                consts["APPROX"] = approx
+                consts = dict(HALF=hd // 2, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx)
                 jobs.append((label, fn, types, consts, warps))
     return jobs
 
