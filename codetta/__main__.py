@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         "dW in one launch each (qkv-one-launch), y formed again in the MLP's backward (recompute-y) "
         "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
         "dg, du not written over g, u (no-overwrite) or a tied embedding's two gradients formed "
-        "apart (no-tied-grad) or an untied embedding's backward left to PyTorch (no-embed-grad); "
+        "apart (no-tied-grad) or an untied embedding's backward left to PyTorch (no-embed-grad) or every "
+        "launch through Triton's own path (no-direct); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory (ce). A name a part "
         "lacks is skipped there",

@@ -82,6 +82,8 @@ SETTING_VARIANTS = {
     "no-ce-finish": {"ce_finish": False},
     # the loss's logits chunks at 2 GiB (half as many passes over the float32 dW, 1 GiB more)
     "ce-chunk-2g": {"ce_chunk_mb": 2048},
+    # every launch through Triton's own path (the host time the direct launches save)
+    "no-direct": {"direct_launch": False},
 }
 ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}" for how in SETTING_VARIANTS)
 

@@ -13,6 +13,8 @@ the memory layout of each variant's own outputs (as SDPA's backward returns them
 The floor: the three projections' GEMMs (forward), plus their dX and dW (backward).
 ``codetta:qkv-one-launch``: codetta with ``CODETTA_QKV_ONE_LAUNCH=1`` (q, k, v and their
 weight gradients from one launch each where the case allows; Qwen3's keeps three).
+``codetta:no-direct`` (fwd+bwd): codetta with ``CODETTA_DIRECT_LAUNCH=0`` (every launch
+through Triton's own path: what the direct launches save, in the host-bound 1B row).
 """
 
 from __future__ import annotations
@@ -203,6 +205,7 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
     fns = {"cublas": cublas_gemms(p, backward=True), **{k: fwd_bwd(p, v) for k, v in variants.items()}}
     fns["codetta-triton"] = triton_only(fns["codetta"])
     fns["codetta:qkv-one-launch"] = with_settings(fns["codetta"], qkv_one_launch=True)
+    fns["codetta:no-direct"] = with_settings(fns["codetta"], direct_launch=False)
     mem = {k: peak_memory_gb(fn) for k, fn in selected(fns).items() if k != "cublas"}
     times = compare(fns)
     # (the 1B case is ~1 ms of GPU work: the host's time per call shows who sets the pace)

@@ -40,9 +40,14 @@ class DirectKernel:
     ``jit_fn`` is the ``@triton.jit`` / ``@gluon.jit`` function ``compiled`` came from;
     a launch passes the ``n_positional`` leading arguments (``None`` for an unused
     constexpr slot, as the JIT call did); every later parameter must be in ``consts``.
+
+    Host TMA descriptors among the arguments are encoded once per base address (and
+    shape, strides): Triton's launcher encodes each on every launch (a driver call and
+    its Python, several descriptors a GEMM). A descriptor is its tensor's address and
+    layout alone, so one encoded for the same address and layout is the same.
     """
 
-    __slots__ = ("_launch", "_function", "_meta", "_tail", "grid")
+    __slots__ = ("_launch", "_function", "_meta", "_tail", "grid", "_raw", "_descs", "_flags")
 
     def __init__(self, jit_fn, compiled, n_positional: int, consts: dict, grid: int):
         names = jit_fn.arg_names
@@ -56,8 +61,127 @@ class DirectKernel:
         self._function = compiled.function
         self._meta = compiled.packed_metadata
         self.grid = grid
+        self._raw = self._descs = self._flags = None
+        unwrapped = _unwrap_descriptors(compiled.run)
+        if unwrapped is not None and all(i < n_positional for i in unwrapped[1]):
+            raw, positions, metas, flags = unwrapped
+            self._raw, self._flags = raw, flags
+            self._descs = {i: (m, {}) for i, m in zip(sorted(positions), metas)}
 
     def __call__(self, stream: int, *args) -> None:
+        if self._raw is None:
+            self._launch(
+                self.grid, 1, 1, stream, self._function, self._meta, None, None, None, *args, *self._tail
+            )
+            return
+        final = [self.grid, 1, 1, stream, self._function, *self._flags, self._meta, None, None, None]
+        descs = self._descs
+        for i, a in enumerate(args):
+            if i in descs:
+                final.extend(_encoded(a, *descs[i]))
+            else:
+                final.append(a)
+        self._raw(*final, *self._tail)
+
+
+_MAX_ENCODED = 64  # encoded descriptors kept per descriptor argument of a bound kernel
+
+
+def _encoded(desc, meta, cache: dict) -> list:
+    """The launcher's arguments for one host descriptor: Triton's own encoding, kept per
+    base address with the shape and strides it was made for."""
+    ptr = desc.base.data_ptr()
+    hit = cache.get(ptr)
+    if hit is not None and hit[0] == desc.shape and hit[1] == desc.strides and hit[2] == desc.padding:
+        return hit[3]
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    encoded = make_tensordesc_arg(desc, meta)
+    if len(cache) >= _MAX_ENCODED:
+        cache.clear()
+    cache[ptr] = (desc.shape, desc.strides, desc.padding, encoded)
+    return encoded
+
+
+def _unwrap_descriptors(launcher):
+    """(the C launcher, positions of the descriptor parameters, their metadata, the
+    cooperative-grid / PDL / scratch arguments) of a Triton 3.6 CUDA launcher whose
+    descriptors its Python wrapper encodes; None where that is not the layout found (another
+    Triton, a kernel with no descriptors, one that needs scratch memory allocated per
+    launch): the launch then takes Triton's own path."""
+    fn = getattr(launcher, "launch", None)
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells or getattr(launcher, "global_scratch_size", 1) or \
+            getattr(launcher, "profile_scratch_size", 1):  # fmt: skip
+        return None
+    env = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    raw, positions, metas = env.get("launcher"), env.get("tensordesc_indices"), env.get("tensordesc_meta")
+    if raw is None or not positions or not metas or len(metas) != len(positions) or None in metas:
+        return None
+    flags = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None)
+    return raw, frozenset(positions), list(metas), flags
+
+
+# -- any ``kernel[grid](...)`` launch, bound by its arguments' specialization ----------------
+
+_JIT: dict = {}
+_MAX_JIT = 4096  # distinct launch signatures remembered (forgotten all at once past this)
+
+
+def _spec(v):
+    """What a launch specializes on in one argument, or finer: a tensor's dtype and 16-byte
+    alignment, any other value itself (an int's value sets its type and divisibility)."""
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.data_ptr() % 16 == 0
+    return type(v), v
+
+
+class _BoundJit:
+    """A compiled kernel with its grid and every parameter after the positional ones fixed."""
+
+    __slots__ = ("_launch", "_function", "_meta", "_grid", "_tail", "compiled")
+
+    def __init__(self, jit_fn, compiled, grid: tuple, n_positional: int, kwargs: dict):
+        tail = []
+        for p in jit_fn.params[n_positional:]:
+            if p.name in kwargs:
+                tail.append(kwargs[p.name])
+            elif p.has_default:
+                tail.append(p.default)
+            else:
+                raise TypeError(f"{jit_fn.__name__}: no value for parameter {p.name!r}")
+        compiled._init_handles()
+        self._launch, self._function, self._meta = compiled.run, compiled.function, compiled.packed_metadata
+        self._grid = (*grid, 1, 1)[:3]
+        self._tail = tuple(tail)
+        self.compiled = compiled
+
+    def __call__(self, stream: int, args: tuple) -> None:
+        g = self._grid
         self._launch(
-            self.grid, 1, 1, stream, self._function, self._meta, None, None, None, *args, *self._tail
+            g[0], g[1], g[2], stream, self._function, self._meta, None, None, None, *args, *self._tail
         )
+
+
+def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
+    """``jit_fn[grid](*args, **kwargs)`` on CUDA, returning the compiled kernel; a call whose
+    launch signature (the kernel, grid, current device, each argument's ``_spec`` and the
+    keyword arguments' values) was seen before skips Triton's binding, specialization and
+    cache lookup (~20-40 us of Python a launch on the H200 machine's host)."""
+    if not usable() or not isinstance(grid, tuple):
+        return jit_fn[grid](*args, **kwargs)
+    dev = torch._C._cuda_getDevice()
+    try:
+        key = (jit_fn, grid, dev, *map(_spec, args), *kwargs.items())
+        bound = _JIT.get(key)
+    except TypeError:  # an unhashable argument: the full path
+        return jit_fn[grid](*args, **kwargs)
+    if bound is not None:
+        bound(torch._C._cuda_getCurrentRawStream(dev), args)
+        return bound.compiled
+    compiled = jit_fn[grid](*args, **kwargs)
+    if compiled is not None and hasattr(compiled, "packed_metadata"):
+        if len(_JIT) >= _MAX_JIT:
+            _JIT.clear()
+        _JIT[key] = _BoundJit(jit_fn, compiled, grid, len(args), kwargs)
+    return compiled

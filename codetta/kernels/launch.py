@@ -162,7 +162,7 @@ class _Bound:
         else:
             outs = [g if g is not None else alloc(s[0], s[1], dev) for g, s in zip(given, self.out_specs)]
         ws = [None if shape is None else alloc(shape, torch.float32, dev) for shape in self.ws_specs]
-        if self.launch is None or not direct.usable():
+        if self.launch is None or not SETTINGS.direct_launch or not direct.usable():
             _run(GemmCall(self.program, a, w, self.a_t, self.b_t, inputs), self.cfg, outs, ws)
         else:
             index = dev.index

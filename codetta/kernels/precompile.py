@@ -20,9 +20,9 @@ import contextlib
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import device
+from . import device, direct
 from .compile_pool import compiling_in_children
-from .settings import override
+from .settings import SETTINGS, override
 
 _ACTIVE = False
 
@@ -33,9 +33,12 @@ def active() -> bool:
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``; inside ``precompile``, its compile alone."""
+    """``kernel[grid](*args, **kwargs)`` (a signature seen before launched directly,
+    ``direct.launch_jit``); inside ``precompile``, its compile alone."""
     if _ACTIVE:
         return kernel.warmup(*args, grid=grid, **kwargs)
+    if SETTINGS.direct_launch and not device.interpreting():
+        return direct.launch_jit(kernel, grid, args, kwargs)
     return kernel[grid](*args, **kwargs)
 
 

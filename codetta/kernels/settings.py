@@ -56,6 +56,9 @@
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
 |  |  | memory registered without fork support) |
+| ``CODETTA_DIRECT_LAUNCH`` | 1 | 0: every kernel launch through Triton's own ``kernel[grid](...)`` |
+|  |  | path; 1: a launch whose signature was seen before hands the compiled kernel |
+|  |  | its arguments directly (``direct.py``: less host time a launch, NOTES.md) |
 | ``CODETTA_CACHE_DIR`` | ``$XDG_CACHE_HOME/codetta`` | where the tuning cache lives |
 
 Tests and benchmarks change them through :func:`override`, never by setting
@@ -100,6 +103,7 @@ class Settings:
     # False: the loss's dW stays float32 until the backward (ops/cross_entropy.py: _finishes)
     ce_finish: bool = True
     compile_workers: int = 0
+    direct_launch: bool = True
     cache_dir: Path = Path("~/.cache/codetta")
     # test hooks: fill every output with NaN before a launch (an unwritten element
     # cannot pass); run CPU calls through the PyTorch references even where the
@@ -148,6 +152,7 @@ class Settings:
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
+            direct_launch=flag("CODETTA_DIRECT_LAUNCH", True),
             cache_dir=Path(cache),
         )
 
