@@ -450,3 +450,26 @@ def test_double_backward_is_refused(device):
     assert gy.requires_grad
     with pytest.raises(RuntimeError, match="no autograd formula"):
         torch.autograd.grad(gy.float().sum(), w)
+
+
+def test_checks_remembered_only_for_what_they_read():
+    """check_args remembers argument sets found valid by their tensors' types, shapes,
+    dtypes and devices and eps: a later call differing in any of those is checked again."""
+    from codetta.ops.norm_checks import check_args
+
+    y, w_o, res = torch.randn(4, 16), torch.randn(32, 16), torch.randn(4, 32)
+    g, w = torch.rand(32), torch.randn(8, 32)
+    for _ in range(2):
+        assert check_args(y, w_o, res, g, w, 1e-5)[1] == 1e-5
+        assert check_args(y, w_o, res, g, [w, w], 1)[1] == 1.0
+    bad = [
+        ((y, w_o, res, g, w, True), "eps"),  # 1 == True: the key holds eps's type too
+        ((y, w_o, res, g, [w, w], True), "eps"),
+        ((y, w_o, res, g.double(), w, 1e-5), "gamma"),
+        ((y, w_o, res, g, w[:, :16], 1e-5), "weight"),
+        ((y, w_o, res, g, w.numpy(), 1e-5), "weight"),
+        ((y, w_o, res, g, [], 1e-5), "empty"),
+    ]
+    for args, what in bad:
+        with pytest.raises((TypeError, ValueError), match=what):
+            check_args(*args)
