@@ -490,6 +490,44 @@ def test_compile_reduce_overhead():
         assert torch.equal(a, b)
 
 
+def test_compile_reduce_overhead_first_call(monkeypatch):
+    """torch.compile(mode="reduce-overhead") as the first thing a process runs: the buffers
+    codetta keeps (tail counters, RoPE's frequency tables) are first made while CUDA graph
+    trees warm up, and must not land in their pool (kernels/persistent.py); the replays
+    match eager runs made afterwards."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from codetta.kernels import descriptors
+    from codetta.ops import RoPE, _eager, rmsnorm_linear
+
+    monkeypatch.setattr(descriptors, "_COUNTERS", {})
+    monkeypatch.setattr(descriptors, "_DUMMIES", {})
+    monkeypatch.setattr(_eager, "_DERIVED", _eager.WeakIdKeyDictionary())
+    M, d, hd = 3000, 1024, 64  # (3000 rows: partial last waves, so tail splits where configs have them)
+    dt = torch.bfloat16
+    x = rand(M, d, dtype=dt, device="cuda")
+    g = torch.rand(d, device="cuda") + 0.5
+    ws = [rand(n, d, dtype=dt, device="cuda", scale=d**-0.5) for n in (1024, 256, 256)]
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    pos = torch.arange(M, device="cuda") % 1000
+
+    def fn(x, g, wq, wk, wv):
+        return rmsnorm_linear(x, g, (wq, wk, wv), 1e-5, rope=RoPE(pos, inv_freq))
+
+    def step(f):
+        ts = [t.detach().clone().requires_grad_() for t in (x, g, *ws)]
+        outs = f(*ts)
+        sum(o.float().pow(2).sum() for o in outs).backward()
+        return [o.detach().clone() for o in outs] + [t.grad.clone() for t in ts]
+
+    compiled = torch.compile(fn, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        got = step(compiled)
+    want = step(fn)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_out_argument(device):
     """gemm(out=...): a padded row stride, the seed accumulated in place (fp32), a given
     reduction output; repeated (the remembered signature) and bad outputs rejected."""

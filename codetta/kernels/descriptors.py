@@ -10,6 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import Config
 from .operands import GemmCall, leading_stride
+from .persistent import capturing, made_outside_pools
 from .program import REDUCTIONS, Kind
 
 _K_PARTS = (Kind.K_PART_A, Kind.K_PART_B)
@@ -137,19 +138,27 @@ def stream_of(dev: torch.device) -> int:
 def tail_counters(dev: torch.device, stream: int | None = None) -> torch.Tensor:
     """Per-tile arrival counters of the tail split, zero between launches (the last
     part of each tile resets its counter). One buffer per device and stream (default:
-    the current one), so launches on different streams never share one."""
+    the current one), so launches on different streams never share one; kept, so made
+    outside any CUDA graph pool (``persistent.py``); inside a stream capture, made for
+    that graph alone (its zeros written when it replays)."""
     key = (dev, stream_of(dev) if stream is None else stream)
     buf = _COUNTERS.get(key)
     if buf is None:
-        buf = _COUNTERS[key] = torch.zeros(1024, dtype=torch.int32, device=dev)
+        make = lambda: torch.zeros(1024, dtype=torch.int32, device=dev)  # noqa: E731
+        if capturing():
+            return make()
+        buf = _COUNTERS[key] = made_outside_pools(make, dev)
     return buf
 
 
 def dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    # stands in for the workspace and counters when no tile is split (never read)
+    # stands in for the workspace and counters when no tile is split (never read; kept, so
+    # made outside any CUDA graph pool, as tail_counters)
     buf = _DUMMIES.get((dev, dtype))
     if buf is None:
-        buf = _DUMMIES[dev, dtype] = torch.zeros(16, dtype=dtype, device=dev)
+        if capturing():
+            return torch.zeros(16, dtype=dtype, device=dev)
+        buf = _DUMMIES[dev, dtype] = made_outside_pools(lambda: torch.zeros(16, dtype=dtype, device=dev), dev)
     return buf
 
 

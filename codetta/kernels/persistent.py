@@ -1,0 +1,48 @@
+"""Tensors kept past the call that made them (module-level caches), made where no CUDA
+graph's memory pool claims them.
+
+torch.compile's CUDA graph trees (``mode="reduce-overhead"``) route every allocation of
+the current thread to their graph pool while they warm a graph up, and then reject any
+live allocation in the pool that is not one of the graph's outputs ("Detected 1
+tensor(s) in the cudagraph pool not tracked as outputs"). A buffer that a cache keeps
+(the tail split's arrival counters, RoPE's frequency tables) made there would be one, so
+``made_outside_pools`` makes it in a helper thread (whose allocations go to the ordinary
+caching allocator, on its own default stream) and waits for it. Inside a stream capture
+nothing is made outside the graph and nothing may wait: there the buffer is made in line
+and must not be cached (its contents exist only when the graph replays).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (never on a CPU-only build)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def made_outside_pools(make, device: torch.device):
+    """``make()`` (it returns tensors on ``device``) run so that what it allocates lives in
+    the ordinary caching allocator, finished before this returns. CPU devices: in line.
+    Not to be called while capturing (``capturing()``)."""
+    if device.type != "cuda":
+        return make()
+    box: list = []
+
+    def run():
+        try:
+            with torch.cuda.device(device):
+                box.append(make())
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            box.append(exc)
+
+    thread = threading.Thread(target=run, name="codetta-persistent", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
