@@ -45,5 +45,6 @@ def check_compile_matches_eager(fn, leaves, on_gpu: bool):
     out_c.backward()
     out_e.backward()
     assert torch.allclose(out_c, out_e, rtol=1e-3)
-    for ta, tb in zip(a, b):
-        assert torch.equal(ta.grad, tb.grad)
+    for i, (ta, tb) in enumerate(zip(a, b)):
+        diff = (ta.grad.double() - tb.grad.double()).abs().max().item()
+        assert torch.equal(ta.grad, tb.grad), f"leaf {i}: compiled and eager gradients differ by {diff:.3e}"
