@@ -113,8 +113,16 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
     for cfg in candidates:
         try:
             fn = prepare(cfg)
+            sync = SETTINGS.tune_verbose and torch.cuda.is_available()
+            if sync:  # (verbose: each first run's wall time, so a very slow candidate shows)
+                torch.cuda.synchronize()
+            t = time.perf_counter()
             fn()
             fns[cfg] = fn
+            if sync:
+                torch.cuda.synchronize()
+                print(f"codetta:   {cfg.short():<28} first run {time.perf_counter() - t:.3f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - out-of-resources is expected for some configs
             first_err = first_err or exc
     if not fns:
