@@ -110,13 +110,18 @@ def test_launch_jit_takes_the_full_path_for_hooks_and_unhashables(fake_cuda):
     def hook(*_):
         pass
 
+    t = rand(8)
+    for _ in range(2):  # a tensor given by keyword: never bound (it would be fixed and kept alive)
+        direct.launch_jit(fn, (1,), (x, 8), {"T": t})
+    assert fn.full == 4 and not direct._JIT
+
     knobs.runtime.launch_enter_hook.add(hook)
     try:
         for _ in range(2):
             direct.launch_jit(fn, (1,), (x, 8), {"T": 3})
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
-    assert fn.full == 4
+    assert fn.full == 6
 
 
 class _FakeUtils:

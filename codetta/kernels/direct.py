@@ -180,7 +180,8 @@ def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
         bound(torch._C._cuda_getCurrentRawStream(dev), args)
         return bound.compiled
     compiled = jit_fn[grid](*args, **kwargs)
-    if compiled is not None and hasattr(compiled, "packed_metadata"):
+    tensor_kwarg = any(isinstance(v, torch.Tensor) for v in kwargs.values())  # (would be fixed, and kept)
+    if compiled is not None and hasattr(compiled, "packed_metadata") and not tensor_kwarg:
         if len(_JIT) >= _MAX_JIT:
             _JIT.clear()
         _JIT[key] = _BoundJit(jit_fn, compiled, grid, len(args), kwargs)
