@@ -145,7 +145,7 @@ def tail_counters(dev: torch.device, stream: int | None = None) -> torch.Tensor:
     buf = _COUNTERS.get(key)
     if buf is None:
         make = lambda: torch.zeros(1024, dtype=torch.int32, device=dev)  # noqa: E731
-        if capturing():
+        if capturing(dev):
             return make()
         buf = _COUNTERS[key] = made_outside_pools(make, dev)
     return buf
@@ -156,7 +156,7 @@ def dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
     # made outside any CUDA graph pool, as tail_counters)
     buf = _DUMMIES.get((dev, dtype))
     if buf is None:
-        if capturing():
+        if capturing(dev):
             return torch.zeros(16, dtype=dtype, device=dev)
         buf = _DUMMIES[dev, dtype] = made_outside_pools(lambda: torch.zeros(16, dtype=dtype, device=dev), dev)
     return buf

@@ -19,15 +19,16 @@ import threading
 import torch
 
 
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (never on a CPU-only build)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a graph, for tensors on ``device``
+    (never for a CPU device)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def made_outside_pools(make, device: torch.device):
     """``make()`` (it returns tensors on ``device``) run so that what it allocates lives in
     the ordinary caching allocator, finished before this returns. CPU devices: in line.
-    Not to be called while capturing (``capturing()``)."""
+    Not to be called while capturing (``capturing(device)``)."""
     if device.type != "cuda":
         return make()
     box: list = []

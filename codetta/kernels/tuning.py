@@ -23,6 +23,7 @@ import triton
 from .._version import __version__
 from . import configs, device, precompile, timing
 from .compile_pool import compiling_in_children
+from .persistent import capturing
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
 from .operands import GemmCall
@@ -454,7 +455,7 @@ def _capturing(call: GemmCall) -> bool:
     """Inside CUDA graph capture nothing may synchronize, so nothing is tuned there: an
     untuned shape takes the nearest or the rule's configuration (tune it in a warm-up step
     before capturing)."""
-    if call.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing(call.device):
         warnings.warn(
             f"codetta: {call.program.name} {call.M}x{call.N}x{call.K} first seen during CUDA graph "
             "capture: it runs untuned (run one step before capturing to tune it)",

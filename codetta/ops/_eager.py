@@ -130,7 +130,7 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     that requires grad or an inference tensor (no version counter), and inside a CUDA
     stream capture (whose tensors hold nothing until the graph replays). A kept table is
     made outside any CUDA graph's memory pool (``kernels/persistent.py``)."""
-    if not _eager_ok((src,)) or src.requires_grad or src.is_inference() or capturing():
+    if not _eager_ok((src,)) or src.requires_grad or src.is_inference() or capturing(src.device):
         return make()  # (tracing: checked first)
     entry = _DERIVED.get(src)
     if entry is None or entry[0] != src._version:
