@@ -23,10 +23,10 @@ import triton
 from .._version import __version__
 from . import configs, device, precompile, timing
 from .compile_pool import compiling_in_children
-from .persistent import capturing
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
 from .operands import GemmCall
+from .persistent import capturing
 from .program import Kind
 from .settings import SETTINGS
 
