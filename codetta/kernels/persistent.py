@@ -26,18 +26,27 @@ def capturing(device: torch.device) -> bool:
 
 
 def made_outside_pools(make, device: torch.device):
-    """``make()`` (it returns tensors on ``device``) run so that what it allocates lives in
-    the ordinary caching allocator, finished before this returns. CPU devices: in line.
-    Not to be called while capturing (``capturing(device)``)."""
+    """``make()`` (it returns a tensor, or a tuple of tensors, on ``device``) run so that
+    what it allocates lives in the ordinary caching allocator, finished before this
+    returns. The helper thread's stream first waits for the caller's (``make`` may read
+    what the caller's stream has just written), and the results are marked as used by the
+    caller's stream (``record_stream``: freed later, their memory is not reused before that
+    stream's work on them is done). CPU devices: in line. Not to be called while capturing
+    (``capturing(device)``)."""
     if device.type != "cuda":
         return make()
+    caller = torch.cuda.current_stream(device)
+    ready = torch.cuda.Event()
+    ready.record(caller)
     box: list = []
 
     def run():
         try:
             with torch.cuda.device(device):
+                own = torch.cuda.current_stream(device)
+                own.wait_event(ready)
                 box.append(make())
-                torch.cuda.current_stream(device).synchronize()
+                own.synchronize()
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             box.append(exc)
 
@@ -46,4 +55,8 @@ def made_outside_pools(make, device: torch.device):
     thread.join()
     if isinstance(box[0], BaseException):
         raise box[0]
-    return box[0]
+    out = box[0]
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            t.record_stream(caller)
+    return out
