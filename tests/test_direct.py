@@ -252,3 +252,65 @@ def test_row_passes_repeated_through_the_bound_path(device):
             assert (got.double() - want).abs().max().item() <= tol * scale, f"{name}, direct={direct_on}"
     if device == "cuda":  # the three kernels bound once, by their first call
         assert len(direct._JIT) - before == 3
+
+
+def test_made_outside_pools_runs_in_a_helper_thread(monkeypatch):
+    """kernels/persistent.py: a kept CUDA buffer is made in another thread (CUDA graph trees
+    route only the warming thread's allocations to their pool), after the helper's stream
+    waits for the caller's, finished before it returns; its error is raised in the caller
+    (fake CUDA streams: the CPU build has none)."""
+    import threading
+
+    from codetta.kernels import persistent
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, ev):
+            log.append((self.name, "waits", ev.on))
+
+        def synchronize(self):
+            log.append((self.name, "synchronized"))
+
+    class Event:
+        def record(self, stream):
+            self.on = stream.name
+
+    class Device:
+        def __init__(self, dev):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    main = threading.get_ident()
+
+    def current_stream(dev=None):
+        return Stream("caller" if threading.get_ident() == main else "helper")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    where = []
+
+    def make():
+        where.append(threading.get_ident())
+        log.append(("helper", "makes"))
+        return torch.zeros(3)
+
+    out = persistent.made_outside_pools(make, torch.device("cuda", 0))
+    assert torch.equal(out, torch.zeros(3)) and where and where[0] != main
+    assert log == [("helper", "waits", "caller"), ("helper", "makes"), ("helper", "synchronized")]
+
+    def fails():
+        raise ValueError("out of memory, say")
+
+    with pytest.raises(ValueError, match="out of memory"):
+        persistent.made_outside_pools(fails, torch.device("cuda", 0))
+    assert persistent.made_outside_pools(lambda: 5, torch.device("cpu")) == 5  # CPU: in line
