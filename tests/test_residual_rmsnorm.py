@@ -187,7 +187,7 @@ def test_opcheck(device):
     for ws, fold_gamma in (([w], False), ([w], True), ([w, w2], False)):
         torch.library.opcheck(
             torch.ops.codetta.residual_rmsnorm_linear.default,
-            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False, [], 1.0, 0, 0.0, False, False),
+            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False, [], 1.0, 0, 0.0, False, False, False),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 
@@ -415,7 +415,7 @@ def test_eager_calls_skip_the_dispatcher(device):
 
     def run(call):
         y, w_o, res, g, w, v = [t.detach().clone().requires_grad_() for t in (*leaves, w2)]
-        args = (EPS, "rowwise", False, [], False, [], 1.0, 0, 0.0, False, False)
+        args = (EPS, "rowwise", False, [], False, [], 1.0, 0, 0.0, False, False, False)
         x, zs, sumsq, _ = call(y, w_o, res, g, [w, v], *args)
         assert all(t.grad_fn is not None for t in (x, *zs))
         loss = x.float().square().sum() + sum(z.float().sum() * (i + 1) for i, z in enumerate(zs))
@@ -437,7 +437,7 @@ def test_eager_calls_skip_the_dispatcher(device):
 
     with Seen():
         rr._forward_fast(*[t.detach() for t in leaves[:4]], [leaves[4]], EPS, "rowwise", False, [], False, [],
-                         1.0, 0, 0.0, False, False)  # fmt: skip
+                         1.0, 0, 0.0, False, False, False)  # fmt: skip
     assert any("residual_rmsnorm_linear" in op for op in Seen.ops)
 
 

@@ -323,10 +323,10 @@ def test_opcheck(device):
     ts = [rand(T, d, dtype=torch.float16, device=device)]
     ts += [rand(*s, dtype=torch.float16, device=device, scale=0.1) for s in ((f, d), (f, d), (d, f), (T, d))]
     ts = [t.requires_grad_() for t in ts]
-    for res in (ts[4], None):
+    for res, keep_y in ((ts[4], True), (None, False)):
         torch.library.opcheck(
             torch.ops.codetta.swiglu_mlp.default,
-            (*ts[:4], res),
+            (*ts[:4], res, keep_y),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
     # the backward op, with y kept and without it (formed again: CODETTA_SWIGLU_KEEP_Y=0)
@@ -555,3 +555,35 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
         with pytest.raises(RuntimeError, match="internal SwiGLU's y"):
             run(True, use_act=True)
         run(False, use_act=True)
+
+
+def test_compiled_backward_follows_keep_y(device, monkeypatch):
+    """Whether y is kept is an argument of the traced op (``keep_y``), not a setting read
+    while tracing: a graph compiled under one setting, then one compiled under the other
+    (dynamo reset between, torch.compile's on-disk caches warm) each run their own
+    backward (y kept, or formed again). Before, the second reused the first's traced
+    backward from the autograd cache (NOTES.md, run 170)."""
+    import codetta.ops.swiglu as sw
+
+    seen = []
+    body = sw._backward_body
+
+    def spy(dout, x, w_gate, w_up, w_down, g, u, y, overwrite):
+        seen.append(y is not None)
+        return body(dout, x, w_gate, w_up, w_down, g, u, y, overwrite)
+
+    monkeypatch.setattr(sw, "_backward_body", spy)
+    T, d, f = 64, 64, 96
+    leaves = [rand(T, d, dtype=torch.float16, device=device)]
+    leaves += [rand(*s, dtype=torch.float16, device=device, scale=0.1) for s in ((f, d), (f, d), (d, f))]
+
+    def fn(x, wg, wu, wd):
+        return swiglu_mlp(x, wg, wu, wd).float().pow(2).sum()
+
+    for keep in (False, True, False):
+        torch._dynamo.reset()
+        with override(swiglu_keep_y=keep):
+            compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+            compiled(*[t.detach().clone().requires_grad_() for t in leaves]).backward()
+        assert seen[-1] is keep, f"compiled under keep_y={keep}, its backward got y: {seen[-1]}"
+    torch._dynamo.reset()

@@ -75,6 +75,7 @@ def _forward_impl(
     qk_eps: float,
     rope_pairs: bool,
     internal: bool,
+    keep_y: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     # rope: [] or [positions [M], frequencies [head_dim], (a q/k norm weight [head_dim]
     # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half, or with
@@ -88,6 +89,9 @@ def _forward_impl(
     # and zs = [g, u, y] from one paired GEMM; internal: those SwiGLU tensors (made here
     # or taken as gate_up) are seen by no one else (the Hugging Face drop-in): nothing is
     # kept for a gradient reaching y directly, and the backward writes dg, du over g, u
+    # keep_y: with gate_up, whether the backward gets y (else it forms y again from g and u:
+    # ``Settings.keeps_y``, decided by the caller: an argument, so a traced graph records it
+    # and torch.compile's caches tell the two apart)
     # no o-projection (w_o [d, 0], y [M, 0]; ``rmsnorm_linear``): x is the residual itself,
     # returned as an empty tensor (an output may not alias an input), h and sumsq from one
     # row pass
@@ -175,6 +179,7 @@ def _(
     qk_eps,
     rope_pairs,
     internal,
+    keep_y,
 ):
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
@@ -316,6 +321,7 @@ def _setup_context(ctx, inputs, output):
         qk_eps,
         rope_pairs,
         internal,
+        keep_y,
     ) = inputs
     x, zs, sumsq, w_gamma = output
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
@@ -330,7 +336,7 @@ def _setup_context(ctx, inputs, output):
     kept = (*gate_up, *zs[:2]) if swiglu and not internal else (*gate_up, *pres)
     if w_o.shape[1] == 0:
         x = residual  # no o-projection: the norm's input is the residual itself
-    if gate_up and not SETTINGS.keeps_y(w_o.shape[0]):
+    if gate_up and not keep_y:
         y = y.new_empty(0)  # (a SwiGLU y: the backward forms it again from g and u, DSWIGLU_Y)
     ctx.save_for_backward(
         y, w_o, gamma, x, zs[0] if backward == "folded" else None, sumsq, w_gamma, *ws, *kept
@@ -379,8 +385,8 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
     n, g = ctx.n_ws, ctx.n_gate_up
     rope_grads = [None, None] + list(dws[n + g :]) if len(ctx.rope) > 2 else [None] * len(ctx.rope)
-    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs, internal
-    rest = (None, rope_grads, None, None, None, None, None)
+    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs, internal, keep_y
+    rest = (None, rope_grads, None, None, None, None, None, None)
     if gate_up:
         return None, dw_o, dres, dgamma, dws[:n], None, None, None, dws[n : n + g], *rest
     return dy, dw_o, dres, dgamma, dws[:n], None, None, None, [], *rest
@@ -438,7 +444,7 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False, bool(internal),
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False, bool(internal), False,
     )  # fmt: skip
     f = w_gate.shape[0]
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)), bool(internal))
@@ -506,7 +512,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     _, zs, _, _ = _forward_fast(
         y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps,
-        pairs, False,
+        pairs, False, False,
     )  # fmt: skip
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
     return zs if isinstance(weight, (list, tuple)) else zs[0]
@@ -556,6 +562,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         qk_eps,
         pairs,
         internal,
+        bool(gate_up) and SETTINGS.keeps_y(w_o.shape[0]),
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

@@ -39,7 +39,10 @@ def _forward_impl(
     w_up: torch.Tensor,
     w_down: torch.Tensor,
     residual: torch.Tensor | None,
+    keep_y: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # keep_y: whether the backward gets y (``Settings.keeps_y``, decided by the caller: an
+    # argument, so a traced graph records it and torch.compile's caches tell the two apart)
     # returns (out, g, u, y): g, u, y are kept for the backward
     act = gemm(x, w_gate, epilogue=SWIGLU, up=w_up)
     if residual is None:
@@ -53,7 +56,7 @@ _forward = torch.library.custom_op("codetta::swiglu_mlp", mutates_args=())(_forw
 
 
 @_forward.register_fake
-def _(x, w_gate, w_up, w_down, residual):
+def _(x, w_gate, w_up, w_down, residual, keep_y):
     M, f = x.shape[0], w_gate.shape[0]
     return x.new_empty((M, w_down.shape[0])), *(x.new_empty((M, f)) for _ in range(3))
 
@@ -115,21 +118,21 @@ def _(dout, x, w_gate, w_up, w_down, g, u, y):
 
 
 def _setup_context(ctx, inputs, output):
-    x, w_gate, w_up, w_down, residual = inputs
+    x, w_gate, w_up, w_down, residual, keep_y = inputs
     _, g, u, y = output
     ctx.has_residual = residual is not None
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y if SETTINGS.keeps_y(x.shape[-1]) else None)
+    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, y if keep_y else None)
 
 
 def _autograd_backward(ctx, dout, dg, du, dy):
     # g, u and y are internal outputs (the public function returns only out): no gradient
     x, w_gate, w_up, w_down, g, u, y = ctx.saved_tensors
     if dout is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     dout = dout.contiguous()
     dx, dw_gate, dw_up, dw_down = _backward_fast(dout, x, w_gate, w_up, w_down, g, u, y)
-    return dx, dw_gate, dw_up, dw_down, dout if ctx.has_residual else None
+    return dx, dw_gate, dw_up, dw_down, dout if ctx.has_residual else None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -203,6 +206,6 @@ def swiglu_mlp(
     lead = x.shape[:-1]
     out, _, _, _ = _forward_fast(
         x.reshape(-1, d).contiguous(), w_gate, w_up, w_down,
-        None if residual is None else residual.reshape(-1, d).contiguous(),
+        None if residual is None else residual.reshape(-1, d).contiguous(), SETTINGS.keeps_y(d),
     )  # fmt: skip
     return out.reshape(*lead, d)
