@@ -11,12 +11,12 @@ Usage (repo root): python scripts/profile_launch.py [--no-profile]
 import cProfile
 import pstats
 import sys
-import time
 
 import torch
 
 import codetta
 from codetta.bench import qkv
+from codetta.bench.harness import cpu_overhead_us
 from codetta.kernels import direct
 from codetta.kernels.reductions import col_sum
 from codetta.kernels.settings import override
@@ -51,30 +51,16 @@ PIECES = {
 }
 
 
-def block_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
-
-
 def main() -> None:
     print(f"direct launches usable: {direct.usable()}")
     rows = []
     for name, fn in PIECES.items():
         calls = 50 if "fwd+bwd" in name else 300
         best = {True: float("inf"), False: float("inf")}
-        for on in (True, False):  # warm both paths (compiles, bound signatures)
-            with override(direct_launch=on):
-                for _ in range(10):
-                    fn()
-        for _ in range(5):
+        for _ in range(5):  # (each block warms its path first: cpu_overhead_us)
             for on in (True, False):
                 with override(direct_launch=on):
-                    best[on] = min(best[on], block_us(fn, calls))
+                    best[on] = min(best[on], cpu_overhead_us(fn, calls))
         rows.append((name, best[True], best[False]))
         print(f"  {name:34s} direct {best[True]:8.1f} us   Triton's path {best[False]:8.1f} us")
     print("\n| piece | direct (us/call) | Triton's path (us/call) |\n|---|---|---|")

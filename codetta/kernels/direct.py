@@ -40,7 +40,8 @@ class DirectKernel:
 
     ``jit_fn`` is the ``@triton.jit`` / ``@gluon.jit`` function ``compiled`` came from;
     a launch passes the ``n_positional`` leading arguments (``None`` for an unused
-    constexpr slot, as the JIT call did); every later parameter must be in ``consts``.
+    constexpr slot, as the JIT call did); every later parameter must be in ``consts`` or
+    have a default. ``grid``: programs along x, or a tuple of up to three dimensions.
 
     Host TMA descriptors among the arguments are encoded once per base address (and
     shape, strides): Triton's launcher encodes each on every launch (a driver call and
@@ -48,20 +49,20 @@ class DirectKernel:
     layout alone, so one encoded for the same address and layout is the same.
     """
 
-    __slots__ = ("_launch", "_function", "_meta", "_tail", "grid", "_raw", "_descs", "_flags")
+    __slots__ = ("_launch", "_function", "_meta", "_tail", "_grid", "_raw", "_descs", "_flags", "compiled")
 
-    def __init__(self, jit_fn, compiled, n_positional: int, consts: dict, grid: int):
-        names = jit_fn.arg_names
-        rest = names[n_positional:]
-        missing = [n for n in rest if n not in consts]
+    def __init__(self, jit_fn, compiled, n_positional: int, consts: dict, grid):
+        rest = jit_fn.params[n_positional:]
+        missing = [p.name for p in rest if p.name not in consts and not p.has_default]
         if missing:
             raise ValueError(f"{jit_fn.__name__}: no value for parameter(s) {missing} of a direct launch")
-        self._tail = tuple(consts[n] for n in rest)
+        self._tail = tuple(consts[p.name] if p.name in consts else p.default for p in rest)
         compiled._init_handles()
+        self.compiled = compiled
         self._launch = compiled.run
         self._function = compiled.function
         self._meta = compiled.packed_metadata
-        self.grid = grid
+        self._grid = (*grid, 1, 1)[:3] if isinstance(grid, tuple) else (grid, 1, 1)
         self._raw = self._descs = self._flags = None
         unwrapped = _unwrap_descriptors(compiled.run)
         if unwrapped is not None and all(i < n_positional for i in unwrapped[1]):
@@ -71,11 +72,10 @@ class DirectKernel:
 
     def __call__(self, stream: int, *args) -> None:
         if self._raw is None:
-            self._launch(
-                self.grid, 1, 1, stream, self._function, self._meta, None, None, None, *args, *self._tail
-            )
+            g = self._grid
+            self._launch(*g, stream, self._function, self._meta, None, None, None, *args, *self._tail)
             return
-        final = [self.grid, 1, 1, stream, self._function, *self._flags, self._meta, None, None, None]
+        final = [*self._grid, stream, self._function, *self._flags, self._meta, None, None, None]
         descs = self._descs
         for i, a in enumerate(args):
             if i in descs:
@@ -137,33 +137,6 @@ def _spec(v):
     return type(v), v
 
 
-class _BoundJit:
-    """A compiled kernel with its grid and every parameter after the positional ones fixed."""
-
-    __slots__ = ("_launch", "_function", "_meta", "_grid", "_tail", "compiled")
-
-    def __init__(self, jit_fn, compiled, grid: tuple, n_positional: int, kwargs: dict):
-        tail = []
-        for p in jit_fn.params[n_positional:]:
-            if p.name in kwargs:
-                tail.append(kwargs[p.name])
-            elif p.has_default:
-                tail.append(p.default)
-            else:
-                raise TypeError(f"{jit_fn.__name__}: no value for parameter {p.name!r}")
-        compiled._init_handles()
-        self._launch, self._function, self._meta = compiled.run, compiled.function, compiled.packed_metadata
-        self._grid = (*grid, 1, 1)[:3]
-        self._tail = tuple(tail)
-        self.compiled = compiled
-
-    def __call__(self, stream: int, args: tuple) -> None:
-        g = self._grid
-        self._launch(
-            g[0], g[1], g[2], stream, self._function, self._meta, None, None, None, *args, *self._tail
-        )
-
-
 def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
     """``jit_fn[grid](*args, **kwargs)`` on CUDA, returning the compiled kernel; a call whose
     launch signature (the kernel, grid, current device, each argument's ``_spec`` and the
@@ -178,12 +151,12 @@ def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
     except TypeError:  # an unhashable argument: the full path
         return jit_fn[grid](*args, **kwargs)
     if bound is not None:
-        bound(torch._C._cuda_getCurrentRawStream(dev), args)
+        bound(torch._C._cuda_getCurrentRawStream(dev), *args)
         return bound.compiled
     compiled = jit_fn[grid](*args, **kwargs)
     tensor_kwarg = any(isinstance(v, torch.Tensor) for v in kwargs.values())  # (would be fixed, and kept)
     if compiled is not None and hasattr(compiled, "packed_metadata") and not tensor_kwarg:
         if len(_JIT) >= _MAX_JIT:
             _JIT.clear()
-        _JIT[key] = _BoundJit(jit_fn, compiled, grid, len(args), kwargs)
+        _JIT[key] = DirectKernel(jit_fn, compiled, len(args), kwargs, grid)
     return compiled

@@ -130,12 +130,14 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     that requires grad or an inference tensor (no version counter), and inside a CUDA
     stream capture (whose tensors hold nothing until the graph replays). A kept table is
     made outside any CUDA graph's memory pool (``kernels/persistent.py``)."""
-    if not _eager_ok((src,)) or src.requires_grad or src.is_inference() or capturing(src.device):
-        return make()  # (tracing: checked first)
+    if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: checked first)
+        return make()
     entry = _DERIVED.get(src)
     if entry is None or entry[0] != src._version:
         entry = _DERIVED[src] = (src._version, {})
     table = entry[1].get(key)
     if table is None:
+        if capturing(src.device):  # (a kept table, made before, serves a capture too)
+            return make()
         table = entry[1][key] = made_outside_pools(make, src.device)
     return table
