@@ -10,7 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import Config
 from .operands import GemmCall, leading_stride
-from .persistent import capturing, made_outside_pools
+from .persistent import kept
 from .program import REDUCTIONS, Kind
 
 _K_PARTS = (Kind.K_PART_A, Kind.K_PART_B)
@@ -142,24 +142,13 @@ def tail_counters(dev: torch.device, stream: int | None = None) -> torch.Tensor:
     outside any CUDA graph pool (``persistent.py``); inside a stream capture, made for
     that graph alone (its zeros written when it replays)."""
     key = (dev, stream_of(dev) if stream is None else stream)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        make = lambda: torch.zeros(1024, dtype=torch.int32, device=dev)  # noqa: E731
-        if capturing(dev):
-            return make()
-        buf = _COUNTERS[key] = made_outside_pools(make, dev)
-    return buf
+    return kept(_COUNTERS, key, lambda: torch.zeros(1024, dtype=torch.int32, device=dev), dev)
 
 
 def dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
     # stands in for the workspace and counters when no tile is split (never read; kept, so
     # made outside any CUDA graph pool, as tail_counters)
-    buf = _DUMMIES.get((dev, dtype))
-    if buf is None:
-        if capturing(dev):
-            return torch.zeros(16, dtype=dtype, device=dev)
-        buf = _DUMMIES[dev, dtype] = made_outside_pools(lambda: torch.zeros(16, dtype=dtype, device=dev), dev)
-    return buf
+    return kept(_DUMMIES, (dev, dtype), lambda: torch.zeros(16, dtype=dtype, device=dev), dev)
 
 
 _COUNTERS: dict = {}

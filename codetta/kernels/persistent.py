@@ -60,3 +60,14 @@ def made_outside_pools(make, device: torch.device):
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
             t.record_stream(caller)
     return out
+
+
+def kept(cache: dict, key, make, device: torch.device):
+    """``cache[key]``, made by ``make()`` outside any CUDA graph pool on a miss; inside a
+    stream capture a miss is made in line for that graph alone and not kept."""
+    value = cache.get(key)
+    if value is None:
+        if capturing(device):
+            return make()
+        value = cache[key] = made_outside_pools(make, device)
+    return value

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..kernels.persistent import capturing, made_outside_pools
+from ..kernels.persistent import kept
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -127,17 +127,13 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     """``make()``, a table derived from ``src`` alone, kept with ``src`` (weakly, keyed by
     ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
     made afresh while tracing, under a dispatch mode, for a tensor subclass, a tensor
-    that requires grad or an inference tensor (no version counter), and inside a CUDA
-    stream capture (whose tensors hold nothing until the graph replays). A kept table is
-    made outside any CUDA graph's memory pool (``kernels/persistent.py``)."""
+    that requires grad or an inference tensor (no version counter). A kept table is made
+    outside any CUDA graph's memory pool; one not yet made when a CUDA stream capture
+    asks for it is made for that graph and not kept (its tensors hold nothing until the
+    graph replays; ``kernels/persistent.py``)."""
     if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: checked first)
         return make()
     entry = _DERIVED.get(src)
     if entry is None or entry[0] != src._version:
         entry = _DERIVED[src] = (src._version, {})
-    table = entry[1].get(key)
-    if table is None:
-        if capturing(src.device):  # (a kept table, made before, serves a capture too)
-            return make()
-        table = entry[1][key] = made_outside_pools(make, src.device)
-    return table
+    return kept(entry[1], key, make, src.device)  # (a table made before serves a capture too)
