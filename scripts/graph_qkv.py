@@ -6,7 +6,8 @@ no launch overhead: the GPU's own time). Where a variant's sustained ratio to cu
 falls when both are replayed from graphs, the host issued its calls slower than the
 GPU ran them.
 
-Usage: python scripts/graph_qkv.py [case ...]   (default: 8B qwen3-8B)
+Usage: python scripts/graph_qkv.py [case ...] [--one-launch]   (default: 8B qwen3-8B;
+--one-launch adds codetta with CODETTA_QKV_ONE_LAUNCH=1, launched and graphed)
 """
 
 import sys
@@ -14,7 +15,7 @@ import sys
 import torch
 
 from codetta.bench import qkv
-from codetta.bench.harness import host_ms
+from codetta.bench.harness import host_ms, with_settings
 from codetta.kernels.timing import paired_ms, sustained_ms
 
 
@@ -33,10 +34,12 @@ def graphed(run):
     return graph.replay
 
 
-def main(cases):
+def main(cases, flags=()):
     for case in cases:
         p = qkv.problem(case)
         fns = {"cublas": qkv.cublas_gemms(p, backward=True), "codetta": qkv.fwd_bwd(p, qkv.codetta)}
+        if "--one-launch" in flags:  # q, k, v (and their dW) from one launch each
+            fns["codetta:one"] = with_settings(qkv.fwd_bwd(p, qkv.codetta), qkv_one_launch=True)
         for name in list(fns):
             fns[name + "-graph"] = graphed(fns[name])
         for fn in fns.values():
@@ -54,4 +57,5 @@ def main(cases):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["8B", "qwen3-8B"])
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args or ["8B", "qwen3-8B"], [a for a in sys.argv[1:] if a.startswith("--")])
