@@ -453,6 +453,42 @@ def test_first_call_is_final():
 
 
 @pytest.mark.parametrize("pairs", [False, True])
+def test_unrotate_two_rows(pairs, device):
+    """q's and k's inverse rotations in one launch give, bit for bit, what two launches
+    give: heads of q (6) and k (2) with two heads per program (the heads per program come
+    to a divisor of both counts), rows not a multiple of the row block, non-contiguous
+    inputs; mismatched rows raise."""
+    from codetta.programs.rope import unrotate_half_rows, unrotate_two_rows
+
+    M, hd = 37, 16
+    dt = torch.float16 if device == "cpu" else torch.bfloat16
+    dq = rand(6 * hd, M, dtype=dt, device=device).t()  # (a transposed view: copied first)
+    dk = rand(M, 2 * hd, dtype=dt, device=device)
+    pos = torch.randint(0, 100, (M,), device=device)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, hd, 2, device=device).float() / hd)
+    for launch in (None, (8, 4, 2), (16, 4, 4)):
+        q1, k1 = unrotate_two_rows(dq, dk, pos, inv_freq, 0.9, pairs, launch=launch)
+        assert torch.equal(q1, unrotate_half_rows(dq, pos, inv_freq, 0.9, pairs, launch=launch))
+        assert torch.equal(k1, unrotate_half_rows(dk, pos, inv_freq, 0.9, pairs, launch=launch))
+    # and against the rotation's transpose in float64 (PyTorch's same math in dt beside it)
+    q1, k1 = unrotate_two_rows(dq, dk, pos, inv_freq, 0.9, pairs)
+    angle = pos.float()[:, None, None] * inv_freq  # [M, 1, hd / 2], float32 as the forward's
+
+    def transpose(g, c, s):  # d1 = g1 c + g2 s, d2 = g2 c - g1 s per head
+        g = g.reshape(M, -1, hd)
+        g1, g2 = (g[..., 0::2], g[..., 1::2]) if pairs else (g[..., : hd // 2], g[..., hd // 2 :])
+        d1, d2 = g1 * c + g2 * s, g2 * c - g1 * s
+        return (torch.stack((d1, d2), -1) if pairs else torch.cat((d1, d2), -1)).reshape(M, -1)
+
+    for name, got, g in (("dq", q1, dq), ("dk", k1, dk)):
+        ref = transpose(g.double(), angle.double().cos() * 0.9, angle.double().sin() * 0.9)
+        same = transpose(g, (angle.cos() * 0.9).to(dt), (angle.sin() * 0.9).to(dt))
+        assert_within(name, got, ref, same)
+    with pytest.raises(ValueError, match="share rows"):
+        unrotate_two_rows(dq, dk[:-1], pos, inv_freq, 0.9, pairs)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
 def test_row_pass_launch_shapes(pairs, device):
     """The backward row passes give the same dz under any launch shape (each element's
     math is its own, a head's norm included: run 148 found every launch's dz bit-equal on

@@ -370,14 +370,15 @@ def _row_angles(pos_ptr, freq_ptr, M, scaling, HALF: tl.constexpr, BLOCK_M: tl.c
 
 
 @triton.jit
-def _head_block(g_ptr, rows, c, s, M, N, HALF: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr):
-    """HEADS heads of the rows (``_row_angles``; program id 1: the group of heads), [BLOCK_M,
+def _head_block(g_ptr, rows, c, s, M, N, group, HALF: tl.constexpr, PAIRS: tl.constexpr,
+                HEADS: tl.constexpr):  # fmt: skip
+    """HEADS heads of the rows (``_row_angles``; ``group``: which HEADS heads), [BLOCK_M,
     HEADS, HALF] blocks, each head's two rotated parts addressed directly: the halves
     (rotate-half), or with ``PAIRS`` the even and odd columns; the angles broadcast over
     the heads. Returns (offsets of the first part's columns, the second part's distance
     from them, the row mask, the un-rotated gradient parts n1, n2: the rotation's
     transpose, in fp32)."""
-    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    heads = group * HEADS + tl.arange(0, HEADS)
     cols = tl.arange(0, HALF)
     mask = (rows < M)[:, None, None]
     step: tl.constexpr = 2 if PAIRS else 1
@@ -392,12 +393,17 @@ def _head_block(g_ptr, rows, c, s, M, N, HALF: tl.constexpr, PAIRS: tl.constexpr
 
 
 @triton.jit
-def _unrotate_kernel(g_ptr, out_ptr, pos_ptr, freq_ptr, M, N, scaling, HALF: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr,
+def _unrotate_kernel(g_ptr, out_ptr, g2_ptr, out2_ptr, pos_ptr, freq_ptr, M, N, N2, scaling,
+                     HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr,
                      APPROX: tl.constexpr = False):  # fmt: skip
-    # program ids: (row block, group of HEADS heads); the angles made once for the group
+    # program ids: (row block, group of HEADS heads: the first tensor's groups [M, N], then
+    # the second's [M, N2], the same rows' angles); the angles made once for the group
     rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
-    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
+    group = tl.program_id(1)
+    groups = N // (2 * HALF * HEADS)
+    if group >= groups:  # the second tensor's heads (q's gradient, then k's)
+        g_ptr, out_ptr, N, group = g2_ptr, out2_ptr, N2, group - groups
+    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, group, HALF, PAIRS, HEADS)
     tl.store(out_ptr + base, n1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + base + other, n2.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -457,7 +463,8 @@ def row_pass_jobs() -> list[tuple]:
     rows["scaling"] = "fp32"
     qk = {"pre_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dw_ptr": "*fp32", "eps": "fp32"}
     kernels = (
-        ("unrotate", _unrotate_kernel, {**rows, "out_ptr": "*bf16"}, unrotate_launch),
+        ("unrotate", _unrotate_kernel, {**rows, "out_ptr": "*bf16", "g2_ptr": "*bf16", "out2_ptr": "*bf16",
+                                         "N2": "i32"}, unrotate_launch),
         ("qknorm_backward", _qknorm_backward_kernel, {**rows, **qk}, qknorm_launch),
     )
     jobs = []
@@ -483,21 +490,51 @@ def unrotate_half_rows(
     dout's dtype. ``launch``: (rows per program, warps[, heads per program[, approx]])
     instead of the default (``scripts/row_passes.py`` times the choices; the heads per
     program are brought to a divisor of the heads; ``_heads``)."""
-    M, N = dout.shape
+    return _unrotate((dout,), pos, inv_freq, scaling, pairs, launch)[0]
+
+
+def unrotate_two_rows(
+    dq: torch.Tensor, dk: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+    pairs: bool = False, *, launch: tuple[int, ...] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``unrotate_half_rows`` of two gradients with the same rows and rotation (q's and k's,
+    [M, N_q] and [M, N_k]) in one launch: each element's math is its own, so the results
+    are those of two calls, with one launch's host time fewer (the 1B q/k/v operator is
+    host-bound, NOTES.md). The heads per program are brought to a divisor of both
+    tensors' heads."""
+    if dq.shape[0] != dk.shape[0] or dq.dtype != dk.dtype or dq.device != dk.device:
+        raise ValueError(f"dq {dq.dtype} {tuple(dq.shape)} and dk {dk.dtype} {tuple(dk.shape)} must share "
+                         "rows, dtype and device")  # fmt: skip
+    out = _unrotate((dq, dk), pos, inv_freq, scaling, pairs, launch)
+    return out[0], out[1]
+
+
+def _unrotate(douts, pos, inv_freq, scaling, pairs, launch) -> list[torch.Tensor]:
+    """The inverse rotation of one or two [M, N_i] gradients (the same rows), one launch."""
     half = inv_freq.shape[0]
-    if torch_path(dout):
-        cos, sin = _tables(pos, inv_freq, N, scaling, pairs)
-        return unrotate_pairs(dout, cos, sin) if pairs else unrotate_half(dout, cos, sin, 2 * half)
-    dout = dout.contiguous()
-    out = torch.empty_like(dout)
-    block_m, warps, heads, approx = _heads(launch or unrotate_launch(half), N // (2 * half))
-    grid = (triton.cdiv(M, block_m), N // (2 * half) // heads)
-    with device.on_device(dout.device):
+    hd = 2 * half
+    for d in douts:
+        if d.dim() != 2 or d.shape[1] % hd:
+            raise ValueError(f"a gradient [M, N] of whole heads of {hd} columns, got {tuple(d.shape)}")
+    if torch_path(douts[0]):
+        outs = []
+        for d in douts:
+            cos, sin = _tables(pos, inv_freq, d.shape[1], scaling, pairs)
+            outs.append(unrotate_pairs(d, cos, sin) if pairs else unrotate_half(d, cos, sin, hd))
+        return outs
+    douts = [d.contiguous() for d in douts]
+    outs = [torch.empty_like(d) for d in douts]
+    M, N = douts[0].shape
+    N2 = douts[-1].shape[1]
+    block_m, warps, heads, approx = _heads(launch or unrotate_launch(half), math.gcd(N // hd, N2 // hd))
+    groups = N // hd // heads + (N2 // hd // heads if len(douts) == 2 else 0)
+    grid = (triton.cdiv(M, block_m), groups)
+    with device.on_device(douts[0].device):
         freq = inv_freq.float().contiguous()
-        precompile.launch(_unrotate_kernel, grid, dout, out, pos.contiguous(), freq, M, N, float(scaling),
-                          HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx,
-                          num_warps=warps)  # fmt: skip
-    return out
+        precompile.launch(_unrotate_kernel, grid, douts[0], outs[0], douts[-1], outs[-1], pos.contiguous(), freq,
+                          M, N, N2, float(scaling), HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads,
+                          APPROX=approx, num_warps=warps)  # fmt: skip
+    return outs
 
 
 @triton.jit
@@ -508,7 +545,7 @@ def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, fre
     # heads, before the rotation; dw partials: a row per program of [., 2 HALF], summed
     # over its heads
     rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
-    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, HALF, PAIRS, HEADS)
+    base, other, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, tl.program_id(1), HALF, PAIRS, HEADS)
     step: tl.constexpr = 2 if PAIRS else 1
     cols = step * tl.arange(0, HALF)  # the first part's columns within a head
     z1 = tl.load(pre_ptr + base, mask=mask, other=0.0).to(tl.float32)
