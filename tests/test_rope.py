@@ -211,11 +211,13 @@ def test_rope_tables_follow_inv_freq(dtype, device):
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     with torch.no_grad():
         first = rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq))
-        kept = _eager._DERIVED.get(inv_freq)
-        assert kept is not None and "halves" in kept[1], "the tables were not kept with inv_freq"
+        kept = _eager.derived_tables(inv_freq)
+        assert kept is not None and "halves" in kept, "the tables were not kept with inv_freq"
+        halves = kept["halves"]
         again = rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq))
-        assert _eager._DERIVED.get(inv_freq)[1]["halves"] is kept[1]["halves"]
+        assert _eager.derived_tables(inv_freq)["halves"] is halves
         inv_freq.mul_(1.7)
+        assert _eager.derived_tables(inv_freq) is None  # (a new version: nothing kept for it yet)
         moved = rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq))
         fresh = rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq.clone()))
     for a, b in zip(first, again):
@@ -223,6 +225,26 @@ def test_rope_tables_follow_inv_freq(dtype, device):
     for a, b in zip(moved, fresh):
         assert torch.equal(a, b)
     assert not torch.equal(moved[0], first[0])  # q rotated by the new angles
+
+
+def test_derived_tables_die_with_their_source(device):
+    """A table kept with a tensor goes when the tensor does (no entry left behind), and a
+    tensor that requires grad gets a fresh table each call (nothing kept)."""
+    import gc
+
+    from codetta.ops import _eager
+
+    src = torch.rand(8, device=device)
+    ident, made = id(src), []
+    table = _eager.derived(src, "twice", lambda: made.append(1) or src * 2)
+    assert _eager.derived(src, "twice", lambda: made.append(1) or src * 2) is table and len(made) == 1
+    assert ident in _eager._DERIVED
+    del src, table
+    gc.collect()
+    assert ident not in _eager._DERIVED
+    leaf = torch.rand(8, device=device, requires_grad=True)
+    assert _eager.derived(leaf, "twice", lambda: leaf * 2) is not _eager.derived(leaf, "twice", lambda: leaf * 2)
+    assert _eager.derived_tables(leaf) is None
 
 
 @pytest.mark.parametrize("case", CASES[:2] if ON_GPU else CASES[1:2], ids=str)

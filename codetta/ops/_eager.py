@@ -20,26 +20,41 @@ from a model's inv_freq buffer) with that tensor, under the same conditions.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels.persistent import kept
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
+# argument types that are never tensors: skipped without an isinstance test (the
+# operators' ~20 arguments a call, most of them these)
+_NOT_TENSORS = frozenset((float, int, bool, str, type(None)))
+
+
+def _tracing() -> bool:
+    """torch.compile tracing, a dispatch or torch function mode, or a functorch transform."""
+    return (
+        torch.compiler.is_compiling()
+        or _get_current_dispatch_mode() is not None
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+    )
 
 
 def _eager_ok(args) -> bool:
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return False
-    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+    if _tracing():
         return False
     for a in args:
         kind = type(a)
+        if kind in _PLAIN or kind in _NOT_TENSORS:
+            continue
         if kind is list or kind is tuple:
-            if any(type(t) not in _PLAIN and isinstance(t, torch.Tensor) for t in a):
-                return False
-        elif kind not in _PLAIN and isinstance(a, torch.Tensor):
+            for t in a:
+                if type(t) not in _PLAIN and isinstance(t, torch.Tensor):
+                    return False
+        elif isinstance(a, torch.Tensor):
             return False
     return True
 
@@ -119,8 +134,17 @@ class FastOp:
 
 # Tables derived from a tensor that stays the same call after call (a model's RoPE
 # inv_freq buffer): made once per source tensor and version, not per call (each made
-# table is a kernel launch and ~70-80 us of host time on the H200 machine, NOTES.md)
-_DERIVED = WeakIdKeyDictionary()
+# table is a kernel launch and ~70-80 us of host time on the H200 machine, NOTES.md).
+# Keyed by the source's id, each entry holding a weak reference to it (checked on every
+# hit, so a new tensor at a dead one's address never gets its tables) whose callback
+# drops the entry when the source dies.
+_DERIVED: dict = {}
+
+
+def _forget(key: int, ref) -> None:
+    entry = _DERIVED.get(key)
+    if entry is not None and entry[0] is ref:
+        del _DERIVED[key]
 
 
 def derived(src: torch.Tensor, key, make) -> torch.Tensor:
@@ -131,9 +155,19 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     outside any CUDA graph's memory pool; one not yet made when a CUDA stream capture
     asks for it is made for that graph and not kept (its tensors hold nothing until the
     graph replays; ``kernels/persistent.py``)."""
-    if not _eager_ok((src,)) or src.requires_grad or src.is_inference():  # (tracing: checked first)
-        return make()
-    entry = _DERIVED.get(src)
-    if entry is None or entry[0] != src._version:
-        entry = _DERIVED[src] = (src._version, {})
-    return kept(entry[1], key, make, src.device)  # (a table made before serves a capture too)
+    if type(src) not in _PLAIN or _tracing() or src.requires_grad or src.is_inference():
+        return make()  # (tracing: checked before the tensor's fields)
+    ident, version = id(src), src._version
+    entry = _DERIVED.get(ident)
+    if entry is None or entry[0]() is not src or entry[1] != version:
+        ref = weakref.ref(src, lambda r, ident=ident: _forget(ident, r))
+        entry = _DERIVED[ident] = (ref, version, {})
+    return kept(entry[2], key, make, src.device)  # (a table made before serves a capture too)
+
+
+def derived_tables(src: torch.Tensor) -> dict | None:
+    """The tables kept with ``src`` for its current version (by key), or None (tests)."""
+    entry = _DERIVED.get(id(src))
+    if entry is None or entry[0]() is not src or entry[1] != src._version:
+        return None
+    return entry[2]
