@@ -44,6 +44,17 @@ def test_backward_layouts(dtype, device):
     assert_within("dw", dw, dy.double().t() @ x.double(), dy.t() @ x)
 
 
+def test_one_token_weight_gradient(dtype, device):
+    """dW = dY^T @ X over a single token (K = 1): dy.t() is [N, 1] with strides (1, N),
+    which PyTorch also calls contiguous; read as rows it would be rows of 2 bytes (TMA
+    refused it: a one-token backward raised), so it is taken as the transposed view it is."""
+    N, K = 64, 48
+    x, dy = rand(1, K, dtype=dtype, device=device), rand(1, N, dtype=dtype, device=device)
+    assert dy.t().is_contiguous() and dy.t().stride() == (1, N)
+    dw = codetta.gemm(dy.t(), x.t())
+    assert_within("dw", dw, dy.double().t() @ x.double(), dy.t() @ x)
+
+
 def test_deterministic(dtype, device):
     M, N, K = SHAPES[-1]
     a, w = _make(M, N, K, dtype, device, "nn")

@@ -69,6 +69,13 @@ def test_forward_backward(M, K, d, N, dtype, device, gamma_dtype, backward):
     check_operator(M, K, d, N, dtype, device, gdt, **kw)
 
 
+@pytest.mark.parametrize("M", [1, 3])
+def test_few_tokens(M, dtype, device):
+    """One token (the weight gradients' GEMMs have K = 1: ``check_matrix`` takes [N, 1]
+    columns with unit stride as transposed views) and a few: forward and every gradient."""
+    check_operator(M, 32, 64, 48, dtype, device)
+
+
 @pytest.mark.parametrize("n_weights", [2, 3])
 def test_several_next_weights(n_weights, dtype, device):
     """One norm feeding several next GEMMs (q, k, v; gate, up) with the weights as they

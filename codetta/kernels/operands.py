@@ -75,7 +75,12 @@ def check_matrix(name: str, t, dims: str) -> bool:
         raise ValueError(f"{name} must be 2-D [{dims}], got shape {tuple(t.shape)}")
     if t.numel() == 0:  # (an empty operand is never read: any strides, e.g. autograd's expanded zeros)
         return False
-    if t.stride(1) == 1 or t.shape[1] == 1:
+    if t.shape[1] == 1 and t.shape[0] > 1 and t.stride(0) == 1:
+        # one column whose unit stride runs down it (a one-token dW's dz.t(): [N, 1], strides
+        # (1, N)): PyTorch calls it contiguous too, but as rows it would be rows of 2 bytes;
+        # as a transposed view it is one row of its length, what TMA can read
+        transposed = True
+    elif t.stride(1) == 1 or t.shape[1] == 1:
         transposed = False
     elif t.stride(0) == 1 or t.shape[0] == 1:
         transposed = True
