@@ -63,6 +63,18 @@ def test_matches_float64(M, d, V, rows, reduction, dtype, device):
     _check(M, d, V, rows, dtype, device, reduction, t, grad=grad)
 
 
+@pytest.mark.parametrize("M,rows", [(1, None), (17, 8)], ids=str)
+def test_one_row_chunk_of_an_odd_vocabulary(M, rows, dtype, device):
+    """A chunk of one row (one token; or 17 tokens in chunks of 8) over an odd vocabulary
+    (V 257; GPT-2's 50257 is odd too): its logits row, a view of the padded buffer, has a
+    length that is no multiple of 16 bytes. A descriptor over one row never steps to a
+    second, so it takes the row's length rounded up (``leading_stride``); before, the
+    chunk raised a TMA alignment error."""
+    V = 257 if not ON_GPU else 50257
+    t = torch.randint(0, V, (M,), device=device)
+    _check(M, 64, V, rows, dtype, device, "mean", t)
+
+
 @pytest.mark.parametrize("finish", [True, False])
 @pytest.mark.parametrize("incoming", [1 / 3, 4.0])
 def test_incoming_gradient(finish, incoming, dtype, device):

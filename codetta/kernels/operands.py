@@ -93,10 +93,14 @@ def check_matrix(name: str, t, dims: str) -> bool:
 
 
 def leading_stride(t: torch.Tensor, transposed: bool) -> int:
-    """The stride between the rows a TMA descriptor walks (a single row: its length)."""
-    if transposed:
-        return t.stride(1) if t.shape[1] > 1 else t.shape[0]
-    return t.stride(0) if t.shape[0] > 1 else t.shape[1]
+    """The stride between the rows a TMA descriptor walks. A single row: its length
+    rounded up to 16 bytes (a descriptor over one row never steps to a second, so any
+    stride that TMA accepts serves; a one-token logits row of an odd vocabulary is one)."""
+    rows, length, stride = (t.shape[1], t.shape[0], t.stride(1)) if transposed else (*t.shape, t.stride(0))
+    if rows > 1:
+        return stride
+    unit = max(1, 16 // t.element_size())
+    return -(-length // unit) * unit
 
 
 def check_matrix_alignment(name: str, t: torch.Tensor, transposed: bool, dims: str) -> None:
