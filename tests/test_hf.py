@@ -109,6 +109,18 @@ def test_matches_unpatched(family, tied, mask, dtype):
     """Training (labels, the fused LM head + loss, no logits returned): loss and every
     parameter gradient; evaluation (no labels): the logits; each against the float64
     model, within twice the unpatched model's own error in the same dtype."""
+    _check_matches(family, tied, mask, dtype)
+
+
+@pytest.mark.parametrize("tied,dtype", [(False, torch.float16), (True, torch.float32)], ids=str)
+def test_odd_vocabulary(tied, dtype):
+    """A vocabulary that is no multiple of 16 bytes' worth of elements (130; a Llama-2
+    fine-tune with an added pad token has 32001): the drop-in takes the model (it used to
+    refuse it, though the loss pads its logits rows) and matches the unpatched one."""
+    _check_matches("llama", tied, "padding", dtype, vocab_size=130)
+
+
+def _check_matches(family, tied, mask, dtype, **over):
     from conftest import ON_GPU
 
     dev = "cuda" if ON_GPU else "cpu"  # on a GPU: the real kernels, bf16 where the CPU runs fp32
@@ -116,7 +128,7 @@ def test_matches_unpatched(family, tied, mask, dtype):
         dtype = torch.bfloat16
     # on a GPU, wider heads (GPU_WIDTHS): a q/k norm weight's gradient at head_dim 16 is a max
     # over 16 sums, and PyTorch's own error there is noise (NOTES.md, "A test's statistic")
-    model = _model(family, tied, dtype, **(GPU_WIDTHS if ON_GPU else {})).to(dev)
+    model = _model(family, tied, dtype, **(GPU_WIDTHS if ON_GPU else {}), **over).to(dev)
     ref64 = copy.deepcopy(model).double()
     plain = copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))

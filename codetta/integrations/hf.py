@@ -25,8 +25,11 @@ SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``,
-requested hidden states or attentions, ``logits_to_keep``, projections with
-biases, widths that are not multiples of 8. Hugging Face's gradient checkpointing
+requested hidden states or attentions, ``logits_to_keep``, and under class-wide
+patching a model with projection biases or widths that are not multiples of 8 (patching
+such an instance raises, naming why). The vocabulary may be any size: the loss pads its
+logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
+codetta's final norm. Hugging Face's gradient checkpointing
 (``model.gradient_checkpointing_enable()``) recomputes one unit per layer in the
 backward, on the shifted boundary: from a layer's q, k, v (and the residual stream) to
 the next layer's (under FSDP2 too: its hooks skip the recomputation's own forward
@@ -44,6 +47,7 @@ import warnings
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..kernels.settings import SETTINGS
@@ -169,7 +173,10 @@ def _unsupported(model) -> str | None:
     if any(lin.bias is not None for lin in linears):
         return "projections with biases (attention_bias / mlp_bias)"
     unit = 16 // model.lm_head.weight.element_size()
-    widths = {lin.weight.shape[0] for lin in linears} | {lin.weight.shape[1] for lin in linears}
+    # (the vocabulary, the LM head's rows, may be any size: the loss pads its logits rows
+    # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an
+    # added pad token have 32001)
+    widths = {lin.weight.shape[0] for lin in linears[1:]} | {lin.weight.shape[1] for lin in linears}
     bad = sorted(w for w in widths if w % unit)
     if bad:
         return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)"
@@ -338,6 +345,12 @@ def _codetta_forward(
         _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
         loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"), tied)
         loss = spans.close(i + 1, spans.close(i, loss))
+    elif self.lm_head.weight.shape[0] % (16 // self.lm_head.weight.element_size()):
+        # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and
+        # one pass forming n), the LM head in PyTorch
+        norm = base.norm
+        _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
+        logits = spans.close(i + 1, spans.close(i, F.linear(n, self.lm_head.weight)))
     else:
         norm = base.norm
         h, zs = residual_rmsnorm_linear(
