@@ -38,7 +38,9 @@ def stub_kernels() -> None:
     rr.gemm = _stub_gemm
     rr.gamma_sumsq = lambda x, g: (torch.empty_like(x), torch.empty(x.shape[0]))
     rr.unrotate_half_rows = lambda d, pos, half, scaling, pairs=False: torch.empty_like(d)
-    rr.unrotate_two_rows = lambda q, k, pos, half, scaling, pairs=False: (torch.empty_like(q), torch.empty_like(k))
+    rr.unrotate_two_rows = lambda q, k, pos, half, scaling, pairs=False: (
+        torch.empty_like(q), torch.empty_like(k)
+    )  # fmt: skip
     nb.gemm = _stub_gemm
     nb.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None: (
         h, torch.empty_like(x), torch.empty(4, x.shape[1])

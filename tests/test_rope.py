@@ -234,16 +234,24 @@ def test_derived_tables_die_with_their_source(device):
 
     from codetta.ops import _eager
 
+    made = []
+
+    def twice(t):
+        made.append(1)
+        return t * 2
+
     src = torch.rand(8, device=device)
-    ident, made = id(src), []
-    table = _eager.derived(src, "twice", lambda: made.append(1) or src * 2)
-    assert _eager.derived(src, "twice", lambda: made.append(1) or src * 2) is table and len(made) == 1
+    ident = id(src)
+    table = _eager.derived(src, "twice", lambda: twice(src))
+    assert _eager.derived(src, "twice", lambda: twice(src)) is table and len(made) == 1
     assert ident in _eager._DERIVED
-    del src, table
+    del table
+    src = None  # (the last reference)
     gc.collect()
     assert ident not in _eager._DERIVED
     leaf = torch.rand(8, device=device, requires_grad=True)
-    assert _eager.derived(leaf, "twice", lambda: leaf * 2) is not _eager.derived(leaf, "twice", lambda: leaf * 2)
+    first = _eager.derived(leaf, "twice", lambda: twice(leaf))
+    assert _eager.derived(leaf, "twice", lambda: twice(leaf)) is not first and len(made) == 3
     assert _eager.derived_tables(leaf) is None
 
 

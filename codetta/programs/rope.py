@@ -463,8 +463,12 @@ def row_pass_jobs() -> list[tuple]:
     rows["scaling"] = "fp32"
     qk = {"pre_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "dw_ptr": "*fp32", "eps": "fp32"}
     kernels = (
-        ("unrotate", _unrotate_kernel, {**rows, "out_ptr": "*bf16", "g2_ptr": "*bf16", "out2_ptr": "*bf16",
-                                         "N2": "i32"}, unrotate_launch),
+        (
+            "unrotate",
+            _unrotate_kernel,
+            {**rows, "out_ptr": "*bf16", "g2_ptr": "*bf16", "out2_ptr": "*bf16", "N2": "i32"},
+            unrotate_launch,
+        ),
         ("qknorm_backward", _qknorm_backward_kernel, {**rows, **qk}, qknorm_launch),
     )
     jobs = []
@@ -531,9 +535,9 @@ def _unrotate(douts, pos, inv_freq, scaling, pairs, launch) -> list[torch.Tensor
     grid = (triton.cdiv(M, block_m), groups)
     with device.on_device(douts[0].device):
         freq = inv_freq.float().contiguous()
-        precompile.launch(_unrotate_kernel, grid, douts[0], outs[0], douts[-1], outs[-1], pos.contiguous(), freq,
-                          M, N, N2, float(scaling), HALF=half, BLOCK_M=block_m, PAIRS=pairs, HEADS=heads,
-                          APPROX=approx, num_warps=warps)  # fmt: skip
+        precompile.launch(_unrotate_kernel, grid, douts[0], outs[0], douts[-1], outs[-1], pos.contiguous(),
+                          freq, M, N, N2, float(scaling), HALF=half, BLOCK_M=block_m, PAIRS=pairs,
+                          HEADS=heads, APPROX=approx, num_warps=warps)  # fmt: skip
     return outs
 
 
