@@ -1,8 +1,10 @@
-"""The drop-in on odd batch shapes and vocabularies: patched vs unpatched tiny Llama/Qwen3
-models, one training step each, fp32 through the interpreter.
+"""The drop-in on odd batch shapes, vocabularies and masks: patched against unpatched tiny
+Llama / Qwen3 / Mistral models (sliding window 4), one training step each, fp32 through
+the interpreter; right padding, packed sequences (position_ids), ignored labels.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_hf.py START COUNT
-(a line a seed: the losses, the largest relative gradient difference, "<-- CHECK" past 1e-3)."""
+(a line a seed: the two losses, the largest relative gradient difference, "<-- CHECK"
+past 1e-3 or on a missing gradient; a 1-token batch has no loss token: nan for both)."""
 
 import copy
 import random
@@ -16,26 +18,17 @@ import codetta
 
 def model(family, tied, V, seed=0):
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=V,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-        attn_implementation="sdpa",
-        rms_norm_eps=1e-5,
-    )
-    cfg, cls = (
-        (transformers.LlamaConfig(**common), transformers.LlamaForCausalLM)
-        if family == "llama"
-        else (transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM)
-    )
+    common = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                  tie_word_embeddings=tied, attn_implementation="sdpa", rms_norm_eps=1e-5)  # fmt: skip
+    if family == "mistral":
+        cfg, cls = transformers.MistralConfig(sliding_window=4, **common), transformers.MistralForCausalLM
+    elif family == "llama":
+        cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    else:
+        cfg, cls = transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     m = cls(cfg)
-    with torch.no_grad():
+    with torch.no_grad():  # (the default init's norms are all ones: give them real scales)
         for n, p in m.named_parameters():
             if "norm" in n:
                 p.copy_(torch.rand_like(p) + 0.5)
@@ -50,40 +43,49 @@ def step(m, kw):
     return out.loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
-for seed in range(int(sys.argv[1]), int(sys.argv[1]) + int(sys.argv[2])):
-    rng = random.Random(seed)
-    fam, tied = rng.choice(["llama", "qwen3"]), rng.random() < 0.5
-    V = rng.choice([128, 130, 257, 96])
-    B, S = rng.choice([(1, 1), (1, 2), (3, 5), (1, 17), (2, 9), (5, 3)])
-    base = model(fam, tied, V, seed)
-    patched = copy.deepcopy(base)
-    codetta.apply_codetta(patched)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, S), generator=g)
-    kw = {"input_ids": ids, "labels": ids.clone(), "use_cache": False}
-    desc = dict(fam=fam, tied=tied, V=V, B=B, S=S)
-    try:
-        l0, g0 = step(base, kw)
-        l1, g1 = step(patched, kw)
-    except Exception as e:
-        print("seed", seed, desc, "EXC", type(e).__name__, str(e)[:300], flush=True)
-        continue
-    worst = max(
-        ((n, ((g1[n] - g0[n]).abs().max() / (g0[n].abs().max() + 1e-12)).item()) for n in g0),
-        key=lambda t: t[1],
-    )
-    same_loss = (torch.isnan(l0) and torch.isnan(l1)) or abs(l0 - l1) <= 1e-4 * max(1, abs(l0))
-    missing = set(g0) ^ set(g1)
-    print(
-        "seed",
-        seed,
-        desc,
-        "loss",
-        f"{l0.item():.5f} {l1.item():.5f}",
-        "worst grad rel",
-        worst,
-        "missing",
-        missing,
-        "" if same_loss and worst[1] < 1e-3 and not missing else "<-- CHECK",
-        flush=True,
-    )
+def inputs(rng, seed, V, B, S, kind):
+    ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(seed))
+    labels = ids.clone()
+    kw = {"input_ids": ids, "labels": labels, "use_cache": False}
+    if kind == "padding":
+        mask = torch.ones_like(ids)
+        for b in range(B):
+            cut = rng.randint(1, S)
+            mask[b, cut:] = 0
+            labels[b, cut:] = -100
+        kw["attention_mask"] = mask
+    elif kind == "packed" and S > 1:
+        cut = rng.randint(1, S - 1)
+        kw["position_ids"] = torch.tensor([list(range(cut)) + list(range(S - cut))] * B)
+    elif kind == "ignore":
+        labels[:, : S // 2] = -100
+    return kw
+
+
+def main(start: int, count: int) -> None:
+    for seed in range(start, start + count):
+        rng = random.Random(seed)
+        fam, tied = rng.choice(["llama", "qwen3", "mistral"]), rng.random() < 0.5
+        V = rng.choice([128, 130, 257, 96])
+        B, S = rng.choice([(1, 1), (1, 2), (1, 3), (3, 5), (2, 9), (4, 7), (1, 17), (2, 16)])
+        kind = rng.choice(["padding", "packed", "ignore", "none"])
+        base = model(fam, tied, V, seed)
+        patched = codetta.apply_codetta(copy.deepcopy(base))
+        kw = inputs(rng, seed, V, B, S, kind)
+        desc = dict(fam=fam, tied=tied, V=V, B=B, S=S, kind=kind)
+        try:
+            l0, g0 = step(base, kw)
+            l1, g1 = step(patched, kw)
+        except Exception as e:
+            print("seed", seed, desc, "EXC", type(e).__name__, str(e)[:300], flush=True)
+            continue
+        rel = {n: ((g1[n] - g0[n]).abs().max() / (g0[n].abs().max() + 1e-12)).item() for n in g0 if n in g1}
+        worst = max(rel.items(), key=lambda kv: kv[1]) if rel else ("-", 0.0)
+        same_loss = bool(torch.isnan(l0) and torch.isnan(l1)) or abs(l0 - l1) <= 1e-4 * max(1, abs(l0))
+        ok = same_loss and worst[1] < 1e-3 and set(g0) == set(g1)
+        print("seed", seed, desc, f"loss {l0.item():.5f} {l1.item():.5f}", worst, "" if ok else "<-- CHECK",
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
