@@ -8,10 +8,10 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 """
 
 import random
-import sys
 
 import torch
 import torch.nn.functional as F
+from common import compare, run_seeds
 
 from codetta.ops import linear_cross_entropy
 
@@ -119,29 +119,8 @@ def run_case(seed):
 
     o64, g64 = ref(torch.float64)
     o16, g16 = ref(dt)
-    bad = []
-    for name, a, r, s in zip(["loss", "dx", "dw", "db"], [out, *grads], [o64, *g64], [o16, *g16]):
-        if torch.isnan(a).any():
-            bad.append((name, "nan"))
-            continue
-        e = (a.double() - r).abs().max().item()
-        es = (s.double() - r).abs().max().item()
-        tiny = 1e-6 * max(r.abs().max().item(), 1.0)
-        if e > 2 * es + tiny:
-            bad.append((name, f"{e:.3e} > 2x {es:.3e}"))
-    return desc, bad
+    return desc, compare(["loss", "dx", "dw", "db"], [out, *grads], [o64, *g64], [o16, *g16])
 
 
 if __name__ == "__main__":
-    start, count = int(sys.argv[1]), int(sys.argv[2])
-    fails = 0
-    for seed in range(start, start + count):
-        try:
-            desc, bad = run_case(seed)
-        except Exception as e:
-            print("seed", seed, "EXC", type(e).__name__, str(e)[:300], flush=True)
-            fails += 1
-            continue
-        print("seed", seed, "ok" if not bad else (desc, bad), flush=True)
-        fails += bool(bad)
-    print("fails", fails)
+    run_seeds(run_case)

@@ -9,31 +9,12 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 """
 
 import random
-import sys
 
 import torch
 import torch.nn.functional as F
+from common import compare, run_seeds
 
 from codetta.ops import embedding, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
-
-
-def err(a, r):
-    return (a.double() - r).abs().max().item()
-
-
-def compare(outs, grads, o64, g64, o16, g16):
-    bad = []
-    for i, (a, r, s) in enumerate(zip([*outs, *grads], [*o64, *g64], [*o16, *g16])):
-        if r is None:
-            continue
-        if a is None or torch.isnan(a).any():
-            bad.append((i, "none/nan"))
-            continue
-        e, es = err(a, r), err(s, r)
-        tiny = 1e-6 * max(r.abs().max().item(), 1.0)
-        if e > 2 * es + tiny:
-            bad.append((i, f"{e:.3e} > 2x {es:.3e}"))
-    return bad
 
 
 def mlp_ref(x, wg, wu, wd, res, dt):
@@ -156,19 +137,9 @@ def run_case(seed):
 
     o64, g64 = run_ref(torch.float64)
     o16, g16 = run_ref(dt)
-    return desc, compare(outs, grads, o64, g64, o16, g16)
+    names = list(range(len(outs) + len(grads)))
+    return desc, compare(names, [*outs, *grads], [*o64, *g64], [*o16, *g16])
 
 
 if __name__ == "__main__":
-    start, count = int(sys.argv[1]), int(sys.argv[2])
-    fails = 0
-    for seed in range(start, start + count):
-        try:
-            desc, bad = run_case(seed)
-        except Exception as e:
-            print("seed", seed, "EXC", type(e).__name__, str(e)[:300], flush=True)
-            fails += 1
-            continue
-        print("seed", seed, "ok" if not bad else (desc, bad), flush=True)
-        fails += bool(bad)
-    print("fails", fails)
+    run_seeds(run_case)

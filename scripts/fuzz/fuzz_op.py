@@ -8,9 +8,9 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 """
 
 import random
-import sys
 
 import torch
+from common import compare, run_seeds
 
 from codetta.ops import RoPE, residual_rmsnorm_linear, rmsnorm_linear
 
@@ -64,10 +64,6 @@ def reference(y, w_o, res, gamma, ws, eps, rope):
                 rope.interleaved,
             )
     return x, zs
-
-
-def err(a, ref):
-    return (a.double() - ref).abs().max().item()
 
 
 def run_case(seed):
@@ -149,34 +145,9 @@ def run_case(seed):
 
     o64, g64 = ref_with(torch.float64)
     o16, g16 = ref_with(dt)
-    bad = []
     names = [f"out{i}" for i in range(len(outs))] + [f"grad{i}" for i in range(len(grads))]
-    for name, a, r64, r16 in zip(names, [*outs, *grads], [*o64, *g64], [*o16, *g16]):
-        if r64 is None:
-            continue
-        if a is None or torch.isnan(a).any():
-            bad.append((name, "missing/nan"))
-            continue
-        ea, e16 = err(a, r64), err(r16, r64)
-        tiny = 1e-6 * max(r64.abs().max().item(), 1.0)
-        if ea > 2 * e16 + tiny:
-            bad.append((name, f"{ea:.3e} > 2x {e16:.3e}"))
-    return desc, bad
+    return desc, compare(names, [*outs, *grads], [*o64, *g64], [*o16, *g16])
 
 
 if __name__ == "__main__":
-    start, count = int(sys.argv[1]), int(sys.argv[2])
-    fails = 0
-    for seed in range(start, start + count):
-        try:
-            desc, bad = run_case(seed)
-        except Exception as e:
-            print("seed", seed, "EXC", type(e).__name__, str(e)[:300], flush=True)
-            fails += 1
-            continue
-        if bad:
-            fails += 1
-            print("seed", seed, desc, bad, flush=True)
-        else:
-            print("seed", seed, "ok", flush=True)
-    print("fails", fails)
+    run_seeds(run_case)

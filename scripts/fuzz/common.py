@@ -1,0 +1,44 @@
+"""What the random checks share: the 2x-PyTorch comparison and the seed loop."""
+
+import sys
+
+import torch
+
+
+def err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return (a.double() - ref).abs().max().item()
+
+
+def compare(names, ours, ref64, same) -> list:
+    """(name, why) for each result whose error against float64 exceeds twice PyTorch's own
+    in the same dtype (plus a tiny absolute term), or that is missing or NaN; results with
+    no reference (None) are skipped."""
+    bad = []
+    for name, a, r, s in zip(names, ours, ref64, same):
+        if r is None:
+            continue
+        if a is None or torch.isnan(a).any():
+            bad.append((name, "missing/nan"))
+            continue
+        e, es = err(a, r), err(s, r)
+        if e > 2 * es + 1e-6 * max(r.abs().max().item(), 1.0):
+            bad.append((name, f"{e:.3e} > 2x {es:.3e}"))
+    return bad
+
+
+def run_seeds(run_case, argv=None) -> int:
+    """``run_case(seed) -> (description, bad)`` for seeds START .. START+COUNT-1 (argv);
+    one line a seed, then the number that failed or raised."""
+    start, count = map(int, (argv or sys.argv)[1:3])
+    fails = 0
+    for seed in range(start, start + count):
+        try:
+            desc, bad = run_case(seed)
+        except Exception as e:
+            print("seed", seed, "EXC", type(e).__name__, str(e)[:300], flush=True)
+            fails += 1
+            continue
+        print("seed", seed, "ok" if not bad else (desc, bad), flush=True)
+        fails += bool(bad)
+    print("fails", fails)
+    return fails
