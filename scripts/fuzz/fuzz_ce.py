@@ -11,7 +11,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from common import compare, run_seeds
+from fuzz_common import compare, run_seeds
 
 from codetta.ops import linear_cross_entropy
 

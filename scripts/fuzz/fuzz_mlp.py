@@ -12,7 +12,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from common import compare, run_seeds
+from fuzz_common import compare, run_seeds
 
 from codetta.ops import embedding, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
 

@@ -10,7 +10,7 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 import random
 
 import torch
-from common import compare, run_seeds
+from fuzz_common import compare, run_seeds
 
 from codetta.ops import RoPE, residual_rmsnorm_linear, rmsnorm_linear
 
