@@ -600,3 +600,21 @@ def test_qkv_module_from_layer(family):
     for a, b in zip(moved, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(moved[0], got[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_num_items_in_batch(tied):
+    """The Trainer's gradient-accumulation normalization: with ``num_items_in_batch`` (an int
+    or a tensor) the loss is the token losses' sum over it, as the unpatched model's."""
+    base = _model("llama", tied)
+    ours = codetta.apply_codetta(copy.deepcopy(base))
+    kw = _inputs("none")
+    for items in (37, torch.tensor(37)):
+        got, want = (m(**kw, num_items_in_batch=items).loss for m in (ours, base))
+        got.backward()
+        want.backward()
+        assert torch.allclose(got, want, rtol=1e-5), (got, want)
+        mean = base(**kw).loss  # (the plain mean: a different value, so the argument was used)
+        assert not torch.allclose(got, mean, rtol=1e-3)
+    for (name, p), q in zip(ours.named_parameters(), base.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
