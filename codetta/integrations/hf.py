@@ -172,7 +172,7 @@ def _unsupported(model) -> str | None:
         linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     if any(lin.bias is not None for lin in linears):
         return "projections with biases (attention_bias / mlp_bias)"
-    unit = 16 // model.lm_head.weight.element_size()
+    unit = _row_unit(model.lm_head.weight)
     # (the vocabulary, the LM head's rows, may be any size: the loss pads its logits rows
     # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an
     # added pad token have 32001)
@@ -183,6 +183,11 @@ def _unsupported(model) -> str | None:
     if not layers:
         return "no layers"
     return None
+
+
+def _row_unit(weight: torch.Tensor) -> int:
+    """Elements of ``weight``'s dtype in 16 bytes: TMA rows are whole multiples of it."""
+    return 16 // weight.element_size()
 
 
 def _fallback_reason(model, kwargs) -> str | None:
@@ -345,7 +350,7 @@ def _codetta_forward(
         _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
         loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"), tied)
         loss = spans.close(i + 1, spans.close(i, loss))
-    elif self.lm_head.weight.shape[0] % (16 // self.lm_head.weight.element_size()):
+    elif self.lm_head.weight.shape[0] % _row_unit(self.lm_head.weight):
         # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and
         # one pass forming n), the LM head in PyTorch
         norm = base.norm

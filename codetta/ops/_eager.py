@@ -157,16 +157,17 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     graph replays; ``kernels/persistent.py``)."""
     if type(src) not in _PLAIN or _tracing() or src.requires_grad or src.is_inference():
         return make()  # (tracing: checked before the tensor's fields)
-    ident, version = id(src), src._version
-    entry = _DERIVED.get(ident)
-    if entry is None or entry[0]() is not src or entry[1] != version:
+    tables = derived_tables(src)
+    if tables is None:
+        ident = id(src)
         ref = weakref.ref(src, lambda r, ident=ident: _forget(ident, r))
-        entry = _DERIVED[ident] = (ref, version, {})
-    return kept(entry[2], key, make, src.device)  # (a table made before serves a capture too)
+        tables = {}
+        _DERIVED[ident] = (ref, src._version, tables)
+    return kept(tables, key, make, src.device)  # (a table made before serves a capture too)
 
 
 def derived_tables(src: torch.Tensor) -> dict | None:
-    """The tables kept with ``src`` for its current version (by key), or None (tests)."""
+    """The tables kept with ``src`` for its current version (by key), or None."""
     entry = _DERIVED.get(id(src))
     if entry is None or entry[0]() is not src or entry[1] != src._version:
         return None

@@ -236,16 +236,16 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
         else:
             half = freq[: freq.shape[0] // 2]
         dzs, dqk = list(dzs), []
-        if n_rope == 2 and not qk_ws:  # q's and k's gradients in one launch
-            dzs[0], dzs[1] = unrotate_two_rows(dzs[0], dzs[1], pos, half, rope_scaling, pairs=rope_pairs)
-        for i in range(n_rope):
-            if qk_ws:  # the per-head norm's backward in the same pass
+        if qk_ws:  # the per-head norm's backward in the same pass
+            for i in range(n_rope):
                 dzs[i], dw = qknorm_backward_rows(
                     dzs[i], pres[i], qk_ws[i], pos, half, rope_scaling, qk_eps, pairs=rope_pairs
                 )
                 dqk.append(dw.to(qk_ws[i].dtype))
-            elif n_rope != 2:
-                dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling, pairs=rope_pairs)
+        elif n_rope == 2:  # q's and k's gradients in one launch
+            dzs[0], dzs[1] = unrotate_two_rows(dzs[0], dzs[1], pos, half, rope_scaling, pairs=rope_pairs)
+        else:
+            dzs[0] = unrotate_half_rows(dzs[0], pos, half, rope_scaling, pairs=rope_pairs)
     dx_total, dws, dgamma = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
     if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
         dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)

@@ -9,6 +9,16 @@ def err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a.double() - ref).abs().max().item()
 
 
+def leaves_as(leaves, dtype) -> list:
+    """Fresh leaves for a reference in ``dtype``: float64 for all, or the same-dtype chain
+    (float32 leaves, as a norm weight, stay float32 there)."""
+    keep = dtype != torch.float64
+    return [
+        t.detach().to(torch.float32 if keep and t.dtype == torch.float32 else dtype).requires_grad_()
+        for t in leaves
+    ]
+
+
 def compare(names, ours, ref64, same) -> list:
     """(name, why) for each result whose error against float64 exceeds twice PyTorch's own
     in the same dtype (plus a tiny absolute term), or that is missing or NaN; results with

@@ -12,7 +12,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from fuzz_common import compare, run_seeds
+from fuzz_common import compare, leaves_as, run_seeds
 
 from codetta.ops import embedding, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
 
@@ -124,12 +124,7 @@ def run_case(seed):
     grads = torch.autograd.grad(outs, L, gs, allow_unused=True)
 
     def run_ref(dtp):
-        ls = [
-            t.detach()
-            .to(dtp if t.dtype != torch.float32 or dtp == torch.float64 else torch.float32)
-            .requires_grad_()
-            for t in leaves
-        ]
+        ls = leaves_as(leaves, dtp)
         o = ref(ls, dtp)
         o = o if isinstance(o, tuple) else (o,)
         g = torch.autograd.grad(o, ls, [gg.to(oo.dtype) for gg, oo in zip(gs, o)], allow_unused=True)

@@ -10,7 +10,7 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 import random
 
 import torch
-from fuzz_common import compare, run_seeds
+from fuzz_common import compare, leaves_as, run_seeds
 
 from codetta.ops import RoPE, residual_rmsnorm_linear, rmsnorm_linear
 
@@ -132,12 +132,7 @@ def run_case(seed):
         return ([] if first else [x]) + z
 
     def ref_with(dtype):
-        ts = [
-            t.detach()
-            .to(dtype if t.dtype != torch.float32 or dtype == torch.float64 else torch.float32)
-            .requires_grad_()
-            for t in leaves
-        ]
+        ts = leaves_as(leaves, dtype)
         o = chain(ts, dtype)
         u = [ts[2], ts[3], *ts[4:]] if first else ts
         g = torch.autograd.grad(o, u, [gg.to(o_.dtype) for gg, o_ in zip(gs, o)], allow_unused=True)
