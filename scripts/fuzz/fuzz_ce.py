@@ -1,6 +1,7 @@
 """Random-option check of linear_cross_entropy (interpreter, fp16) against float64.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_ce.py START COUNT
+(GPU: FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16 PYTHONPATH=. python scripts/fuzz/fuzz_ce.py START COUNT)
 (seeds START .. START+COUNT-1; one line a seed: "ok", or the case and what exceeded twice
 PyTorch's own fp16 error against float64, or the exception). At one or a few rows the
 max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <= 1
@@ -11,7 +12,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from fuzz_common import compare, run_seeds
+from fuzz_common import DTYPE, ON_GPU, compare, grow, run_seeds
 
 from codetta.ops import linear_cross_entropy
 
@@ -52,10 +53,13 @@ def ref_loss(x, w, b, t, cw, reduction, ii, ls, zl, cap, logits_dtype):
 def run_case(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    dt = torch.float16
-    M = rng.choice([1, 3, 17, 40, 64])
-    d = 8 * rng.randint(2, 8)
+    dt = DTYPE
+    gr, gw = grow(seed)
+    M = rng.choice([1, 3, 17, 40, 64]) * gr
+    d = 8 * rng.randint(2, 8) * gw
     V = rng.choice([8, 24, 40, 72, 100, 130])
+    if ON_GPU:  # (odd vocabularies as GPT-2's and a fine-tune's, and a few tiles' worth)
+        V = random.Random(seed + 7).choice([V, 1000, 4097, 32001, 50257, 65536])
     bias = rng.random() < 0.3
     cw = rng.random() < 0.3
     reduction = rng.choice(["mean", "sum", "none"])
@@ -64,6 +68,8 @@ def run_case(seed):
     cap = rng.choice([None, None, 3.0])
     chunk = rng.choice([None, None, 8, 16])
     vchunk = rng.choice([None, None, 16, 24]) if V % 8 == 0 else None
+    chunk = chunk and chunk * gr
+    vchunk = vchunk and vchunk * (V // 130 + 1 if ON_GPU else 1)
     x = torch.randn(M, d).to(dt)
     w = (torch.randn(V, d) * d**-0.5 * 3).to(dt)
     b = (torch.randn(V) * 0.1).to(dt) if bias else None

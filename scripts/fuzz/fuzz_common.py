@@ -1,8 +1,31 @@
-"""What the random checks share: the 2x-PyTorch comparison and the seed loop."""
+"""What the random checks share: the 2x-PyTorch comparison, the seed loop, and where the
+cases run.
 
+By default a case runs on the CPU in float16 at the interpreter's small sizes. On a GPU
+(``FUZZ_DEVICE=cuda``, ``FUZZ_DTYPE=bfloat16`` or ``float16``) the same case families run
+the compiled kernels, and ``grow(seed)`` scales a case's rows and widths up (up to 64x)
+so that tiles, K loops and TMA edges are crossed; it draws from its own generator, so a
+seed's CPU case is the same with or without it.
+"""
+
+import os
+import random
 import sys
 
 import torch
+
+DEVICE = os.environ.get("FUZZ_DEVICE", "cpu")
+DTYPE = getattr(torch, os.environ.get("FUZZ_DTYPE", "float16"))
+ON_GPU = DEVICE != "cpu"
+
+
+def grow(seed: int) -> tuple:
+    """(rows factor, widths factor) of a case: (1, 1) on the CPU; on a GPU one of a few
+    sizes from tiny to a few thousand rows and columns."""
+    if not ON_GPU:
+        return 1, 1
+    r = random.Random(seed + 1_000_003)
+    return r.choice([1, 4, 16, 64]), r.choice([1, 2, 8, 32])
 
 
 def err(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -40,6 +63,9 @@ def run_seeds(run_case, argv=None) -> int:
     """``run_case(seed) -> (description, bad)`` for seeds START .. START+COUNT-1 (argv);
     one line a seed, then the number that failed or raised."""
     start, count = map(int, (argv or sys.argv)[1:3])
+    if ON_GPU:
+        torch.set_default_device(DEVICE)
+    print("device", DEVICE, "dtype", DTYPE, flush=True)
     fails = 0
     for seed in range(start, start + count):
         try:

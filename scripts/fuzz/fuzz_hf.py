@@ -4,7 +4,12 @@ the interpreter; right padding, packed sequences (position_ids), ignored labels.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_hf.py START COUNT
 (a line a seed: the two losses, the largest relative gradient difference, "<-- CHECK"
-past 1e-3 or on a missing gradient; a 1-token batch has no loss token: nan for both)."""
+past 1e-3 or on a missing gradient; a 1-token batch has no loss token: nan for both).
+
+On a GPU (FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16): wider models and longer batches in that
+dtype, and each patched result (the loss, every parameter's gradient) is held to twice the
+unpatched model's error in the same dtype against the unpatched model in float64; the line
+names the worst ratio and "<-- CHECK" when a result exceeds the bound or is missing."""
 
 import copy
 import random
@@ -12,14 +17,16 @@ import sys
 
 import torch
 import transformers
+from fuzz_common import DEVICE, DTYPE, ON_GPU, compare
 
 import codetta
 
 
-def model(family, tied, V, seed=0):
+def model(family, tied, V, seed=0, width=(64, 96, 16)):
     torch.manual_seed(seed)
-    common = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+    d, f, hd = width
+    common = dict(vocab_size=V, hidden_size=d, intermediate_size=f, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=hd, max_position_embeddings=4096,
                   tie_word_embeddings=tied, attn_implementation="sdpa", rms_norm_eps=1e-5)  # fmt: skip
     if family == "mistral":
         cfg, cls = transformers.MistralConfig(sliding_window=4, **common), transformers.MistralForCausalLM
@@ -62,13 +69,48 @@ def inputs(rng, seed, V, B, S, kind):
     return kw
 
 
+def on_gpu(seed, base, kw) -> tuple:
+    """The patched model in DTYPE against 2x the unpatched one's error (same dtype), both
+    measured against the unpatched model in float64: (worst ratio, bad results)."""
+    kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
+    base = base.to(DEVICE)
+    plain, patched = copy.deepcopy(base).to(DTYPE), codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
+    (l64, g64), (l0, g0), (l1, g1) = (step(m, kw) for m in (base.double(), plain, patched))
+    if torch.isnan(l64):  # (no token to predict: nan losses and gradients on every side)
+        return f"loss {l0.item()} {l1.item()}", ("no loss token", 0.0), []
+    names = ["loss", *g64]
+    bad = compare(names, [l1, *(g1.get(n) for n in g64)], [l64, *g64.values()], [l0, *(g0[n] for n in g64)])
+    worst = max(
+        ((n, (b.double() - r).abs().max().item() / max((a.double() - r).abs().max().item(), 1e-30))
+         for n, a, b, r in zip(names, [l0, *g0.values()], [l1, *(g1.get(n, g0[n]) for n in g64)],
+                               [l64, *g64.values()])),
+        key=lambda kv: kv[1],
+    )  # fmt: skip
+    return f"loss {l0.item():.5f} {l1.item():.5f}", worst, bad
+
+
 def main(start: int, count: int) -> None:
+    print("device", DEVICE, "dtype", DTYPE if ON_GPU else torch.float32, flush=True)
     for seed in range(start, start + count):
         rng = random.Random(seed)
         fam, tied = rng.choice(["llama", "qwen3", "mistral"]), rng.random() < 0.5
         V = rng.choice([128, 130, 257, 96])
         B, S = rng.choice([(1, 1), (1, 2), (1, 3), (3, 5), (2, 9), (4, 7), (1, 17), (2, 16)])
         kind = rng.choice(["padding", "packed", "ignore", "none"])
+        if ON_GPU:  # (wider layers, longer rows and real vocabularies, from their own draws)
+            g = random.Random(seed + 1_000_003)
+            width = g.choice([(64, 96, 16), (256, 704, 64), (1024, 2816, 128)])
+            V, S = g.choice([V, 32001, 50257, 128256]), S * g.choice([1, 16, 64])
+            base = model(fam, tied, V, seed, width)
+            kw = inputs(rng, seed, V, B, S, kind)
+            desc = dict(fam=fam, tied=tied, V=V, B=B, S=S, kind=kind, width=width)
+            try:
+                losses, worst, bad = on_gpu(seed, base, kw)
+            except Exception as e:
+                print("seed", seed, desc, "EXC", type(e).__name__, str(e)[:300], flush=True)
+                continue
+            print("seed", seed, desc, losses, worst, "" if not bad else f"{bad} <-- CHECK", flush=True)
+            continue
         base = model(fam, tied, V, seed)
         patched = codetta.apply_codetta(copy.deepcopy(base))
         kw = inputs(rng, seed, V, B, S, kind)

@@ -2,6 +2,7 @@
 embedding (interpreter, fp16) against float64.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_mlp.py START COUNT
+(GPU: FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16 PYTHONPATH=. python scripts/fuzz/fuzz_mlp.py START COUNT)
 (seeds START .. START+COUNT-1; one line a seed: "ok", or the case and what exceeded twice
 PyTorch's own fp16 error against float64, or the exception). At one or a few rows the
 max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <= 1
@@ -12,7 +13,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from fuzz_common import compare, leaves_as, run_seeds
+from fuzz_common import DTYPE, compare, grow, leaves_as, run_seeds
 
 from codetta.ops import embedding, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
 
@@ -27,9 +28,16 @@ def mlp_ref(x, wg, wu, wd, res, dt):
     return y if res is None else res + y
 
 
-def case_mlp(rng, dt):
+def scaled(lead, dims, g):
+    """The case's leading shape and widths times grow()'s factors."""
+    gr, gw = g
+    return (*lead[:-1], lead[-1] * gr), [x * gw for x in dims]
+
+
+def case_mlp(rng, dt, g):
     lead = rng.choice([(1,), (rng.randint(1, 70),), (2, rng.randint(1, 20))])
     d, f = 8 * rng.randint(2, 8), 8 * rng.randint(2, 12)
+    lead, (d, f) = scaled(lead, (d, f), g)
     fused = rng.random() < 0.3
     with_res = rng.random() < 0.5
     x = torch.randn(*lead, d).to(dt)
@@ -52,11 +60,12 @@ def case_mlp(rng, dt):
     return desc, leaves, ours, ref
 
 
-def case_chain(rng, dt):
+def case_chain(rng, dt, g):
     """x, act = residual_rmsnorm_swiglu(y, w_o, res, gamma, wg, wu);
     x2, z = residual_rmsnorm_linear(act, w_d, x, gamma2, w_next)"""
     lead = rng.choice([(1,), (rng.randint(1, 70),), (2, rng.randint(1, 20))])
     K, d, f, n = (8 * rng.randint(2, 8) for _ in range(4))
+    lead, (K, d, f, n) = scaled(lead, (K, d, f, n), g)
     internal = rng.random() < 0.5
     y = torch.randn(*lead, K).to(dt)
     w_o = (torch.randn(d, K) * K**-0.5).to(dt)
@@ -94,9 +103,10 @@ def case_chain(rng, dt):
     return desc, leaves, ours, ref
 
 
-def case_embedding(rng, dt):
+def case_embedding(rng, dt, g):
     V, d = rng.randint(2, 300), 8 * rng.randint(1, 8)
     lead = rng.choice([(1,), (rng.randint(1, 70),), (3, rng.randint(1, 20))])
+    lead, (V, d) = scaled(lead, (V, d), g)
     pad = rng.choice([None, 0, V - 1])
     w = torch.randn(V, d).to(dt)
     ids = torch.randint(0, V, lead)
@@ -114,9 +124,9 @@ def case_embedding(rng, dt):
 def run_case(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    dt = torch.float16
+    dt = DTYPE
     kind = rng.choice([case_mlp, case_chain, case_embedding])
-    desc, leaves, ours, ref = kind(rng, dt)
+    desc, leaves, ours, ref = kind(rng, dt, grow(seed))
     L = [t.clone().requires_grad_() for t in leaves]
     outs = ours(L)
     outs = outs if isinstance(outs, tuple) else (outs,)

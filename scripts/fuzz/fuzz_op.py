@@ -1,6 +1,7 @@
 """Random-shape check of residual_rmsnorm_linear (interpreter, fp16) against float64.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_op.py START COUNT
+(GPU: FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16 PYTHONPATH=. python scripts/fuzz/fuzz_op.py START COUNT)
 (seeds START .. START+COUNT-1; one line a seed: "ok", or the case and what exceeded twice
 PyTorch's own fp16 error against float64, or the exception). At one or a few rows the
 max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <= 1
@@ -10,7 +11,7 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 import random
 
 import torch
-from fuzz_common import compare, leaves_as, run_seeds
+from fuzz_common import DTYPE, ON_GPU, compare, grow, leaves_as, run_seeds
 
 from codetta.ops import RoPE, residual_rmsnorm_linear, rmsnorm_linear
 
@@ -23,17 +24,19 @@ def rot_half(x):
 def rope_ref(z, pos, inv_freq, scaling, hd, pairs):
     lead = z.shape[:-1]
     zh = z.reshape(*lead, -1, hd)
-    ang = (pos.to(torch.float32)[..., None] * inv_freq.float()).to(
-        z.dtype
-    )  # float32 angles as codetta forms them
+    # float32 angles as codetta forms them; their cos and sin in float64 for the float64
+    # reference, else in float32 and rounded to z's dtype (as Hugging Face's rotary embedding)
+    ang = pos.to(torch.float32)[..., None] * inv_freq.float()
+    ang = ang.double() if z.dtype == torch.float64 else ang
+    cos, sin = (ang.cos() * scaling).to(z.dtype), (ang.sin() * scaling).to(z.dtype)
     if pairs:
-        c = (ang.cos() * scaling).repeat_interleave(2, -1)[..., None, :]
-        s = (ang.sin() * scaling).repeat_interleave(2, -1)[..., None, :]
+        c = cos.repeat_interleave(2, -1)[..., None, :]
+        s = sin.repeat_interleave(2, -1)[..., None, :]
         a, b = zh[..., 0::2], zh[..., 1::2]
         rot = torch.stack((-b, a), -1).reshape(zh.shape)
     else:
-        c = (ang.cos() * scaling).repeat(*([1] * (ang.dim() - 1)), 2)[..., None, :]
-        s = (ang.sin() * scaling).repeat(*([1] * (ang.dim() - 1)), 2)[..., None, :]
+        c = cos.repeat(*([1] * (ang.dim() - 1)), 2)[..., None, :]
+        s = sin.repeat(*([1] * (ang.dim() - 1)), 2)[..., None, :]
         rot = rot_half(zh)
     return (zh * c + rot * s).reshape(z.shape)
 
@@ -69,17 +72,21 @@ def reference(y, w_o, res, gamma, ws, eps, rope):
 def run_case(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    dt = torch.float16
+    dt = DTYPE
+    gr, gw = grow(seed)
     lead = rng.choice([(rng.randint(1, 70),), (rng.randint(1, 3), rng.randint(1, 33)), (1, 1)])
-    K = 8 * rng.randint(1, 8)
+    lead = (*lead[:-1], lead[-1] * gr)
+    K = 8 * rng.randint(1, 8) * gw
     hd = rng.choice([16, 32])
-    d = 8 * rng.randint(2, 10)
+    if ON_GPU:
+        hd = random.Random(seed + 7).choice([16, 32, 64, 128, 256])
+    d = 8 * rng.randint(2, 10) * gw
     use_rope = rng.random() < 0.6
     nw = rng.randint(1, 3)
     ns = (
-        [hd * rng.randint(1, 3) for _ in range(nw)]
+        [hd * rng.randint(1, 3) * min(gw, 8) for _ in range(nw)]
         if use_rope
-        else [8 * rng.randint(1, 10) for _ in range(nw)]
+        else [8 * rng.randint(1, 10) * gw for _ in range(nw)]
     )
     first = rng.random() < 0.25  # rmsnorm_linear (no o-projection)
     eps = rng.choice([1e-5, 1e-6, None])
@@ -96,8 +103,10 @@ def run_case(seed):
         pairs = rng.random() < 0.4
         qk = rng.random() < 0.3
         scaling = rng.choice([1.0, 0.8])
+        # (on a GPU: positions as far as Llama 3's 131072, and sometimes past it)
+        top = random.Random(seed + 11).choice([131072, 131072, 1 << 20]) if ON_GPU else 500
         pos = (
-            torch.randint(0, 500, lead) if rng.random() < 0.5 else torch.arange(lead[-1]).expand(lead).clone()
+            torch.randint(0, top, lead) if rng.random() < 0.5 else torch.arange(lead[-1]).expand(lead).clone()
         )
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         qkw = tuple((torch.rand(hd) + 0.5).to(dt) for _ in range(n_rope)) if qk else ()
