@@ -12,7 +12,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from fuzz_common import DTYPE, ON_GPU, compare, grow, run_seeds
+from fuzz_common import DTYPE, ON_GPU, compare, grow, run_seeds, start
 
 from codetta.ops import linear_cross_entropy
 
@@ -51,8 +51,7 @@ def ref_loss(x, w, b, t, cw, reduction, ii, ls, zl, cap, logits_dtype):
 
 
 def run_case(seed):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
+    rng = start(seed)
     dt = DTYPE
     gr, gw = grow(seed)
     M = rng.choice([1, 3, 17, 40, 64]) * gr

@@ -89,21 +89,29 @@ def on_gpu(seed, base, kw) -> tuple:
     return f"loss {l0.item():.5f} {l1.item():.5f}", worst, bad
 
 
+def case(seed: int) -> tuple:
+    """A seed's model (float32, on the CPU) and batch: (description, model, inputs)."""
+    rng = random.Random(seed)
+    fam, tied = rng.choice(["llama", "qwen3", "mistral"]), rng.random() < 0.5
+    V = rng.choice([128, 130, 257, 96])
+    B, S = rng.choice([(1, 1), (1, 2), (1, 3), (3, 5), (2, 9), (4, 7), (1, 17), (2, 16)])
+    kind = rng.choice(["padding", "packed", "ignore", "none"])
+    width = (64, 96, 16)
+    if ON_GPU:  # (wider layers, longer rows and real vocabularies, from their own draws)
+        g = random.Random(seed + 1_000_003)
+        width = g.choice([width, (256, 704, 64), (1024, 2816, 128)])
+        V, S = g.choice([V, 32001, 50257, 128256]), S * g.choice([1, 16, 64])
+    base = model(fam, tied, V, seed, width)
+    kw = inputs(rng, seed, V, B, S, kind)
+    desc = dict(fam=fam, tied=tied, V=V, B=B, S=S, kind=kind) | (dict(width=width) if ON_GPU else {})
+    return desc, base, kw
+
+
 def main(start: int, count: int) -> None:
     print("device", DEVICE, "dtype", DTYPE if ON_GPU else torch.float32, flush=True)
     for seed in range(start, start + count):
-        rng = random.Random(seed)
-        fam, tied = rng.choice(["llama", "qwen3", "mistral"]), rng.random() < 0.5
-        V = rng.choice([128, 130, 257, 96])
-        B, S = rng.choice([(1, 1), (1, 2), (1, 3), (3, 5), (2, 9), (4, 7), (1, 17), (2, 16)])
-        kind = rng.choice(["padding", "packed", "ignore", "none"])
-        if ON_GPU:  # (wider layers, longer rows and real vocabularies, from their own draws)
-            g = random.Random(seed + 1_000_003)
-            width = g.choice([(64, 96, 16), (256, 704, 64), (1024, 2816, 128)])
-            V, S = g.choice([V, 32001, 50257, 128256]), S * g.choice([1, 16, 64])
-            base = model(fam, tied, V, seed, width)
-            kw = inputs(rng, seed, V, B, S, kind)
-            desc = dict(fam=fam, tied=tied, V=V, B=B, S=S, kind=kind, width=width)
+        desc, base, kw = case(seed)
+        if ON_GPU:
             try:
                 losses, worst, bad = on_gpu(seed, base, kw)
             except Exception as e:
@@ -111,10 +119,7 @@ def main(start: int, count: int) -> None:
                 continue
             print("seed", seed, desc, losses, worst, "" if not bad else f"{bad} <-- CHECK", flush=True)
             continue
-        base = model(fam, tied, V, seed)
         patched = codetta.apply_codetta(copy.deepcopy(base))
-        kw = inputs(rng, seed, V, B, S, kind)
-        desc = dict(fam=fam, tied=tied, V=V, B=B, S=S, kind=kind)
         try:
             l0, g0 = step(base, kw)
             l1, g1 = step(patched, kw)

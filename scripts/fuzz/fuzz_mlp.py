@@ -9,11 +9,9 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 (NOTES.md, runs 171-177 section); a failure at many rows, or an exception, is a finding.
 """
 
-import random
-
 import torch
 import torch.nn.functional as F
-from fuzz_common import DTYPE, compare, grow, leaves_as, run_seeds
+from fuzz_common import DTYPE, compare, grow, leaves_as, run_seeds, start
 
 from codetta.ops import embedding, residual_rmsnorm_linear, residual_rmsnorm_swiglu, swiglu_mlp
 
@@ -122,8 +120,7 @@ def case_embedding(rng, dt, g):
 
 
 def run_case(seed):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
+    rng = start(seed)
     dt = DTYPE
     kind = rng.choice([case_mlp, case_chain, case_embedding])
     desc, leaves, ours, ref = kind(rng, dt, grow(seed))

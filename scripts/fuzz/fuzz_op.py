@@ -11,7 +11,7 @@ max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <
 import random
 
 import torch
-from fuzz_common import DTYPE, ON_GPU, compare, grow, leaves_as, run_seeds
+from fuzz_common import DTYPE, ON_GPU, compare, grow, leaves_as, run_seeds, start
 
 from codetta.ops import RoPE, residual_rmsnorm_linear, rmsnorm_linear
 
@@ -70,8 +70,7 @@ def reference(y, w_o, res, gamma, ws, eps, rope):
 
 
 def run_case(seed):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
+    rng = start(seed)
     dt = DTYPE
     gr, gw = grow(seed)
     lead = rng.choice([(rng.randint(1, 70),), (rng.randint(1, 3), rng.randint(1, 33)), (1, 1)])

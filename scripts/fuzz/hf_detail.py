@@ -1,0 +1,87 @@
+"""One drop-in case of ``fuzz_hf.py`` in detail, on a GPU: where a NaN first shows (the
+forward's first module with one, in padded rows or not; the backward's first node, by
+anomaly detection), and the logits' and the loss's errors against float64, patched and
+unpatched.
+
+Usage (repo root, GPU):
+FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16 PYTHONPATH=. python scripts/fuzz/hf_detail.py SEED..."""
+
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+from fuzz_common import DEVICE, DTYPE
+from fuzz_hf import case, step
+
+import codetta
+
+
+def first_nan_forward(m, kw):
+    """The first module (in call order) whose output holds a NaN, and whether only rows
+    the attention mask drops hold them."""
+    names, found = {mod: n for n, mod in m.named_modules()}, []
+    mask = kw.get("attention_mask")
+
+    def hook(mod, inp, out):
+        o = out[0] if isinstance(out, tuple) else out
+        if found or not torch.is_tensor(o) or not o.is_floating_point() or not torch.isnan(o).any():
+            return
+        where = "?"
+        if mask is not None and o.dim() >= 3 and o.shape[:2] == mask.shape:
+            bad_rows = torch.isnan(o).flatten(2).any(-1)
+            where = "padded rows only" if not (bad_rows & (mask != 0)).any() else "real rows too"
+        found.append((names[mod], tuple(o.shape), where))
+
+    hs = [mod.register_forward_hook(hook) for mod in names]
+    try:
+        m.train()
+        out = m(**kw)
+    finally:
+        for h in hs:
+            h.remove()
+    return out, found
+
+
+def main(seeds):
+    print("device", DEVICE, "dtype", DTYPE, "torch", torch.__version__, flush=True)
+    for seed in seeds:
+        desc, base, kw = case(seed)
+        kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
+        base = base.to(DEVICE)
+        plain = copy.deepcopy(base).to(DTYPE)
+        patched = codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
+        ref = base.double()
+        print("seed", seed, desc, flush=True)
+        for name, m in (("float64", ref), ("unpatched", plain), ("patched", patched)):
+            out, found = first_nan_forward(m, kw)
+            print(f"  {name}: loss {out.loss.item():.6f}; first NaN in the forward: {found or 'none'}")
+            _, g = step(m, kw)
+            nan = [n for n, t in g.items() if torch.isnan(t).any()]
+            print(f"  {name}: gradients with a NaN: {len(nan)} of {len(g)} {nan[:3]}")
+            if nan:
+                m.zero_grad(set_to_none=True)
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    try:
+                        m(**kw).loss.backward()
+                        print("  anomaly detection: no NaN raised")
+                    except RuntimeError as e:
+                        print("  anomaly detection:", str(e)[:400])
+        # logits without labels, and the loss from them, against float64's
+        nolab = {k: v for k, v in kw.items() if k != "labels"}
+        with torch.no_grad():
+            lg = {n: m(**nolab).logits.double() for n, m in (("64", ref), ("un", plain), ("pa", patched))}
+            mask_rows = kw["labels"][:, 1:] != -100
+            for n in ("un", "pa"):
+                e = (lg[n] - lg["64"]).abs()[:, :-1][mask_rows]
+                ce = F.cross_entropy(lg[n][:, :-1][mask_rows], kw["labels"][:, 1:][mask_rows])
+                ce64 = F.cross_entropy(lg["64"][:, :-1][mask_rows], kw["labels"][:, 1:][mask_rows])
+                print(f"  logits {n}: max err {e.max().item():.3e} mean err {e.mean().item():.3e}; "
+                      f"CE from them err {abs(ce - ce64).item():.3e}")  # fmt: skip
+        for name, m in (("unpatched", plain), ("patched", patched)):
+            losses = [m(**kw).loss.item() for _ in range(2)]
+            print(f"  {name} fused loss twice: {losses}; float64 {ref(**kw).loss.item():.7f}", flush=True)
+
+
+if __name__ == "__main__":
+    main([int(s) for s in sys.argv[1:]])
