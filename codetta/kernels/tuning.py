@@ -381,6 +381,11 @@ class Chooser:
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
         cands = candidates(call, pingpong=pp)
+        if not cands:  # (an operator asks launch.parts_fit first; this is for a direct call)
+            raise ValueError(
+                f"program {call.program.name!r} has no configuration on this GPU for N parts {call.widths} / "
+                f"M parts {call.heights} (every boundary between parts must fall on a tile edge)"
+            )
         cfg, _ = self.known(call, pp, cands)
         if cfg is not None:
             return cfg

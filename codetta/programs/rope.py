@@ -325,8 +325,13 @@ def _pairs_pingpong(hd: int) -> dict:
 
 def _pairs_candidates(hd: int) -> tuple:
     """128x256 tiles only where a head needs them (256): at head dim 64 they spilled
-    96-288 B with either body; the 128x128 and 64x128 ones spill nothing there."""
-    return _PAIRS_CANDIDATES if hd == 256 else tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128)
+    96-288 B with either body; the 128x128 and 64x128 ones spill nothing there. Narrow
+    heads (16, 32) also get ``_rope_candidates``' tiles split in four (head dim 16 had no
+    candidate at all before: its calls raised on a GPU)."""
+    if hd == 256:
+        return _PAIRS_CANDIDATES
+    narrow = tuple(c for c in _rope_candidates(hd) if c not in _ROPE_CANDIDATES)
+    return tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128) + narrow
 
 
 _PAIRS_PINGPONG = {"pingpong_configs": tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)}

@@ -78,6 +78,21 @@ def main(seeds):
                 ce64 = F.cross_entropy(lg["64"][:, :-1][mask_rows], kw["labels"][:, 1:][mask_rows])
                 print(f"  logits {n}: max err {e.max().item():.3e} mean err {e.mean().item():.3e}; "
                       f"CE from them err {abs(ce - ce64).item():.3e}")  # fmt: skip
+                # the loss's error per token: its log-sum-exp's and its target logit's, and
+                # each row's mean logit error (a shift common to a row cancels in the loss)
+                rows, rows64 = lg[n][:, :-1][mask_rows], lg["64"][:, :-1][mask_rows]
+                t = kw["labels"][:, 1:][mask_rows]
+                d_lse = torch.logsumexp(rows, -1) - torch.logsumexp(rows64, -1)
+                d_t = (rows - rows64).gather(1, t[:, None])[:, 0]
+                d_mean = (rows - rows64).mean(-1)
+                for what, v in (
+                    ("lse", d_lse),
+                    ("target", d_t),
+                    ("row mean", d_mean),
+                    ("lse-target", d_lse - d_t),
+                ):
+                    print(f"    {n} {what}: mean {v.mean().item():+.3e} std {v.std().item():.3e}")
+                print(f"    {n} logits: std {rows64.std().item():.3e}, rows {rows.shape[0]}")
         for name, m in (("unpatched", plain), ("patched", patched)):
             losses = [m(**kw).loss.item() for _ in range(2)]
             print(f"  {name} fused loss twice: {losses}; float64 {ref(**kw).loss.item():.7f}", flush=True)
