@@ -7,15 +7,17 @@ Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz
 past 1e-3 or on a missing gradient; a 1-token batch has no loss token: nan for both).
 
 On a GPU (FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16): wider models and longer batches in that
-dtype, and each patched result (the loss, every parameter's gradient) is held to twice the
-unpatched model's error in the same dtype against the unpatched model in float64; the line
-names the worst ratio and "<-- CHECK" when a result exceeds the bound or is missing."""
+dtype, and each patched result (each token's loss, every parameter's gradient) is held to
+twice the unpatched model's error in the same dtype against the unpatched model in
+float64; the line names the worst ratio and "<-- CHECK" when a result exceeds the bound or
+is missing."""
 
 import copy
 import random
 import sys
 
 import torch
+import torch.nn.functional as F
 import transformers
 from fuzz_common import DEVICE, DTYPE, ON_GPU, compare
 
@@ -69,24 +71,40 @@ def inputs(rng, seed, V, B, S, kind):
     return kw
 
 
+def token_losses(m, kw) -> torch.Tensor:
+    """Each predicted token's loss (float64) from the model's logits (no labels passed)."""
+    with torch.no_grad():
+        logits = m(**{k: v for k, v in kw.items() if k != "labels"}).logits[:, :-1].double()
+    labels = kw["labels"][:, 1:]
+    keep = labels != -100
+    return F.cross_entropy(logits[keep], labels[keep], reduction="none")
+
+
 def on_gpu(seed, base, kw) -> tuple:
     """The patched model in DTYPE against 2x the unpatched one's error (same dtype), both
-    measured against the unpatched model in float64: (worst ratio, bad results)."""
+    measured against the unpatched model in float64: (worst ratio, bad results). The loss
+    is judged token by token (from each model's logits): the batch's loss is a mean of
+    per-token errors of either sign (std ~1e-2 at bf16, run 180), so the ratio of two such
+    means is noise (run 180: 0.02 and 0.42 of the expected spread gave a "ratio" of 26);
+    it is printed, not bounded. The gradients are bounded as they come."""
     kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
     base = base.to(DEVICE)
     plain, patched = copy.deepcopy(base).to(DTYPE), codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
-    (l64, g64), (l0, g0), (l1, g1) = (step(m, kw) for m in (base.double(), plain, patched))
+    ref = base.double()
+    (l64, g64), (l0, g0), (l1, g1) = (step(m, kw) for m in (ref, plain, patched))
     if torch.isnan(l64):  # (no token to predict: nan losses and gradients on every side)
         return f"loss {l0.item()} {l1.item()}", ("no loss token", 0.0), []
-    names = ["loss", *g64]
-    bad = compare(names, [l1, *(g1.get(n) for n in g64)], [l64, *g64.values()], [l0, *(g0[n] for n in g64)])
+    t64, t0, t1 = (token_losses(m, kw) for m in (ref, plain, patched))
+    names = ["token losses", *g64]
+    ours, same = [t1, *(g1.get(n) for n in g64)], [t0, *(g0[n] for n in g64)]
+    bad = compare(names, ours, [t64, *g64.values()], same)
     worst = max(
         ((n, (b.double() - r).abs().max().item() / max((a.double() - r).abs().max().item(), 1e-30))
-         for n, a, b, r in zip(names, [l0, *g0.values()], [l1, *(g1.get(n, g0[n]) for n in g64)],
-                               [l64, *g64.values()])),
+         for n, a, b, r in zip(names, same, [b if b is not None else a for a, b in zip(same, ours)],
+                               [t64, *g64.values()])),
         key=lambda kv: kv[1],
     )  # fmt: skip
-    return f"loss {l0.item():.5f} {l1.item():.5f}", worst, bad
+    return f"loss {l0.item():.5f} {l1.item():.5f} (float64 {l64.item():.5f})", worst, bad
 
 
 def case(seed: int) -> tuple:
