@@ -525,3 +525,32 @@ def test_bad_program_declarations(kwargs, match):
     base = {"name": "p", "body": pg.STORE.body, "outputs": pg.STORE.outputs}
     with pytest.raises(ValueError, match=match):
         codetta.Program(**{**base, **kwargs})
+
+
+def test_every_program_has_a_portable_configuration():
+    """Every program codetta defines (each head dim of the RoPE families included) has a
+    configuration of the portable mainloop, and a program with a sub-tile width (RoPE's:
+    one head) only ones whose sub-tiles are that wide. The interleaved pairs at head dim 16
+    had none, and their calls raised IndexError on a GPU (the interpreter runs its own
+    configuration, so no CPU call could show it; found by scripts/fuzz on the H200)."""
+    import importlib
+    import pkgutil
+
+    import codetta.programs as programs
+    from codetta.kernels.engines import TRITON
+    from codetta.kernels.program import Program
+
+    found = {}
+    for info in pkgutil.iter_modules(programs.__path__):
+        if info.name == "sm90_check":
+            continue
+        for value in vars(importlib.import_module(f"codetta.programs.{info.name}")).values():
+            for p in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(p, Program):
+                    found[p.name] = p
+    assert len(found) >= 40 and "rms_rope_pairs_16" in found, sorted(found)
+    for name, program in found.items():
+        cands = TRITON.candidates(program)
+        assert cands, name
+        if program.sub_tile_width:
+            assert all(c.block_n // c.epi_split == program.sub_tile_width for c in cands), name
