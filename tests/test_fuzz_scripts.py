@@ -38,3 +38,18 @@ def test_fuzz_drop_in_seed(fuzz_path, capsys):
     mod.main(2, 1)
     out = capsys.readouterr().out
     assert "seed 2" in out and "CHECK" not in out and "EXC" not in out, out
+
+
+def test_repeat_mode(fuzz_path, capsys):
+    """A case's shapes with several data sets: one line per result with its median and
+    largest error ratio, each draw's data different (the ratios differ) and the shapes the
+    same (one description)."""
+    mod = importlib.import_module("fuzz_mlp")
+    common = importlib.import_module("fuzz_common")
+    assert common.run_seeds(mod.run_case, ["x", "3", "1", "3"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("  ")]
+    assert out.count("seed 3 ") == 1 and len(lines) == 6, out
+    assert all("of 3 past" in ln for ln in lines), out
+    ratios = common._RATIOS[0]
+    assert len(ratios) == 3 and len(set(ratios)) == 3 and max(ratios) < 1, ratios
