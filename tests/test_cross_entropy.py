@@ -570,3 +570,34 @@ def test_empty_batch(device, vocab_chunk):
         assert x.grad.shape == x.shape
         assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
         x.grad = w.grad = b.grad = None
+
+
+def test_bias_gradient_rounded_once(device):
+    """With an incoming gradient that is not a power of 2 (1.7; a gradient-accumulation
+    divisor), dB is scaled in float32 and rounded to the bias's dtype once: over eight
+    draws (softcap on, 64 rows) its error against float64 is level with PyTorch's at the
+    median. Rounded in the forward and again after the scale it was 1.36x PyTorch's at the
+    median and 2.35x at the worst of ten (the random checks' seed 264, NOTES.md)."""
+    dt = torch.bfloat16 if ON_GPU else torch.float16
+    M, d, V = (1024, 256, 4000) if ON_GPU else (64, 64, 130)
+    ratios = []
+    for s in range(8):
+        torch.manual_seed(1000 + s)
+        x, w = rand(M, d, dtype=dt, device=device), rand(V, d, dtype=dt, device=device, scale=3 * d**-0.5)
+        b = rand(V, dtype=dt, device=device, scale=0.1)
+        t = torch.randint(0, V, (M,), device=device)
+        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
+        out = linear_cross_entropy(leaves[0], leaves[1], t, linear_bias=leaves[2], softcap=3.0)
+        (db,) = torch.autograd.grad(out, leaves[2], torch.tensor(1.7, dtype=out.dtype, device=device))
+
+        def theirs(dtype, leaves=leaves, t=t):
+            xx, ww, bb = (leaf.detach().to(dtype).requires_grad_() for leaf in leaves)
+            logits = F.linear(xx, ww, bb).float() if dtype != torch.float64 else F.linear(xx, ww, bb)
+            loss = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), t)
+            loss = loss.to(dtype)
+            return torch.autograd.grad(loss, bb, torch.tensor(1.7, dtype=dtype, device=device))[0]
+
+        ref, same = theirs(torch.float64), theirs(dt)
+        ratios.append((db.double() - ref).abs().max().item() / (same.double() - ref).abs().max().item())
+    ratios.sort()
+    assert ratios[len(ratios) // 2] <= 1.15 and ratios[-1] <= 2.0, ratios

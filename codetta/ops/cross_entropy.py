@@ -227,7 +227,10 @@ def _forward_impl(
     # dW in the weight's dtype (the backward scales it in place where its incoming gradient
     # is not 1), or float32 for a tied embedding's one pass (_finishes)
     dw = dw32 if grads else w.new_empty(0)
-    db = db32.to(bias.dtype) if grads and bias is not None else w.new_empty(0)
+    # dB kept in float32 ([V]: the backward scales it and rounds once; rounded here, a
+    # gradient other than a power of 2 coming in rounded it twice: 1.36x PyTorch's error at
+    # the median with a softcap, NOTES.md)
+    db = db32 if grads and bias is not None else w.new_empty(0, dtype=torch.float32)
     gained = gained if gained is not None else lse.new_empty(0)
     return loss, lse, dx, dw, db, gained
 
@@ -241,7 +244,7 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none" and not vocab_chunk
-    db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,))
+    db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,), dtype=f32)
     dw_dtype = f32 if grads and not finish else w.dtype
     gained = x.new_empty(() if grads and x.dtype == torch.float16 else (0,), dtype=f32)
     return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
@@ -323,6 +326,7 @@ def _setup(ctx, inputs, output):
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.has_bias = bias is not None
+    ctx.b_dtype = bias.dtype if bias is not None else None
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
@@ -365,7 +369,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
         scale = dloss.to(torch.float32)
         if gained.numel():  # (float16: formed at a power-of-2 gain, divided out exactly here)
             scale = scale / gained
-        db = db * scale if db.numel() else db  # (a [V] vector: PyTorch's product)
+        db = (db * scale).to(ctx.b_dtype) if db.numel() else db  # (float32 [V], rounded once)
         if ctx.finish:  # (mean / sum: gradients formed in the forward)
             # dX, and dW already rounded to the weight's dtype in the forward, scaled in place
             # where the incoming gradient is not 1 (for dW a second rounding there, none for
