@@ -12,7 +12,7 @@ import random
 
 import torch
 import torch.nn.functional as F
-from fuzz_common import DTYPE, ON_GPU, compare, grow, run_seeds, start
+from fuzz_common import DTYPE, ON_GPU, compare, drawn_settings, grow, run_seeds, start
 
 from codetta.ops import linear_cross_entropy
 
@@ -105,12 +105,13 @@ def run_case(seed):
     )
     if bias:
         kw["linear_bias"] = leaves[2]
-    try:
-        out = linear_cross_entropy(leaves[0], leaves[1], t, **kw)
-    except (ValueError, TypeError, NotImplementedError) as e:
-        return desc, [("refused", str(e)[:200])]
-    g_out = torch.randn(out.shape).to(out.dtype) if out.dim() else torch.tensor(1.7, dtype=out.dtype)
-    grads = torch.autograd.grad(out, leaves, g_out)
+    with drawn_settings(seed, desc, ce_finish=[True, False], poison_outputs=[False, True]):
+        try:
+            out = linear_cross_entropy(leaves[0], leaves[1], t, **kw)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            return desc, [("refused", str(e)[:200])]
+        g_out = torch.randn(out.shape).to(out.dtype) if out.dim() else torch.tensor(1.7, dtype=out.dtype)
+        grads = torch.autograd.grad(out, leaves, g_out)
 
     def ref(dtype):
         ls_ = [leaf.detach().to(dtype).requires_grad_() for leaf in leaves]

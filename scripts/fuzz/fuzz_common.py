@@ -8,12 +8,15 @@ so that tiles, K loops and TMA edges are crossed; it draws from its own generato
 seed's CPU case is the same with or without it.
 """
 
+import contextlib
 import os
 import random
 import sys
 import traceback
 
 import torch
+
+from codetta.kernels import settings
 
 DEVICE = os.environ.get("FUZZ_DEVICE", "cpu")
 DTYPE = getattr(torch, os.environ.get("FUZZ_DTYPE", "float16"))
@@ -27,6 +30,19 @@ def grow(seed: int) -> tuple:
         return 1, 1
     r = random.Random(seed + 1_000_003)
     return r.choice([1, 4, 16, 64]), r.choice([1, 2, 8, 32])
+
+
+@contextlib.contextmanager
+def drawn_settings(seed: int, desc: dict, **options):
+    """codetta's settings for a case, each drawn from its list by a generator of its own
+    (a seed's shapes and data are the same with or without it) and recorded in ``desc``;
+    e.g. ``poison_outputs=[False, True]``: every output filled with NaN before its launch
+    in half the cases, so an element no kernel writes cannot pass."""
+    r = random.Random(seed + 29)
+    chosen = {name: r.choice(values) for name, values in options.items()}
+    desc.update(chosen)
+    with settings.override(**chosen):
+        yield
 
 
 def err(a: torch.Tensor, ref: torch.Tensor) -> float:
