@@ -325,8 +325,7 @@ def _setup(ctx, inputs, output):
     _, lse, dx, dw, db, gained = output
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
-    ctx.has_bias = bias is not None
-    ctx.b_dtype = bias.dtype if bias is not None else None
+    ctx.b_dtype = bias.dtype if bias is not None else None  # (None: no bias)
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype = w.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
@@ -388,7 +387,7 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
                 dw = None  # the tied embedding's backward returns the weight's whole gradient
             else:
                 dw = scale_cast(dw, scale, ctx.w_dtype)
-    return (dx, dw, None, db if ctx.has_bias else None) + rest
+    return (dx, dw, None, db if ctx.b_dtype is not None else None) + rest
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)

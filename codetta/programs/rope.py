@@ -254,11 +254,14 @@ _ROPE_CANDIDATES = tuple(
 )
 
 
+def _narrow_candidates(hd: int) -> tuple:
+    """Narrow heads (16, 32: tiny test models): 64- or 128-wide tiles split in four (a
+    sub-tile is one head); none for wider heads."""
+    return () if hd >= 64 else tuple(config_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
+
+
 def _rope_candidates(hd: int) -> tuple:
-    """Narrow heads (16, 32: tiny test models) split 64- or 128-wide tiles in four."""
-    if hd >= 64:
-        return _ROPE_CANDIDATES
-    return _ROPE_CANDIDATES + tuple(config_grid(((128, 4 * hd, 3, 8),), (4,), (False,)))
+    return _ROPE_CANDIDATES + _narrow_candidates(hd)
 
 
 _ROPE_INPUTS = (PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerRow("pos", index=True), PerCol("freq"),
@@ -326,12 +329,11 @@ def _pairs_pingpong(hd: int) -> dict:
 def _pairs_candidates(hd: int) -> tuple:
     """128x256 tiles only where a head needs them (256): at head dim 64 they spilled
     96-288 B with either body; the 128x128 and 64x128 ones spill nothing there. Narrow
-    heads (16, 32) also get ``_rope_candidates``' tiles split in four (head dim 16 had no
-    candidate at all before: its calls raised on a GPU)."""
+    heads (16, 32) also get ``_narrow_candidates`` (head dim 16 had no candidate at all
+    before: its calls raised on a GPU)."""
     if hd == 256:
         return _PAIRS_CANDIDATES
-    narrow = tuple(c for c in _rope_candidates(hd) if c not in _ROPE_CANDIDATES)
-    return tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128) + narrow
+    return tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128) + _narrow_candidates(hd)
 
 
 _PAIRS_PINGPONG = {"pingpong_configs": tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)}

@@ -71,13 +71,28 @@ def inputs(rng, seed, V, B, S, kind):
     return kw
 
 
-def token_losses(m, kw) -> torch.Tensor:
-    """Each predicted token's loss (float64) from the model's logits (no labels passed)."""
+def on_device(base, kw) -> tuple:
+    """The three models of a GPU check (the unpatched one in float64, the unpatched and the
+    patched ones in DTYPE) and the batch, on DEVICE."""
+    kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
+    base = base.to(DEVICE)
+    plain, patched = copy.deepcopy(base).to(DTYPE), codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
+    return base.double(), plain, patched, kw
+
+
+def predicted(m, kw) -> tuple:
+    """The logits (float64) of the tokens a label predicts, from a forward without labels,
+    and those labels."""
     with torch.no_grad():
         logits = m(**{k: v for k, v in kw.items() if k != "labels"}).logits[:, :-1].double()
     labels = kw["labels"][:, 1:]
     keep = labels != -100
-    return F.cross_entropy(logits[keep], labels[keep], reduction="none")
+    return logits[keep], labels[keep]
+
+
+def token_losses(m, kw) -> torch.Tensor:
+    """Each predicted token's loss (float64) from the model's logits."""
+    return F.cross_entropy(*predicted(m, kw), reduction="none")
 
 
 def on_gpu(seed, base, kw) -> tuple:
@@ -87,10 +102,7 @@ def on_gpu(seed, base, kw) -> tuple:
     per-token errors of either sign (std ~1e-2 at bf16, run 180), so the ratio of two such
     means is noise (run 180: 0.02 and 0.42 of the expected spread gave a "ratio" of 26);
     it is printed, not bounded. The gradients are bounded as they come."""
-    kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
-    base = base.to(DEVICE)
-    plain, patched = copy.deepcopy(base).to(DTYPE), codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
-    ref = base.double()
+    ref, plain, patched, kw = on_device(base, kw)
     (l64, g64), (l0, g0), (l1, g1) = (step(m, kw) for m in (ref, plain, patched))
     if torch.isnan(l64):  # (no token to predict: nan losses and gradients on every side)
         return f"loss {l0.item()} {l1.item()}", ("no loss token", 0.0), []

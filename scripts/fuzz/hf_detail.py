@@ -6,15 +6,12 @@ unpatched.
 Usage (repo root, GPU):
 FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16 PYTHONPATH=. python scripts/fuzz/hf_detail.py SEED..."""
 
-import copy
 import sys
 
 import torch
 import torch.nn.functional as F
 from fuzz_common import DEVICE, DTYPE
-from fuzz_hf import case, step
-
-import codetta
+from fuzz_hf import case, on_device, predicted, step
 
 
 def first_nan_forward(m, kw):
@@ -47,11 +44,7 @@ def main(seeds):
     print("device", DEVICE, "dtype", DTYPE, "torch", torch.__version__, flush=True)
     for seed in seeds:
         desc, base, kw = case(seed)
-        kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
-        base = base.to(DEVICE)
-        plain = copy.deepcopy(base).to(DTYPE)
-        patched = codetta.apply_codetta(copy.deepcopy(base).to(DTYPE))
-        ref = base.double()
+        ref, plain, patched, kw = on_device(base, kw)
         print("seed", seed, desc, flush=True)
         for name, m in (("float64", ref), ("unpatched", plain), ("patched", patched)):
             out, found = first_nan_forward(m, kw)
@@ -68,31 +61,26 @@ def main(seeds):
                     except RuntimeError as e:
                         print("  anomaly detection:", str(e)[:400])
         # logits without labels, and the loss from them, against float64's
-        nolab = {k: v for k, v in kw.items() if k != "labels"}
-        with torch.no_grad():
-            lg = {n: m(**nolab).logits.double() for n, m in (("64", ref), ("un", plain), ("pa", patched))}
-            mask_rows = kw["labels"][:, 1:] != -100
-            for n in ("un", "pa"):
-                e = (lg[n] - lg["64"]).abs()[:, :-1][mask_rows]
-                ce = F.cross_entropy(lg[n][:, :-1][mask_rows], kw["labels"][:, 1:][mask_rows])
-                ce64 = F.cross_entropy(lg["64"][:, :-1][mask_rows], kw["labels"][:, 1:][mask_rows])
-                print(f"  logits {n}: max err {e.max().item():.3e} mean err {e.mean().item():.3e}; "
-                      f"CE from them err {abs(ce - ce64).item():.3e}")  # fmt: skip
-                # the loss's error per token: its log-sum-exp's and its target logit's, and
-                # each row's mean logit error (a shift common to a row cancels in the loss)
-                rows, rows64 = lg[n][:, :-1][mask_rows], lg["64"][:, :-1][mask_rows]
-                t = kw["labels"][:, 1:][mask_rows]
-                d_lse = torch.logsumexp(rows, -1) - torch.logsumexp(rows64, -1)
-                d_t = (rows - rows64).gather(1, t[:, None])[:, 0]
-                d_mean = (rows - rows64).mean(-1)
-                for what, v in (
-                    ("lse", d_lse),
-                    ("target", d_t),
-                    ("row mean", d_mean),
-                    ("lse-target", d_lse - d_t),
-                ):
-                    print(f"    {n} {what}: mean {v.mean().item():+.3e} std {v.std().item():.3e}")
-                print(f"    {n} logits: std {rows64.std().item():.3e}, rows {rows.shape[0]}")
+        rows64, t = predicted(ref, kw)
+        ce64 = F.cross_entropy(rows64, t)
+        for n, m in (("un", plain), ("pa", patched)):
+            rows, _ = predicted(m, kw)
+            e = (rows - rows64).abs()
+            print(f"  logits {n}: max err {e.max().item():.3e} mean err {e.mean().item():.3e}; "
+                  f"CE from them err {abs(F.cross_entropy(rows, t) - ce64).item():.3e}")  # fmt: skip
+            # the loss's error per token: its log-sum-exp's and its target logit's, and each
+            # row's mean logit error (a shift common to a row cancels in the loss)
+            d_lse = torch.logsumexp(rows, -1) - torch.logsumexp(rows64, -1)
+            d_t = (rows - rows64).gather(1, t[:, None])[:, 0]
+            d_mean = (rows - rows64).mean(-1)
+            for what, v in (
+                ("lse", d_lse),
+                ("target", d_t),
+                ("row mean", d_mean),
+                ("lse-target", d_lse - d_t),
+            ):
+                print(f"    {n} {what}: mean {v.mean().item():+.3e} std {v.std().item():.3e}")
+            print(f"    {n} logits: std {rows64.std().item():.3e}, rows {rows.shape[0]}")
         for name, m in (("unpatched", plain), ("patched", patched)):
             losses = [m(**kw).loss.item() for _ in range(2)]
             print(f"  {name} fused loss twice: {losses}; float64 {ref(**kw).loss.item():.7f}", flush=True)
