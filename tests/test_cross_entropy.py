@@ -590,6 +590,8 @@ def test_bias_gradient_rounded_once(device):
         out = linear_cross_entropy(leaves[0], leaves[1], t, linear_bias=leaves[2], softcap=3.0)
         (db,) = torch.autograd.grad(out, leaves[2], torch.tensor(1.7, dtype=out.dtype, device=device))
 
+        # (not _torch_options: it caps the logits before their float32 upcast; here the
+        # cap comes after it, PyTorch's more accurate form, as scripts/fuzz/fuzz_ce.py's)
         def theirs(dtype, leaves=leaves, t=t):
             xx, ww, bb = (leaf.detach().to(dtype).requires_grad_() for leaf in leaves)
             logits = F.linear(xx, ww, bb).float() if dtype != torch.float64 else F.linear(xx, ww, bb)
