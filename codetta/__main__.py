@@ -65,7 +65,7 @@ def _bench(args) -> int:
         elif part == "qkv":
             from codetta.bench import qkv
 
-            qkv.run(args.out)
+            qkv.run(args.out, cases=tuple(args.qkv_cases))
         elif part == "ce":
             from codetta.bench import ce
 
@@ -139,6 +139,14 @@ def main(argv=None) -> int:
         "--research", action="store_true", help="residual_norm: also time the alternative backwards"
     )
     b.add_argument(
+        "--qkv-cases",
+        nargs="+",
+        default=["1B", "8B", "qwen3-8B"],
+        choices=["1B", "8B", "qwen3-8B", "1B-pairs", "8B-pairs"],
+        help="qkv part: which cases (the *-pairs ones rotate in the interleaved-pairs convention, "
+        "RoPE(interleaved=True))",
+    )
+    b.add_argument(
         "--settle-ms",
         type=float,
         default=120.0,
@@ -179,6 +187,10 @@ def main(argv=None) -> int:
     t.add_argument("--program", nargs="+", metavar="NAME",
                    help="only the keys of these programs (e.g. rms_qknorm_rope_128 after a change of its "
                         "candidates; with --pending, the list then names only their keys)")  # fmt: skip
+    t.add_argument("--rope-interleaved", action="store_true",
+                   help="the models' RoPE in the interleaved-pairs convention (Meta's original Llama "
+                        "code, torchtitan; codetta.ops.RoPE(interleaved=True)) instead of Hugging Face's "
+                        "rotate-half: the q and k projections' programs are then the *_pairs_* ones")  # fmt: skip
     t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")

@@ -23,6 +23,9 @@ class Widths:
     vocab: int
     tied: bool = False
     qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3)
+    # RoPE in the interleaved-pairs convention (columns 2i, 2i + 1: Meta's original Llama
+    # code, torchtitan); Hugging Face's models rotate halves (the default)
+    rope_interleaved: bool = False
 
     @property
     def q_width(self) -> int:

@@ -67,7 +67,11 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
         x, act = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d), t(d, dt=torch.float32),
                                          t(f, d), t(f, d))  # fmt: skip
         qk = {"qk_norm_weights": (t(w.head_dim), t(w.head_dim))} if w.qk_norm else {}
-        rope = RoPE(torch.arange(T), torch.rand(w.head_dim // 2), **qk) if w.head_dim in RMS_ROPE else None
+        rope = (
+            RoPE(torch.arange(T), torch.rand(w.head_dim // 2), interleaved=w.rope_interleaved, **qk)
+            if w.head_dim in RMS_ROPE
+            else None
+        )
         x2, zs = residual_rmsnorm_linear(act, t(d, f), x, t(d, dt=torch.float32), [t(w.q_width, d), t(kv, d),
                                          t(kv, d)], rope=rope)  # fmt: skip
         x3, n = residual_rmsnorm(
@@ -241,6 +245,8 @@ def main(args) -> int:
     calls: dict = {}
     for spec in specs:
         w = widths_of(spec)
+        if getattr(args, "rope_interleaved", False):
+            w = replace(w, name=f"{w.name} (interleaved RoPE)", rope_interleaved=True)
         found = model_calls(w, tokens)
         print(f"{w.name}: {len(found)} tuning keys over {len(tokens)} token counts", file=sys.stderr)
         for k, c in found.items():

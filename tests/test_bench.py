@@ -100,16 +100,20 @@ def test_model_step_qwen3_case_on_cpu():
     assert abs(losses["codetta"] - losses["eager"]) < 1e-4 * abs(losses["eager"])
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_qkv_part_on_cpu(qk_norm):
+@pytest.mark.parametrize("qk_norm, pairs", [(False, False), (True, False), (False, True)])
+def test_qkv_part_on_cpu(qk_norm, pairs):
     """The qkv part's pieces at a tiny shape (CPU, fp32): codetta's q, k, v and every
-    gradient agree with the eager Hugging Face path; the floor's GEMMs are the three
-    projections."""
+    gradient agree with the eager Hugging Face path (with ``pairs``, its interleaved-pairs
+    form: the *-pairs cases), and the other convention does not; the floor's GEMMs are the
+    three projections."""
     from codetta.bench import qkv
 
-    p = qkv.problem("1B", device="cpu", dtype=torch.float32, batch=2, seq=8, dims=(64, 4, 2, 16, qk_norm))
+    dims = (64, 4, 2, 16, qk_norm, pairs)
+    p = qkv.problem("1B", device="cpu", dtype=torch.float32, batch=2, seq=8, dims=dims)
     errs = qkv.check(p, qkv.codetta, tol=1e-4)
     assert len(errs) == 10 if qk_norm else 8
+    with pytest.raises(AssertionError, match="relative difference"):
+        qkv.check(p, lambda q, *leaves: qkv.codetta({**q, "pairs": not pairs}, *leaves), tol=1e-4)
     assert qkv.gemm_shapes(p) == [(16, 64, 64), (16, 32, 64), (16, 32, 64)]
     assert len(qkv.cublas_gemms(p, backward=True)()) == 9
     assert len(qkv.fwd_bwd(p, qkv.codetta)()) == len(p["leaves"])  # (the timed call: a gradient per leaf)

@@ -171,6 +171,21 @@ def test_tune_program_filter(capsys):
     assert "rms_rope_64" in capsys.readouterr().err
 
 
+def test_tune_rope_interleaved(capsys):
+    """``codetta tune --rope-interleaved`` records the q and k projections with the
+    interleaved-pairs programs (and without it, the rotate-half ones); the rest of the
+    step's keys are the same."""
+    from codetta.__main__ import main
+
+    args = ["tune", "--model", "llama3-8b", "--tokens", "16384", "--list"]
+    assert main(args) == 0
+    halves = set(capsys.readouterr().out.split())
+    assert main([*args, "--rope-interleaved"]) == 0
+    pairs = set(capsys.readouterr().out.split())
+    assert sorted(k.partition("@")[0] for k in pairs - halves) == ["rms_rope_pairs_128"] * 2
+    assert sorted(k.partition("@")[0] for k in halves - pairs) == ["rms_rope_128"] * 2
+
+
 def _merge_tuned():
     import importlib.util
     from pathlib import Path

@@ -15,6 +15,10 @@ The floor: the three projections' GEMMs (forward), plus their dX and dW (backwar
 weight gradients from one launch each where the case allows; Qwen3's keeps three).
 ``codetta:no-direct`` (fwd+bwd): codetta with ``CODETTA_DIRECT_LAUNCH=0`` (every launch
 through Triton's own path: what the direct launches save, in the host-bound 1B row).
+The cases "1B-pairs" and "8B-pairs" (``--qkv-cases``, not run by default) rotate in the
+interleaved-pairs convention (``RoPE(interleaved=True)``: Meta's original Llama code,
+torchtitan): eager and torch.compile then rotate columns 2i and 2i + 1 together; Liger
+has no such RoPE and sits them out.
 """
 
 from __future__ import annotations
@@ -38,17 +42,25 @@ from .harness import (
 
 BATCH, SEQ = 4, 4096
 EPS = 1e-5
-# name: (d, q heads, kv heads, head_dim, per-head q/k norm)
+# name: (d, q heads, kv heads, head_dim, per-head q/k norm, interleaved-pairs RoPE)
 CASES = {
-    "1B": (2048, 32, 8, 64, False),
-    "8B": (4096, 32, 8, 128, False),
-    "qwen3-8B": (4096, 32, 8, 128, True),
+    "1B": (2048, 32, 8, 64, False, False),
+    "8B": (4096, 32, 8, 128, False, False),
+    "qwen3-8B": (4096, 32, 8, 128, True, False),
+    "1B-pairs": (2048, 32, 8, 64, False, True),
+    "8B-pairs": (4096, 32, 8, 128, False, True),
 }
+DEFAULT_CASES = ("1B", "8B", "qwen3-8B")  # issue 'Operators III''s cases
 
 
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_pairs(x):
+    """The interleaved-pairs convention's partner of each column: (-x[2i + 1], x[2i])."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
 def _rms(x, w, eps):
@@ -60,7 +72,7 @@ def _rms(x, w, eps):
 
 def eager(p: dict, x, gamma, wq, wk, wv, *qk):
     """The Hugging Face path: RMSNorm, three cuBLAS projections, (per-head q/k norms),
-    [B, H, S, hd] views, apply_rotary_pos_emb."""
+    [B, H, S, hd] views, apply_rotary_pos_emb (or its interleaved-pairs form)."""
     B, S, hd, eps = p["batch"], p["seq"], p["head_dim"], p["eps"]
     n = _rms(x, gamma, eps)
     q, k, v = (F.linear(n, w).view(B, S, -1, hd) for w in (wq, wk, wv))
@@ -68,7 +80,8 @@ def eager(p: dict, x, gamma, wq, wk, wv, *qk):
         q, k = _rms(q, qk[0], eps), _rms(k, qk[1], eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = p["cos"].unsqueeze(1), p["sin"].unsqueeze(1)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+    rot = _rotate_pairs if p["pairs"] else _rotate_half
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin, v
 
 
 def liger_fn():
@@ -98,15 +111,16 @@ def codetta(p: dict, x, gamma, wq, wk, wv, *qk):
     """One row pass (the norm's statistics), then q, k, v from their GEMMs with the norm's
     scale, the q/k norms and RoPE in the epilogues."""
     B, S, hd = p["batch"], p["seq"], p["head_dim"]
-    rope = RoPE(p["positions"], p["inv_freq"], qk_norm_weights=tuple(qk), qk_norm_eps=p["eps"])
+    rope = RoPE(p["positions"], p["inv_freq"], qk_norm_weights=tuple(qk), qk_norm_eps=p["eps"],
+                interleaved=p["pairs"])  # fmt: skip
     q, k, v = rmsnorm_linear(x, gamma, (wq, wk, wv), p["eps"], rope=rope)
     return tuple(t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
 
 
 def problem(case: str, device="cuda", dtype=torch.bfloat16, batch=BATCH, seq=SEQ, dims=None) -> dict:
     """Inputs of one case (``dims`` overrides CASES' (d, heads, kv heads, head_dim,
-    qk norm), for small CPU checks)."""
-    d, h, kv, hd, qk = dims or CASES[case]
+    qk norm[, interleaved pairs]), for small CPU checks)."""
+    d, h, kv, hd, qk, pairs = (*(dims or CASES[case]), False)[:6]
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape, scale=1.0):
@@ -119,10 +133,11 @@ def problem(case: str, device="cuda", dtype=torch.bfloat16, batch=BATCH, seq=SEQ
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     positions = torch.arange(seq, device=device).repeat(batch, 1)
     angle = positions[..., None].float() * inv_freq
-    emb = torch.cat((angle, angle), dim=-1)
+    # each column's angle: the halves' (rotate-half), or each pair's twice (interleaved)
+    emb = angle.repeat_interleave(2, dim=-1) if pairs else torch.cat((angle, angle), dim=-1)
     return {
         "leaves": [t.requires_grad_() for t in leaves],
-        "batch": batch, "seq": seq, "head_dim": hd, "eps": EPS, "inv_freq": inv_freq,
+        "batch": batch, "seq": seq, "head_dim": hd, "eps": EPS, "inv_freq": inv_freq, "pairs": pairs,
         "positions": positions, "cos": emb.cos().to(dtype), "sin": emb.sin().to(dtype),
         "grads": [rand(batch, n, seq, hd) for n in (h, kv, kv)],
     }  # fmt: skip
@@ -182,7 +197,7 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
     p = problem(case)
     leaves = p["leaves"]
     variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta}
-    liger = liger_fn()
+    liger = None if p["pairs"] else liger_fn()
     if liger is not None:
         variants["liger"] = liger
     for name in ("codetta", "liger"):
@@ -213,5 +228,5 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
     add_rows(res_bwd, f"{case} fwd+bwd", 3 * flops, times, mem, host=host)
 
 
-def run(out_dir: str, cases=tuple(CASES)) -> list[Results]:
+def run(out_dir: str, cases=DEFAULT_CASES) -> list[Results]:
     return run_fwd_bwd_cases(out_dir, "qkv", cases, run_case, lambda c: f"RMSNorm + q/k/v + RoPE, {c}")
