@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     t.add_argument("--rope-interleaved", action="store_true",
                    help="the models' RoPE in the interleaved-pairs convention (Meta's original Llama "
                         "code, torchtitan; codetta.ops.RoPE(interleaved=True)) instead of Hugging Face's "
-                        "rotate-half: the q and k projections' programs are then the *_pairs_* ones")  # fmt: skip
+                        "rotate-half: the q and k projections then run the *_pairs_* programs")  # fmt: skip
     t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")

@@ -45,60 +45,64 @@ def pairs_calls(models, tokens: int) -> dict:
     return calls
 
 
+def measure_key(key: str, rc, seconds: float, shipped: dict, cache) -> tuple[dict, dict]:
+    """Tune one key (its picks into ``cache``) and time the untuned pick, the tuned one, the
+    rotate-half program and cuBLAS: ({key: Config} picked, the row of results)."""
+    a, weight, ops = T.call_inputs(rc)
+    call = make_call(rc.program, a, weight, ops)
+    pp = tuning.pingpong_allowed(call)
+    cands = tuning.candidates(call, pingpong=pp)
+    _, source = tuning.CHOOSER.known(call, pp, cands)
+    untuned = tuning.nearest(key, cands, {**shipped, **cache.entries}) or tuning.rule_config(call, cands)
+    prepare = launch._prepare_for_tuning(call)
+    with override(tune_method="both"):
+        measure = lambda fns: tuning._measure(fns, seconds)  # noqa: E731
+        times = tuning.tune_times(key, cands, prepare, measure, tuning._scout)
+    best = min(times, key=times.get)
+    picks = {key: best}
+    portable = {c: ms for c, ms in times.items() if not c.pingpong}
+    if pp and portable:  # (as Chooser.tune: the sweep also answers CODETTA_PINGPONG=0)
+        picks[tuning.Chooser.key(call, False)] = min(portable, key=portable.get)
+    for k, cfg in picks.items():
+        cache.put(k, cfg)
+    sib = RMS_ROPE[rc.program.sub_tile_width]  # the rotate-half program, as Hugging Face's path runs it
+    fns = {
+        "untuned": prepare(untuned),
+        "tuned": prepare(best),
+        "rotate-half": lambda: launch.gemm(a, weight, epilogue=sib, **ops),
+        "cublas": lambda: torch.matmul(a, weight.t()),
+    }
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    paired = timing.paired_ms(fns, min_s=1.0, min_cycles=20, warm_s=0.5)
+    sustained = timing.sustained_ms(fns, block_ms=60.0, blocks=3, warm_s=0.1, settle_ms=120.0)
+    print(f"== {key}\n   untuned {untuned.short()} (known before: {source or 'none'}), tuned {best.short()}")
+    for how, t in (("paired", paired), ("sustained", sustained)):
+        ratios = (f"untuned/tuned {t['untuned'] / t['tuned']:.3f}, "
+                  f"tuned/cublas {t['tuned'] / t['cublas']:.3f}, "
+                  f"rotate-half/cublas {t['rotate-half'] / t['cublas']:.3f}")  # fmt: skip
+        print(f"   {how:9s} " + "  ".join(f"{k} {v:.4f}" for k, v in t.items()) + "  | " + ratios, flush=True)
+    row = {
+        "key": key, "untuned": untuned.short(), "tuned": best.short(), "known_before": source or "none",
+        "paired_ms": {k: round(v, 4) for k, v in paired.items()},
+        "sustained_ms": {k: round(v, 4) for k, v in sustained.items()},
+    }  # fmt: skip
+    return picks, row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=["llama3-8b", "llama3-1b", "llama3-3b"])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--seconds", type=float, default=0.5)
     args = ap.parse_args()
-    index = 0
-    shipped = tuning.CHOOSER.shipped(index)
-    cache = tuning.CHOOSER.cache(index)
+    shipped, cache = tuning.CHOOSER.shipped(0), tuning.CHOOSER.cache(0)
     picks, rows = {}, []
     for key, rc in sorted(pairs_calls(args.models, args.tokens).items()):
-        a, weight, ops = T.call_inputs(rc)
-        call = make_call(rc.program, a, weight, ops)
-        pp = tuning.pingpong_allowed(call)
-        cands = tuning.candidates(call, pingpong=pp)
-        _, source = tuning.CHOOSER.known(call, pp, cands)
-        untuned = tuning.nearest(key, cands, {**shipped, **cache.entries}) or tuning.rule_config(call, cands)
-        prepare = launch._prepare_for_tuning(call)
-        with override(tune_method="both"):
-            times = tuning.tune_times(
-                key, cands, prepare, lambda fns: tuning._measure(fns, args.seconds), tuning._scout
-            )
-        best = min(times, key=times.get)
-        picks[key] = best
-        cache.put(key, best)
-        portable = {c: ms for c, ms in times.items() if not c.pingpong}
-        if pp and portable:  # (as Chooser.tune: the sweep also answers CODETTA_PINGPONG=0)
-            nokey = tuning.Chooser.key(call, False)
-            picks[nokey] = min(portable, key=portable.get)
-            cache.put(nokey, picks[nokey])
-        # the rotate-half program of the same shape, as the Hugging Face path runs it
-        sib = RMS_ROPE[rc.program.sub_tile_width]
-        fns = {
-            "untuned": prepare(untuned),
-            "tuned": prepare(best),
-            "rotate-half": lambda: launch.gemm(a, weight, epilogue=sib, **ops),
-            "cublas": lambda: torch.matmul(a, weight.t()),
-        }
-        for fn in fns.values():
-            fn()
-        torch.cuda.synchronize()
-        paired = timing.paired_ms(fns, min_s=1.0, min_cycles=20, warm_s=0.5)
-        sustained = timing.sustained_ms(fns, block_ms=60.0, blocks=3, warm_s=0.1, settle_ms=120.0)
-        row = {
-            "key": key, "untuned": untuned.short(), "tuned": best.short(), "known_before": source or "none",
-            "paired_ms": {k: round(v, 4) for k, v in paired.items()},
-            "sustained_ms": {k: round(v, 4) for k, v in sustained.items()},
-        }  # fmt: skip
+        got, row = measure_key(key, rc, args.seconds, shipped, cache)
+        picks.update(got)
         rows.append(row)
-        print(f"== {key}\n   untuned {untuned.short()} (known before: {source or 'none'}), tuned {best.short()}")
-        for how, t in (("paired", paired), ("sustained", sustained)):
-            print(f"   {how:9s} " + "  ".join(f"{k} {v:.4f}" for k, v in t.items())
-                  + f"  | untuned/tuned {t['untuned'] / t['tuned']:.3f}, tuned/cublas {t['tuned'] / t['cublas']:.3f},"
-                  f" rotate-half/cublas {t['rotate-half'] / t['cublas']:.3f}", flush=True)  # fmt: skip
     out = Path(os.environ.get("OUT", "."))
     table = T.table(picks, device.name(0), device.capability(0), device.num_sms(0), picks)
     (out / "pairs-tuned.json").write_text(json.dumps(table, indent=1) + "\n")
