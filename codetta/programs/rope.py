@@ -3,7 +3,6 @@ rotate-half convention (or the interleaved-pairs one) on whole heads after an RM
 (q and k projections)."""
 
 import math
-import os
 
 import torch
 import triton
@@ -378,17 +377,14 @@ def _row_angles(pos_ptr, freq_ptr, M, scaling, HALF: tl.constexpr, BLOCK_M: tl.c
 
 
 @triton.jit
-def _load_parts(ptr, base, mask, HALF: tl.constexpr, PAIRS: tl.constexpr, SPLIT: tl.constexpr = True):
+def _load_parts(ptr, base, mask, HALF: tl.constexpr, PAIRS: tl.constexpr):
     """Each head's two rotated parts, [BLOCK_M, HEADS, HALF] in fp32, of the heads whose
     first columns ``base`` [BLOCK_M, HEADS, 1] addresses: its halves (rotate-half), or with
     ``PAIRS`` its even and odd columns, split in registers from whole rows of the head
-    (contiguous, vector loads; loads of every other 2-byte element ran the backward's
-    passes several times slower, NOTES.md)."""
-    if PAIRS and not SPLIT:  # (A/B: every other column loaded directly)
-        cols = 2 * tl.arange(0, HALF)[None, None, :]
-        p1 = tl.load(ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
-        p2 = tl.load(ptr + base + 1 + cols, mask=mask, other=0.0).to(tl.float32)
-    elif PAIRS:
+    (contiguous: with loads and stores of every other 2-byte element the inverse rotation
+    of [16384, 4096] + [16384, 1024] took 1.29 ms on the H200 instead of 0.083, run 184,
+    NOTES.md)."""
+    if PAIRS:
         whole = tl.load(ptr + base + tl.arange(0, 2 * HALF)[None, None, :], mask=mask, other=0.0)
         BM: tl.constexpr = whole.shape[0]
         H: tl.constexpr = whole.shape[1]
@@ -401,16 +397,10 @@ def _load_parts(ptr, base, mask, HALF: tl.constexpr, PAIRS: tl.constexpr, SPLIT:
 
 
 @triton.jit
-def _store_parts(
-    ptr, base, mask, p1, p2, HALF: tl.constexpr, PAIRS: tl.constexpr, SPLIT: tl.constexpr = True
-):
+def _store_parts(ptr, base, mask, p1, p2, HALF: tl.constexpr, PAIRS: tl.constexpr):
     """``_load_parts``' inverse: the two parts written back as the heads' columns, in
     ``ptr``'s dtype."""
-    if PAIRS and not SPLIT:
-        cols = 2 * tl.arange(0, HALF)[None, None, :]
-        tl.store(ptr + base + cols, p1.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr + base + 1 + cols, p2.to(ptr.dtype.element_ty), mask=mask)
-    elif PAIRS:
+    if PAIRS:
         BM: tl.constexpr = p1.shape[0]
         H: tl.constexpr = p1.shape[1]
         whole = tl.reshape(tl.join(p1, p2), (BM, H, 2 * HALF))
@@ -424,7 +414,7 @@ def _store_parts(
 
 @triton.jit
 def _head_block(g_ptr, rows, c, s, M, N, group, HALF: tl.constexpr, PAIRS: tl.constexpr,
-                HEADS: tl.constexpr, SPLIT: tl.constexpr = True):  # fmt: skip
+                HEADS: tl.constexpr):  # fmt: skip
     """HEADS heads of the rows (``_row_angles``; ``group``: which HEADS heads), each head's
     two rotated parts as [BLOCK_M, HEADS, HALF] blocks (``_load_parts``), the angles
     broadcast over the heads. Returns (each head's first column's offset [BLOCK_M, HEADS,
@@ -433,7 +423,7 @@ def _head_block(g_ptr, rows, c, s, M, N, group, HALF: tl.constexpr, PAIRS: tl.co
     heads = group * HEADS + tl.arange(0, HEADS)
     mask = (rows < M)[:, None, None]
     base = rows.to(tl.int64)[:, None, None] * N + (heads * 2 * HALF)[None, :, None]
-    g1, g2 = _load_parts(g_ptr, base, mask, HALF, PAIRS, SPLIT)
+    g1, g2 = _load_parts(g_ptr, base, mask, HALF, PAIRS)
     c = c[:, None, :]
     s = s[:, None, :]
     return base, mask, g1 * c + g2 * s, g2 * c - g1 * s
@@ -442,7 +432,7 @@ def _head_block(g_ptr, rows, c, s, M, N, group, HALF: tl.constexpr, PAIRS: tl.co
 @triton.jit
 def _unrotate_kernel(g_ptr, out_ptr, g2_ptr, out2_ptr, pos_ptr, freq_ptr, M, N, N2, scaling,
                      HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, HEADS: tl.constexpr,
-                     APPROX: tl.constexpr = False, SPLIT: tl.constexpr = True):  # fmt: skip
+                     APPROX: tl.constexpr = False):  # fmt: skip
     # program ids: (row block, group of HEADS heads: the first tensor's groups [M, N], then
     # the second's [M, N2], the same rows' angles); the angles made once for the group
     rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
@@ -450,13 +440,8 @@ def _unrotate_kernel(g_ptr, out_ptr, g2_ptr, out2_ptr, pos_ptr, freq_ptr, M, N, 
     groups = N // (2 * HALF * HEADS)
     if group >= groups:  # the second tensor's heads (q's gradient, then k's)
         g_ptr, out_ptr, N, group = g2_ptr, out2_ptr, N2, group - groups
-    base, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, group, HALF, PAIRS, HEADS, SPLIT)
-    _store_parts(out_ptr, base, mask, n1, n2, HALF, PAIRS, SPLIT)
-
-
-# A/B switch (temporary): the pairs passes' loads as whole heads split in registers (1) or
-# every other column (0)
-_SPLIT = os.environ.get("CODETTA_PAIRS_SPLIT", "1") != "0"
+    base, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, group, HALF, PAIRS, HEADS)
+    _store_parts(out_ptr, base, mask, n1, n2, HALF, PAIRS)
 
 
 def _tables(pos, inv_freq, n: int, scaling: float, pairs: bool):
@@ -588,21 +573,20 @@ def _unrotate(douts, pos, inv_freq, scaling, pairs, launch) -> list[torch.Tensor
         freq = inv_freq.float().contiguous()
         precompile.launch(_unrotate_kernel, grid, douts[0], outs[0], douts[-1], outs[-1], pos.contiguous(),
                           freq, M, N, N2, float(scaling), HALF=half, BLOCK_M=block_m, PAIRS=pairs,
-                          HEADS=heads, APPROX=approx, SPLIT=_SPLIT, num_warps=warps)  # fmt: skip
+                          HEADS=heads, APPROX=approx, num_warps=warps)  # fmt: skip
     return outs
 
 
 @triton.jit
 def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, freq_ptr, M, N, scaling, eps,
                             HALF: tl.constexpr, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr,
-                            HEADS: tl.constexpr, APPROX: tl.constexpr = False,
-                            SPLIT: tl.constexpr = True):  # fmt: skip
+                            HEADS: tl.constexpr, APPROX: tl.constexpr = False):  # fmt: skip
     # program ids: (row block, group of HEADS heads); n1, n2: the gradient of the normalized
     # heads, before the rotation; dw partials: a row per program of [., 2 HALF], summed
     # over its heads
     rows, c, s = _row_angles(pos_ptr, freq_ptr, M, scaling, HALF, BLOCK_M, APPROX)
-    base, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, tl.program_id(1), HALF, PAIRS, HEADS, SPLIT)
-    z1, z2 = _load_parts(pre_ptr, base, mask, HALF, PAIRS, SPLIT)
+    base, mask, n1, n2 = _head_block(g_ptr, rows, c, s, M, N, tl.program_id(1), HALF, PAIRS, HEADS)
+    z1, z2 = _load_parts(pre_ptr, base, mask, HALF, PAIRS)
     step: tl.constexpr = 2 if PAIRS else 1
     other: tl.constexpr = 1 if PAIRS else HALF
     cols = step * tl.arange(0, HALF)  # the first part's columns within a head (the weight's: small)
@@ -614,7 +598,7 @@ def _qknorm_backward_kernel(g_ptr, pre_ptr, w_ptr, out_ptr, dw_ptr, pos_ptr, fre
     gw1 = n1 * w1
     gw2 = n2 * w2
     m = ((tl.sum(gw1 * h1, axis=2) + tl.sum(gw2 * h2, axis=2)) * (0.5 / HALF))[:, :, None]
-    _store_parts(out_ptr, base, mask, rho * (gw1 - h1 * m), rho * (gw2 - h2 * m), HALF, PAIRS, SPLIT)
+    _store_parts(out_ptr, base, mask, rho * (gw1 - h1 * m), rho * (gw2 - h2 * m), HALF, PAIRS)
     part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * 2 * HALF
     tl.store(dw_ptr + part + cols, tl.sum(tl.sum(n1 * h1, axis=1), axis=0))
     tl.store(dw_ptr + part + other + cols, tl.sum(tl.sum(n2 * h2, axis=1), axis=0))
@@ -648,6 +632,6 @@ def qknorm_backward_rows(dout, pre, weight, pos, inv_freq, scaling: float, eps: 
         freq = inv_freq.float().contiguous()
         precompile.launch(_qknorm_backward_kernel, grid, dout, pre, weight.contiguous(), out, dw,
                           pos.contiguous(), freq, M, N, float(scaling), float(eps), HALF=half,
-                          BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx, SPLIT=_SPLIT,
+                          BLOCK_M=block_m, PAIRS=pairs, HEADS=heads, APPROX=approx,
                           num_warps=warps)  # fmt: skip
     return out, dw.sum(0)
