@@ -11,7 +11,7 @@ import triton.language as tl  # noqa: F401 - the JIT needs tl in scope
 from .. import reference as ref
 from ..kernels import device, precompile
 from ..kernels import primitives as P
-from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, config_grid
+from ..kernels.configs import PINGPONG_64_ROW_CANDIDATES, PINGPONG_CANDIDATES, config_grid
 from ..kernels.program import PerCol, PerRow, Program, Scalar, Tile, with_n_parts
 from .norm import rms_scale_of
 from .norm_rows import torch_path
@@ -308,29 +308,49 @@ RMS_QKNORM_ROPE = _rope_programs(
 )  # fmt: skip
 
 # the same two in the interleaved-pairs convention (``RoPE(interleaved=True)``): freq
-# [N] holds each pair's frequency twice (inv_freq.repeat_interleave(2) per head). Their
-# candidates, from the sm_90a check at head dim 128: the portable mainloop's 128x128 and
-# 64x128 tiles, and the ping-pong mainloop's 64x128 ones (its 128x128 tiles spill 1288 B,
-# 64x256 ones 1216 B); with the q/k norm the portable mainloop's tiles spill 56-176 B of
-# stack at head dim 128 (not in CI's sm_90a list for that reason; no shipped model uses
-# this convention). Head dims without a ping-pong candidate (all but 128) take the
-# portable-only body: at head dim 64 (both programs in CI's list) no candidate spills;
-# at 256 the 128x256 tiles still do (0.6-3 KB; no model here has such heads)
+# [N] holds each pair's frequency twice (inv_freq.repeat_interleave(2) per head).
+# RMS_ROPE_PAIRS at head dims 64 and 128 (the Llama widths) runs ``rms_rope_pairs`` on both
+# mainloops with rotate-half's candidates plus 64-row tiles: in this session's sm_90a
+# check (the current bodies, the special-function unit's angles) none of them spills
+# (128-244 registers on the portable mainloop, the ping-pong split's 168), where an
+# earlier body spilled 1.2 KB on 128x128 ping-pong tiles and 96-288 B on 128x256 ones at
+# head dim 64, which had kept them to 64-row ping-pong tiles at 128 and the portable
+# mainloop at 64 (on the H200, run 183: its q GEMM 1.27-1.38x cuBLAS at head dim 64,
+# NOTES.md). Other head dims keep the portable-only body. With the q/k norm the portable
+# mainloop's tiles spilled 56-176 B of stack at head dim 128 (not in CI's sm_90a list;
+# no shipped model uses this convention); at head dim 64 (in the list) nothing spills;
+# at 256 the 128x256 tiles spill (0.6-3 KB; no model here has such heads)
 _PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(
     config_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,))
 )
+_WIDE_PAIRS = (64, 128)  # the head dims whose RMS_ROPE_PAIRS runs on both mainloops
+
+
+def _rope_pairs_candidates(hd: int) -> tuple:
+    """RMS_ROPE_PAIRS's portable candidates: rotate-half's and 64-row tiles; narrow heads
+    (16, 32) also get ``_narrow_candidates`` (head dim 16 had no candidate at all before:
+    its calls raised on a GPU)."""
+    return _PAIRS_CANDIDATES + _narrow_candidates(hd)
+
+
+def _rope_pairs_pingpong(hd: int) -> dict:
+    """RMS_ROPE_PAIRS's ping-pong candidates: the default ones and the 64-row tiles (those
+    whose sub-tile is one head), at ``_WIDE_PAIRS`` only."""
+    if hd not in _WIDE_PAIRS:
+        return {"pingpong": False}
+    return {"pingpong_configs": PINGPONG_CANDIDATES + PINGPONG_64_ROW_CANDIDATES}
 
 
 def _pairs_pingpong(hd: int) -> dict:
-    """The ping-pong mainloop for head dim 128 only (the others' portable-only body)."""
+    """RMS_QKNORM_ROPE_PAIRS: the ping-pong mainloop for head dim 128 only (the others'
+    portable-only body)."""
     return _PAIRS_PINGPONG if hd == 128 else {"pingpong": False}
 
 
 def _pairs_candidates(hd: int) -> tuple:
-    """128x256 tiles only where a head needs them (256): at head dim 64 they spilled
-    96-288 B with either body; the 128x128 and 64x128 ones spill nothing there. Narrow
-    heads (16, 32) also get ``_narrow_candidates`` (head dim 16 had no candidate at all
-    before: its calls raised on a GPU)."""
+    """RMS_QKNORM_ROPE_PAIRS: 128x256 tiles only where a head needs them (256): at head
+    dim 64 they spilled 96-288 B with either body; the 128x128 and 64x128 ones spill
+    nothing there. Narrow heads (16, 32) also get ``_narrow_candidates``."""
     if hd == 256:
         return _PAIRS_CANDIDATES
     return tuple(c for c in _PAIRS_CANDIDATES if c.block_n <= 128) + _narrow_candidates(hd)
@@ -338,8 +358,8 @@ def _pairs_candidates(hd: int) -> tuple:
 
 _PAIRS_PINGPONG = {"pingpong_configs": tuple(c for c in PINGPONG_64_ROW_CANDIDATES if c.block_n == 128)}
 RMS_ROPE_PAIRS = _rope_programs(
-    "rms_rope_pairs", lambda hd: rms_rope_pairs if hd == 128 else rms_rope_pairs_portable, True, False,
-    _pairs_candidates, _pairs_pingpong,
+    "rms_rope_pairs", lambda hd: rms_rope_pairs if hd in _WIDE_PAIRS else rms_rope_pairs_portable, True,
+    False, _rope_pairs_candidates, _rope_pairs_pingpong,
 )  # fmt: skip
 RMS_QKNORM_ROPE_PAIRS = _rope_programs(
     "rms_qknorm_rope_pairs",
