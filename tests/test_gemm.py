@@ -418,6 +418,43 @@ def test_cuda_graph_capture():
         assert torch.equal(a, b)
 
 
+def test_tuning_candidates_repeat_as_bound_launches(device, monkeypatch):
+    """The tuner's candidates launch as repeated ``gemm`` calls do after their first run
+    (on a GPU no Triton launch per timed call: a short GEMM is timed at the GPU's pace,
+    not the host's) and write what the first run wrote, the row sums' finish included."""
+    from codetta.kernels import direct, tuning
+    from codetta.kernels.operands import make_call
+    from codetta.programs import RESIDUAL_RMS
+
+    M, N, K = 300, 256, 64
+    a, w = _make(M, N, K, torch.float16, device, "nn")
+    ops = {"residual": rand(M, N, dtype=torch.float16, device=device), "gamma": torch.rand(N, device=device)}
+    call = make_call(RESIDUAL_RMS, a, w, ops)
+    if device == "cpu":
+        cands = [configs.interpreter_config(RESIDUAL_RMS.sub_tile_width)]
+    else:
+        cands = tuning.candidates(call, pingpong=tuning.pingpong_allowed(call))[:4]
+    prepare = launch._prepare_for_tuning(call)
+    runs, real = [], launch._run
+    monkeypatch.setattr(launch, "_run", lambda *args, **kw: runs.append(1) or real(*args, **kw))
+    for cfg in cands:
+        fn = prepare(cfg)
+        fn()
+        first = [o.clone() for o in prepare.outputs]
+        for o in prepare.outputs:
+            o.fill_(float("nan"))
+        del runs[:]
+        fn()
+        bound = device == "cuda" and settings.SETTINGS.direct_launch and direct.usable()
+        assert len(runs) == (0 if bound else 1), cfg.short()
+        for o, f in zip(prepare.outputs, first):
+            assert torch.equal(o, f), cfg.short()
+    x_ref = a.double() @ w.double().t() + ops["residual"].double()
+    assert_within(
+        "sumsq", prepare.outputs[2], x_ref.pow(2).sum(1), (a @ w.t() + ops["residual"]).float().pow(2).sum(1)
+    )
+
+
 def test_repeated_call_signature_is_checked(device):
     """Later calls of a signature skip validation (launch._Bound): whatever validation
     depends on must be in the signature, so a call that differs only in it still fails."""
