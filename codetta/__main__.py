@@ -191,6 +191,9 @@ def main(argv=None) -> int:
                    help="the models' RoPE in the interleaved-pairs convention (Meta's original Llama "
                         "code, torchtitan; codetta.ops.RoPE(interleaved=True)) instead of Hugging Face's "
                         "rotate-half: the q and k projections then run the *_pairs_* programs")  # fmt: skip
+    t.add_argument("--shorter-than", type=float, metavar="US",
+                   help="only the keys whose GEMM takes less than US microseconds at a nominal 650 TFLOP/s "
+                        "(short GEMMs: those an older tuner timed at the host's pace)")  # fmt: skip
     t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")

@@ -186,6 +186,23 @@ def test_tune_rope_interleaved(capsys):
     assert sorted(k.partition("@")[0] for k in halves - pairs) == ["rms_rope_128"] * 2
 
 
+def test_tune_shorter_than(capsys):
+    """``codetta tune --shorter-than US`` keeps the keys whose GEMM is estimated under US
+    microseconds, and only those."""
+    from codetta import tune
+    from codetta.__main__ import main
+    from codetta.models import KNOWN
+
+    calls = tune.model_calls(KNOWN["llama3-1b"], (4096, 16384))
+    short = sorted(k for k, c in calls.items() if tune.estimated_us(c) < 100)
+    assert 0 < len(short) < len(calls)
+    assert (
+        main(["tune", "--model", "llama3-1b", "--tokens", "4096", "16384", "--shorter-than", "100", "--list"])
+        == 0
+    )
+    assert capsys.readouterr().out.split() == short
+
+
 def _merge_tuned():
     import importlib.util
     from pathlib import Path
