@@ -426,6 +426,7 @@ def _program_operands(name, M, N, device, K=64):
         "rms_rope_pairs_128": rope,
         "rms_rope_pairs_64": rope,
         "rms_qknorm_rope_pairs_64": {**rope, "qk_w": torch.rand(N, **f32) + 0.5, "qk_eps": 1e-6},
+        "rms_qknorm_rope_pairs_128": {**rope, "qk_w": torch.rand(N, **f32) + 0.5, "qk_eps": 1e-6},
         "store": {},
         "store_f32": {},
         "accumulate": {"c": rand(M, N, dtype=dtype, device=device)},

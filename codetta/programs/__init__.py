@@ -69,6 +69,7 @@ __all__ = [
     "RMS_ROPE_PAIRS_128",
     "RMS_ROPE_PAIRS_64",
     "RMS_QKNORM_ROPE_PAIRS_64",
+    "RMS_QKNORM_ROPE_PAIRS_128",
     "RMS_ROPE_QKV_64",
     "RMS_ROPE_QKV_128",
     "SWIGLU",

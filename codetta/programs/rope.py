@@ -316,10 +316,11 @@ RMS_QKNORM_ROPE = _rope_programs(
 # earlier body spilled 1.2 KB on 128x128 ping-pong tiles and 96-288 B on 128x256 ones at
 # head dim 64, which had kept them to 64-row ping-pong tiles at 128 and the portable
 # mainloop at 64 (on the H200, run 183: its q GEMM 1.27-1.38x cuBLAS at head dim 64,
-# NOTES.md). Other head dims keep the portable-only body. With the q/k norm the portable
-# mainloop's tiles spilled 56-176 B of stack at head dim 128 (not in CI's sm_90a list;
-# no shipped model uses this convention); at head dim 64 (in the list) nothing spills;
-# at 256 the 128x256 tiles spill (0.6-3 KB; no model here has such heads)
+# NOTES.md). Other head dims keep the portable-only body. RMS_QKNORM_ROPE_PAIRS keeps its
+# earlier candidates (the portable mainloop's 128x128 and 64x128 tiles, 64-row ping-pong
+# tiles at head dim 128, where its portable tiles once spilled 56-176 B of stack: now
+# 166-174 registers and no spill, so head dim 128 joined 64 in CI's sm_90a list; no
+# shipped model uses this convention with q/k norms)
 _PAIRS_CANDIDATES = _ROPE_CANDIDATES + tuple(
     config_grid(((64, 128, 4, 4), (64, 128, 3, 4)), (1, 2, 4), (False,))
 )
