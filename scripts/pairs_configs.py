@@ -1,9 +1,11 @@
 """The interleaved-pairs RoPE programs' configurations on this GPU: what a user gets without
 a tuned entry (the nearest entry or the shape rule) against the tuned best (GPU machine).
 
-Hugging Face's models rotate halves, so the shipped table had no entry for the q and k
-projections' programs in the interleaved-pairs convention (``RoPE(interleaved=True)``:
-Meta's original Llama code, torchtitan); their calls took ``tuning.rule_config``. For each
+Hugging Face's models rotate halves, so until run 185 the shipped table had no entry for
+the q and k projections' programs in the interleaved-pairs convention
+(``RoPE(interleaved=True)``: Meta's original Llama code, torchtitan); their calls took
+``tuning.rule_config``. "untuned" is what a call takes without tuning here: the shipped
+entry, else the nearest one or the rule ("known before" says which). For each
 such key of the Llama 3 widths at ``--tokens`` (default 16384; a key several models share is timed at the
 first model's shape: 8B before 3B), this tunes the candidates
 (``both``: the worse of the paired and sustained ratios to the best), then times the
