@@ -218,7 +218,7 @@ def _prepare_for_tuning(call: GemmCall):
     run a candidate launches as a repeated ``gemm`` call does (``_Bound``: ~20 us of host
     time on the H200 machine, not Triton's ~110): a GEMM shorter than the host's time per
     launch is otherwise timed at the host's pace, and every candidate looks alike
-    (NOTES.md, runs 182-185)."""
+    (NOTES.md, runs 182-186)."""
     outs: list = []
     by_geometry: dict = {}
 

@@ -310,8 +310,8 @@ RMS_QKNORM_ROPE = _rope_programs(
 # the same two in the interleaved-pairs convention (``RoPE(interleaved=True)``): freq
 # [N] holds each pair's frequency twice (inv_freq.repeat_interleave(2) per head).
 # RMS_ROPE_PAIRS at head dims 64 and 128 (the Llama widths) runs ``rms_rope_pairs`` on both
-# mainloops with rotate-half's candidates plus 64-row tiles: in this session's sm_90a
-# check (the current bodies, the special-function unit's angles) none of them spills
+# mainloops with rotate-half's candidates plus 64-row tiles: in the sm_90a
+# check of 2026-12-04 (the current bodies, the special-function unit's angles) none spills
 # (128-244 registers on the portable mainloop, the ping-pong split's 168), where an
 # earlier body spilled 1.2 KB on 128x128 ping-pong tiles and 96-288 B on 128x256 ones at
 # head dim 64, which had kept them to 64-row ping-pong tiles at 128 and the portable
