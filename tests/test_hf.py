@@ -385,6 +385,19 @@ def test_torch_compile_fullgraph_training_step():
         assert torch.allclose(got[2][name], g, rtol=1e-4, atol=1e-6), name
 
 
+def test_compiled_forward_does_not_guard_on_the_verdict_table():
+    """torch.compile takes the drop-in's per-model verdict (``hf.unsupported``) as a
+    constant: traced, its lookup in a weak table added guards on that table (its size
+    among them), which failed "on the same frame" when the garbage collector dropped a
+    dead model from it during a compile (a flaky CI failure of the test above)."""
+    model = codetta.apply_codetta(_model("llama", True))
+    kw = _inputs("padding")
+    _step(model, kw)
+    torch._dynamo.reset()
+    guards = [str(g) for g in torch._dynamo.explain(model)(**kw).out_guards]
+    assert guards and not [g for g in guards if "_UNSUPPORTED" in g]
+
+
 @pytest.mark.gpu
 def test_loss_curve_tracks_unpatched_on_gpu():
     """200 AdamW steps of a small Llama (d=1024, 8 layers, V=32000, bf16) on a fixed,

@@ -155,9 +155,14 @@ def revert(model=None):
     return model
 
 
+@torch.compiler.assume_constant_result
 def unsupported(model) -> str | None:
     """Why the fused forward cannot run this model (None: it can). Looked at once per
-    model (every forward asks): the projections' shapes and biases do not change."""
+    model (every forward asks): the projections' shapes and biases do not change. A
+    constant to torch.compile: traced, the lookup in the weak table guarded on the
+    table's size, which changed when the garbage collector dropped a dead model during
+    the compile ("Guard failed on the same frame it was created", a CI run of
+    2026-12-04)."""
     if model not in _UNSUPPORTED:
         _UNSUPPORTED[model] = _unsupported(model)
     return _UNSUPPORTED[model]
