@@ -47,24 +47,21 @@ def pairs_calls(models, tokens: int) -> dict:
     return calls
 
 
-def measure_key(key: str, rc, seconds: float, shipped: dict, cache) -> tuple[dict, dict]:
+def measure_key(key: str, rc, seconds: float, cache) -> tuple[dict, dict]:
     """Tune one key (its picks into ``cache``) and time the untuned pick, the tuned one, the
     rotate-half program and cuBLAS: ({key: Config} picked, the row of results)."""
     a, weight, ops = T.call_inputs(rc)
     call = make_call(rc.program, a, weight, ops)
     pp = tuning.pingpong_allowed(call)
     cands = tuning.candidates(call, pingpong=pp)
-    _, source = tuning.CHOOSER.known(call, pp, cands)
-    untuned = tuning.nearest(key, cands, {**shipped, **cache.entries}) or tuning.rule_config(call, cands)
+    known, source = tuning.CHOOSER.known(call, pp, cands)
+    untuned = known or tuning.CHOOSER.untuned(call, pp, cands)
     prepare = launch._prepare_for_tuning(call)
     with override(tune_method="both"):
         measure = lambda fns: tuning._measure(fns, seconds)  # noqa: E731
         times = tuning.tune_times(key, cands, prepare, measure, tuning._scout)
     best = min(times, key=times.get)
-    picks = {key: best}
-    portable = {c: ms for c, ms in times.items() if not c.pingpong}
-    if pp and portable:  # (as Chooser.tune: the sweep also answers CODETTA_PINGPONG=0)
-        picks[tuning.Chooser.key(call, False)] = min(portable, key=portable.get)
+    picks = tuning.CHOOSER.picks(call, pp, times)
     for k, cfg in picks.items():
         cache.put(k, cfg)
     sib = RMS_ROPE[rc.program.sub_tile_width]  # the rotate-half program, as Hugging Face's path runs it
@@ -99,10 +96,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--seconds", type=float, default=0.5)
     args = ap.parse_args()
-    shipped, cache = tuning.CHOOSER.shipped(0), tuning.CHOOSER.cache(0)
+    cache = tuning.CHOOSER.cache(0)
     picks, rows = {}, []
     for key, rc in sorted(pairs_calls(args.models, args.tokens).items()):
-        got, row = measure_key(key, rc, args.seconds, shipped, cache)
+        got, row = measure_key(key, rc, args.seconds, cache)
         picks.update(got)
         rows.append(row)
     out = Path(os.environ.get("OUT", "."))

@@ -246,3 +246,22 @@ def test_chooser_follows_the_settings(tmp_path, monkeypatch):
         chooser.choose(call, None)
     chooser.choose(call, None)
     assert picks == [True, False]
+
+
+def test_sweep_picks_per_mainloop_choice():
+    """A sweep over both mainloops settles two keys: the fastest under the call's key, and
+    the fastest portable configuration under its CODETTA_PINGPONG=0 key; a portable-only
+    sweep settles one."""
+    from codetta import programs as pg
+    from codetta.kernels.operands import make_call
+
+    a = torch.zeros(64, 32, dtype=torch.float16)
+    call = make_call(pg.STORE, a, a, {})
+    port, pp = configs.PLAIN_CANDIDATES[:2], configs.PINGPONG_CANDIDATES[0]
+    times = {port[0]: 2.0, port[1]: 1.5, pp: 1.0}
+    chooser = tuning.Chooser()
+    assert chooser.picks(call, True, times) == {
+        chooser.key(call, True): pp,
+        chooser.key(call, False): port[1],
+    }
+    assert chooser.picks(call, False, {port[0]: 2.0, port[1]: 1.5}) == {chooser.key(call, False): port[1]}

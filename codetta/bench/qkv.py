@@ -119,8 +119,8 @@ def codetta(p: dict, x, gamma, wq, wk, wv, *qk):
 
 def problem(case: str, device="cuda", dtype=torch.bfloat16, batch=BATCH, seq=SEQ, dims=None) -> dict:
     """Inputs of one case (``dims`` overrides CASES' (d, heads, kv heads, head_dim,
-    qk norm[, interleaved pairs]), for small CPU checks)."""
-    d, h, kv, hd, qk, pairs = (*(dims or CASES[case]), False)[:6]
+    qk norm, interleaved pairs), for small CPU checks)."""
+    d, h, kv, hd, qk, pairs = dims or CASES[case]
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape, scale=1.0):

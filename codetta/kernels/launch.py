@@ -229,16 +229,17 @@ def _prepare_for_tuning(call: GemmCall):
         if lay not in by_geometry:
             by_geometry[lay] = alloc_workspaces(call, cfg)
         ws = by_geometry[lay]
-        bound: list = []  # the candidate's bound launch, once it has run
+        bound: list = []  # the candidate's bound launch and its operands, once it has run
 
         def run(warmup: bool = False):
             if bound and not warmup:
-                return bound[0](call.a, call.w, dict(zip(bound[0].names, call.inputs)), given=tuple(outs))
+                launch, operands = bound
+                return launch(call.a, call.w, operands, given=tuple(outs))
             compiled = _run(call, cfg, outs, ws, warmup)
             if not warmup and call.device.type == "cuda" and not precompile.active():
                 b = _Bound(call, cfg, outs, ws, compiled)
                 if b.usable and b.launch is not None:
-                    bound.append(b)
+                    bound[:] = [b, dict(zip(b.names, call.inputs))]
             return compiled
 
         return run

@@ -369,15 +369,32 @@ class Chooser:
         cache = self.cache(call.device.index or 0)
         key = self.key(call, pp)
         times = tune_times(key, cands, prepare, lambda fns: _measure(fns, seconds), _scout)
-        cfg = min(times, key=times.get)
-        cache.put(key, cfg)
-        portable = {c: ms for c, ms in times.items() if not c.pingpong}
-        if pp and portable:
-            # one sweep over both mainloops also answers CODETTA_PINGPONG=0 (A/B runs)
-            cache.put(self.key(call, False), min(portable, key=portable.get))
+        for k, cfg in self.picks(call, pp, times).items():
+            cache.put(k, cfg)
         self._chosen.clear()  # choices made before may differ now
         self.generation += 1
-        return cfg
+        return min(times, key=times.get)
+
+    def picks(self, call: GemmCall, pp: bool, times: dict) -> dict:
+        """``{key: Config}`` a sweep's times (``{cfg: ms}``) settle: the fastest under the
+        call's key and, when the sweep ran both mainloops, the fastest portable one under
+        the CODETTA_PINGPONG=0 key too (A/B runs)."""
+        out = {self.key(call, pp): min(times, key=times.get)}
+        portable = {c: ms for c, ms in times.items() if not c.pingpong}
+        if pp and portable:
+            out[self.key(call, False)] = min(portable, key=portable.get)
+        return out
+
+    def untuned(self, call: GemmCall, pp: bool, cands: list[Config]) -> Config:
+        """The choice when the key is neither known nor tuned now: the first ping-pong
+        candidate under the ``prefer_pingpong`` setting, else the nearest entry of the table
+        or the cache, else the shape's rule."""
+        pingpong = [c for c in cands if c.pingpong]
+        if SETTINGS.prefer_pingpong and pingpong:
+            return pingpong[0]
+        index = call.device.index or 0
+        near = nearest(self.key(call, pp), cands, {**self.shipped(index), **self.cache(index).entries})
+        return near or rule_config(call, cands)
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
         cands = candidates(call, pingpong=pp)
@@ -391,12 +408,7 @@ class Chooser:
             return cfg
         if SETTINGS.autotune and not _capturing(call):
             return self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds)
-        pingpong = [c for c in cands if c.pingpong]
-        if SETTINGS.prefer_pingpong and pingpong:
-            return pingpong[0]
-        index = call.device.index or 0
-        near = nearest(self.key(call, pp), cands, {**self.shipped(index), **self.cache(index).entries})
-        return near or rule_config(call, cands)
+        return self.untuned(call, pp, cands)
 
 
 def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
