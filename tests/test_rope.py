@@ -165,6 +165,13 @@ def test_interleaved_pairs(qk_norm, first_layer, dtype, device):
     _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, True, qk_norm, dtype, device, first_layer, interleaved=True)
 
 
+def test_interleaved_pairs_head_dim_64(dtype, device):
+    """The interleaved pairs at head dim 64, whose program runs the body the ping-pong
+    mainloop takes (``rms_rope_pairs``; head dims 16 and 32 run the portable-only one):
+    q, k, v and every gradient within 2x PyTorch's own error of the float64 form."""
+    _qkv_rope_matches_hf(1, 21, 128, 2, 1, 64, True, False, dtype, device, interleaved=True)
+
+
 def test_interleaved_pairs_programs():
     """The interleaved convention runs in its own programs, forward and backward; the
     two conventions differ (the test above would pass with either if they did not)."""
