@@ -45,6 +45,9 @@ def _bench(args) -> int:
         print("--rounds must be >= 1", file=sys.stderr)
         return 2
     harness.OPTIONS.rounds = args.rounds
+    if args.batch < 1:
+        print("--batch must be >= 1", file=sys.stderr)
+        return 2
     if args.tune_methods and not args.tuned_ab:
         print("--tune-methods needs --tuned-ab", file=sys.stderr)
         return 2
@@ -55,7 +58,7 @@ def _bench(args) -> int:
             from codetta.bench import model
 
             variants = [v for v in args.variants or model.VARIANTS if v in model.ALL_VARIANTS]
-            model.run(args.out, cases=args.models, variants=variants, step_kind=args.step)
+            model.run(args.out, cases=args.models, variants=variants, step_kind=args.step, batch=args.batch)
         elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
         elif part == "mlp":
@@ -109,6 +112,14 @@ def main(argv=None) -> int:
         choices=list(model_bench.STEPS),
         help="model part: what a timed step is: forward, backward and an AdamW step (train), or "
         "forward and backward only (fwd-bwd; the rows are named '<case> fwd+bwd')",
+    )
+    b.add_argument(
+        "--batch",
+        type=int,
+        default=model_bench.BATCH,
+        help=f"model part: sequences of {model_bench.SEQ} tokens per step (default "
+        f"{model_bench.BATCH}; 1: a step of {model_bench.SEQ} tokens, where short GEMMs and the "
+        "host's time per launch weigh most); rows at another batch are named '<case> @<tokens>'",
     )
     b.add_argument(
         "--variants",

@@ -288,6 +288,24 @@ def test_cli_settle_ms():
     assert exc.value.code == 2
 
 
+def test_model_part_batch(monkeypatch, capsys):
+    """bench --batch: the model part's sequences per step; rows at another batch than the
+    default name their tokens (a 4096-token row never reads as the 16384-token case), and a
+    batch below one is refused before any model is built."""
+    from codetta.__main__ import main
+    from codetta.bench import model as mb
+
+    assert mb.case_label("llama-3.2-1B") == "llama-3.2-1B"
+    assert mb.case_label("llama-3.2-1B", batch=1) == "llama-3.2-1B @4096"
+    assert mb.case_label("1B-layers", "fwd-bwd", batch=2) == "1B-layers @8192 fwd+bwd"
+    assert mb.case_label("1B-layers", "fwd-bwd") == "1B-layers fwd+bwd"
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        mb.run_case(Results("t"), "1B-layers", batch=0)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert main(["bench", "--parts", "model", "--batch", "0"]) == 2
+    assert "--batch must be >= 1" in capsys.readouterr().err
+
+
 def test_compare_leaves_stateful_steps_alone(monkeypatch):
     """The model part times training steps: compare(precompile=False) must not dry-run them
     (a dry run skips codetta's kernels, so an optimizer step in it trains on garbage)."""

@@ -284,18 +284,27 @@ def step_flops(config, tokens: int, seq: int = SEQ) -> float:
 STEPS = ("train", "fwd-bwd")  # what a timed step is: a training step, or forward + backward only
 
 
-def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train") -> None:
+def case_label(case: str, step_kind: str = "train", batch: int = BATCH) -> str:
+    """A row's case name: what was timed (' fwd+bwd' unless a training step) and, at a
+    batch other than the default 4 x 4096 tokens, the tokens per step ('@4096')."""
+    label = case if batch == BATCH else f"{case} @{batch * SEQ}"
+    return label if step_kind == "train" else f"{label} fwd+bwd"
+
+
+def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train", batch: int = BATCH) -> None:
     if step_kind not in STEPS:
         raise ValueError(f"unknown step {step_kind!r}; known: {', '.join(STEPS)}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1 sequence of {SEQ} tokens, got {batch}")
     config = model_config(case)
     train = step_kind == "train"
-    label = case if train else f"{case} fwd+bwd"  # (the rows say what was timed)
-    tokens = BATCH * SEQ
+    label = case_label(case, step_kind, batch)  # (the rows say what was timed)
+    tokens = batch * SEQ
     base = make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), device="cuda", generator=g)
+    ids = torch.randint(0, config.vocab_size, (batch, SEQ), device="cuda", generator=g)
     labels = ids.clone()
-    fns = {"floor": floor_step(config, BATCH, SEQ)}
+    fns = {"floor": floor_step(config, batch, SEQ)}
     for name in _progress(variants, f"{case}: building"):
         step = variant_step(name, base, ids, labels, optimizer=train)
         if step is None:
@@ -394,11 +403,12 @@ def _progress(items, desc):
 
 
 def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"),
-        variants=VARIANTS, step_kind: str = "train") -> Results:  # fmt: skip
+        variants=VARIANTS, step_kind: str = "train", batch: int = BATCH) -> Results:  # fmt: skip
     res = Results("model_step", baseline="floor (cuBLAS GEMMs + SDPA fwd+bwd)")
     for case in cases:
-        print(f"== {'training step' if step_kind == 'train' else 'forward + backward'}, {case}")
-        run_case(res, case, variants, step_kind)
+        what = "training step" if step_kind == "train" else "forward + backward"
+        print(f"== {what}, {case}, {batch} x {SEQ} tokens")
+        run_case(res, case, variants, step_kind, batch)
         torch.cuda.empty_cache()
         res.write(out_dir)  # after each case: a run cut short keeps what it measured
     print(res.table())
