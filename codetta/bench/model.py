@@ -291,7 +291,9 @@ def case_label(case: str, step_kind: str = "train", batch: int = BATCH) -> str:
     return label if step_kind == "train" else f"{label} fwd+bwd"
 
 
-def run_case(res: Results, case: str, variants=VARIANTS, step_kind: str = "train", batch: int = BATCH) -> None:
+def run_case(
+    res: Results, case: str, variants=VARIANTS, step_kind: str = "train", batch: int = BATCH
+) -> None:
     if step_kind not in STEPS:
         raise ValueError(f"unknown step {step_kind!r}; known: {', '.join(STEPS)}")
     if batch < 1:
