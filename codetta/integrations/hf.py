@@ -155,14 +155,18 @@ def revert(model=None):
     return model
 
 
-@torch.compiler.assume_constant_result
 def unsupported(model) -> str | None:
     """Why the fused forward cannot run this model (None: it can). Looked at once per
-    model (every forward asks): the projections' shapes and biases do not change. A
-    constant to torch.compile: traced, the lookup in the weak table guarded on the
-    table's size, which changed when the garbage collector dropped a dead model during
-    the compile ("Guard failed on the same frame it was created", a CI run of
-    2026-12-04)."""
+    model (every forward asks): the projections' shapes and biases do not change. Under
+    torch.compile the verdict is worked out from the model's shapes in the traced frame
+    (its guards are on those shapes, which the compiled forward guards on anyway), never
+    looked up in the weak table: traced, that lookup guarded on the table's size, which
+    changed when the garbage collector dropped a dead model during the compile ("Guard
+    failed on the same frame it was created", a CI run of 2026-12-04). (Marking this
+    function ``torch.compiler.assume_constant_result`` instead passed on torch 2.13 and
+    failed on 2.11, which takes only constant arguments there: run 187, NOTES.md.)"""
+    if torch.compiler.is_compiling():
+        return _unsupported(model)
     if model not in _UNSUPPORTED:
         _UNSUPPORTED[model] = _unsupported(model)
     return _UNSUPPORTED[model]
