@@ -203,12 +203,12 @@ def test_tune_shorter_than(capsys):
     assert capsys.readouterr().out.split() == short
 
 
-def _merge_tuned():
+def _script(name="merge_tuned"):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "merge_tuned.py"
-    spec = importlib.util.spec_from_file_location("merge_tuned", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -221,7 +221,7 @@ def test_merge_tuned_picks(tmp_path):
     codetta has is skipped, and a cache from another GPU is refused."""
     import dataclasses
 
-    mt = _merge_tuned()
+    mt = _script()
     shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())
     programs = tune.known_programs()
     key = next(
@@ -254,6 +254,25 @@ def test_merge_tuned_picks(tmp_path):
     paths[1].write_text(json.dumps(cache))
     assert mt.main([str(p) for p in paths]) == 0
     assert json.loads(paths[0].read_text())["entries"][key] == asdict(other)
+
+
+def test_table_ab_cache_holds_the_differing_picks(monkeypatch):
+    """scripts/table_ab.py: the earlier table's variant gets a tuning cache of the entries
+    that differ from the shipped table's (the cache is asked first, so those keys run the
+    earlier picks), and none of those it shares."""
+    from codetta.kernels import device
+
+    ab = _script("table_ab")
+    shipped = tuning.shipped_table("NVIDIA H200", (9, 0), 132)
+    keys = sorted(shipped)[:3]
+    other = next(c for c in configs.PINGPONG_CANDIDATES if c != shipped[keys[0]])
+    before = {k: asdict(shipped[k]) for k in keys} | {keys[0]: asdict(other)}
+    monkeypatch.setattr(device, "name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(tuning.CHOOSER, "shipped", lambda i: shipped)
+    folder, n = ab.before_cache(before)
+    data = json.loads((folder / "tuning.json").read_text())
+    assert n == 1 and list(data["entries"]) == [keys[0]] and data["entries"][keys[0]] == asdict(other)
+    assert data["identity"]["gpu"] == "NVIDIA H200"
 
 
 def test_every_shipped_entry_is_used():
