@@ -383,7 +383,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
-        bool(ctx.internal and gate_up and SETTINGS.overwrite_saved),
+        bool(ctx.internal) and len(gate_up) > 0 and bool(SETTINGS.overwrite_saved),
     )  # fmt: skip
     # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
     n, g = ctx.n_ws, ctx.n_gate_up
@@ -565,7 +565,8 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         qk_eps,
         pairs,
         internal,
-        bool(gate_up) and SETTINGS.keeps_y(w_o.shape[0]),
+        # (len, not bool(list): torch 2.11's dynamo cannot trace bool() of a list, run 188)
+        len(gate_up) > 0 and SETTINGS.keeps_y(w_o.shape[0]),
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n
