@@ -275,6 +275,34 @@ def test_table_ab_cache_holds_the_differing_picks(monkeypatch):
     assert data["identity"]["gpu"] == "NVIDIA H200"
 
 
+def test_retune_report(tmp_path, capsys):
+    """scripts/retune_report.py: a re-tuned key's earlier pick against its new one by the
+    sweep's own scores in a verbose tune log; an earlier pick missing from the sweep is
+    reported as dropped by the scouting round; an unchanged key is not listed."""
+    rr = _script("retune_report")
+    shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())["entries"]
+    keys = sorted(k for k in shipped if not k.endswith("|no-pingpong"))[:3]
+    old = {k: shipped[k] for k in keys}
+    cands = list(configs.PINGPONG_CANDIDATES)
+    pick = [next(c for c in cands if asdict(c) != old[k]) for k in keys]
+    new = {**old, keys[0]: asdict(pick[0]), keys[1]: asdict(pick[1])}
+    short = {k: configs.config_from_dict(old[k]).short() for k in keys}
+    log = (f"codetta tune:  0%|  |codetta: tuning {keys[0]} over 5 configs ...\n"
+           f"codetta:   {short[keys[0]]:<28} 0.0525 ms\ncodetta:   {pick[0].short():<28} 0.0500 ms\n"
+           f"codetta: tuning {keys[1]} over 5 configs ...\ncodetta:   {pick[1].short():<28} 0.0300 ms\n"
+           f"codetta: tuning {keys[2]} over 5 configs ...\n"
+           f"codetta:   {short[keys[2]]:<28} 0.0300 ms\n")  # fmt: skip
+    paths = [tmp_path / n for n in ("old.json", "new.json", "tune.txt")]
+    paths[0].write_text(json.dumps({"entries": old}))
+    paths[1].write_text(json.dumps({"entries": new}))
+    paths[2].write_text(log)
+    assert rr.main([str(p) for p in paths]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "old/new 1.050" in out[1] and "dropped by the scout" in out[0]
+    assert out[-1].startswith("2 keys changed; 1 earlier picks dropped")
+    assert out[-1].endswith("median old/new of the rest 1.050")
+
+
 def test_every_shipped_entry_is_used():
     """Each entry of the shipped table names a program codetta has (its body's hash too)
     and a configuration among that program's candidates under the default settings: the
