@@ -2,7 +2,8 @@
 
 A step is forward (``labels=``, Hugging Face's loss), backward and an AdamW step
 (``bench --step fwd-bwd``: forward and backward only, no optimizer, the measure of issue
-12's decoder-layer bar), on 16384 tokens (4 x 4096) in bf16, timed step after step
+12's decoder-layer bar), on 16384 tokens (4 x 4096; ``bench --batch N``: N x 4096, the rows
+then named '<case> @<tokens>') in bf16, timed step after step
 (sustained blocks; paired too). Variants: eager, Liger (its full patch, fused linear
 cross-entropy included), torch.compile (of the whole model, as a user writes it),
 torch.compile:regional (each decoder layer and the loss compiled apart, the masks made
