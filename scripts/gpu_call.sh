@@ -27,6 +27,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} CODETTA_CACHE_DIR=${CODET
   # the device's checkout holds the landed commit's .git under the working tree that was sent:
   # git names that commit (plus -dirty), not the code that runs; the source hash below does
   [ -n "${CODETTA_COMMIT:-}" ] || echo "WARNING: CODETTA_COMMIT unset: results will name the landed commit, not this tree"
+  # (run 189 passed a placeholder and run 192 a guess: the results then name no commit)
+  [ -z "${CODETTA_COMMIT:-}" ] || [[ "$CODETTA_COMMIT" =~ ^[0-9a-f]{7,40}$ ]] \
+    || echo "WARNING: CODETTA_COMMIT=$CODETTA_COMMIT is not a commit hash; the source hash below names the code"
   python3 -c "from codetta.bench.harness import source_hash; print('source', source_hash())"
 } 2>&1 | tee "$OUT/env.txt"
 for step in "$@"; do
