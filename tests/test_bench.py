@@ -465,3 +465,35 @@ def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     assert abs(both.losses[0] - eager.losses[0]) < 1e-4 * abs(eager.losses[0])
     with pytest.raises(ValueError, match="unknown variant"):
         mb.variant_step("eager:regional", base, ids, ids)
+
+
+def test_launch_census_on_cpu(capsys):
+    """scripts/launch_census.py: the drop-in's step counted on the CPU: its GEMMs by program
+    (every projection's forward, dX and dW, the loss's logits), its row passes, and the
+    PyTorch operators around them (none counted twice: the interpreter's own operators
+    inside a kernel are left out)."""
+    pytest.importorskip("transformers")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "launch_census.py"
+    spec = importlib.util.spec_from_file_location("launch_census", path)
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    from codetta.bench import model as mb
+
+    config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=16,
+                             num_hidden_layers=1)  # fmt: skip
+    base = mb.make_model(config, device="cpu", dtype=torch.float16)
+    ids = torch.randint(0, config.vocab_size, (1, 16))
+    counts = {}
+    for name in ("eager", "codetta"):
+        step = mb.variant_step(name, base, ids, ids, optimizer=False)
+        step()
+        counts[name] = lc.census(step)
+    c = counts["codetta"]
+    # a layer: q/k/v, o, gate/up, down forward; their dX and dW; the loss's logits GEMM
+    assert c["gemm"]["ce_logits"] == 1 and sum(c["gemm"].values()) >= 7 * 3 - 2
+    assert sum(c["rows"].values()) > 0 and "set_" not in c["aten"] and "mm" not in c["aten"]
+    assert counts["eager"]["aten"]["mm"] > 0 and not counts["eager"]["gemm"]
