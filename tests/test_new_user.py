@@ -179,3 +179,15 @@ def test_tune_cli_method_reaches_the_tuner(monkeypatch):
     assert main(["tune", "--model", "llama3-1b", "--tokens", "4096"]) == 0
     assert seen == ["sustained", "paired"]
     assert SETTINGS.tune_method == "paired"
+
+
+def test_triton_series_check():
+    """codetta warns at import under a Triton other than the series its kernels are tested
+    for (pip installs it beside a PyTorch that pins another Triton only with --no-deps or
+    a forced install), naming both versions; the pinned series passes."""
+    from codetta.kernels.device import triton_mismatch
+
+    assert triton_mismatch("3.6.0") is None and triton_mismatch("3.6.1") is None
+    why = triton_mismatch("3.7.0")
+    assert why and "Triton 3.6.x" in why and "Triton 3.7.0" in why
+    assert triton_mismatch("3.10.0") and triton_mismatch("4.0") and triton_mismatch("nightly")

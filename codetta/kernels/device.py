@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import torch
+import triton
 from triton.runtime.jit import JITFunction
 
 from .mainloop import gemm_kernel
@@ -15,6 +17,30 @@ from .settings import SETTINGS
 # them interpreted functions (no JITFunction; its module needs numpy, so it is not
 # imported here: codetta itself runs without numpy)
 _INTERPRETING = not isinstance(gemm_kernel, JITFunction)
+
+
+# the Triton minor version the kernels are written and tested for (pyproject pins it)
+TRITON_SERIES = (3, 6)
+
+
+def triton_mismatch(version: str) -> str | None:
+    """Why Triton ``version`` may not run codetta's kernels (None: the tested series)."""
+    try:
+        if tuple(int(x) for x in version.split(".")[:2]) == TRITON_SERIES:
+            return None
+    except ValueError:
+        pass
+    series = ".".join(map(str, TRITON_SERIES))
+    return (
+        f"codetta's kernels are written and tested for Triton {series}.x, and this is Triton {version} "
+        "(the Gluon ping-pong mainloop uses APIs that change between minor versions): they may fail to "
+        f"compile or run. PyTorch 2.10 and 2.11 ship with Triton {series}; PyTorch 2.12 pins Triton 3.7 "
+        "and 2.14 Triton 3.8 (README.md, the install notes)"
+    )
+
+
+if (_why := triton_mismatch(triton.__version__)) is not None:
+    warnings.warn(_why, stacklevel=2)
 
 
 def interpreting() -> bool:
