@@ -125,3 +125,22 @@ def test_token_streams(tmp_path):
     where = {int(t): i for i, t in enumerate(synth.used)}
     steps = torch.tensor([[where[int(b)] - where[int(a)] for a, b in zip(s[:-1], s[1:])] for s in seqs]) % 64
     assert set(steps.unique().tolist()) == {1, 2}
+
+
+def test_spans_skip_the_module_walk_without_a_process_group(monkeypatch):
+    """Without a process group no module can be FSDP2-sharded, so the fused forward's spans
+    do not walk every layer's submodules on each forward (host time); with one they do."""
+    from codetta.integrations import fsdp
+
+    class Layer(torch.nn.Module):
+        walked = 0
+
+        def modules(self):
+            Layer.walked += 1
+            return super().modules()
+
+    assert not torch.distributed.is_initialized()
+    spans = fsdp.Spans([[Layer()], [Layer()]], outer=(Layer(),))
+    assert not spans.active and Layer.walked == 0
+    monkeypatch.setattr(fsdp, "_distributed", lambda: True)
+    assert not fsdp.Spans([[Layer()], [Layer()]], outer=(Layer(),)).active and Layer.walked == 3

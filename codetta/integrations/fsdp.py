@@ -38,10 +38,19 @@ def _fsdp_module_class():
     return FSDPModule
 
 
+def _distributed() -> bool:
+    """Whether a process group exists: FSDP2 shards over one (``fully_shard`` makes its
+    device mesh from it), so without one no module is wrapped and there is nothing to look
+    for. (Walking every layer's submodules on each forward was 2 % of the drop-in's own
+    host time on the CPU: 3.77 -> 3.70 ms a two-layer forward + backward, NOTES.md.)"""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
 def _states(modules) -> list:
     """The FSDP2 states of ``modules`` and their submodules, each once, outermost first."""
     cls = _fsdp_module_class()
-    if cls is None:
+    if cls is None or not _distributed():
         return []
     seen, out = set(), []
     for top in modules:
