@@ -80,7 +80,13 @@ def _bench(args) -> int:
 
 
 # the operator parts' own variant names, beside the model part's (bench/model.py)
-PART_VARIANTS = ("codetta-triton", "codetta-recompute-y", "codetta-keep-y", "codetta:low-memory")
+PART_VARIANTS = (
+    "codetta-triton",
+    "codetta-recompute-y",
+    "codetta-keep-y",
+    "codetta:low-memory",
+    "codetta:dx-f32",
+)
 
 
 def main(argv=None) -> int:
@@ -134,9 +140,11 @@ def main(argv=None) -> int:
         "or kept (keep-y; by default auto: formed again from model width 4096 up) or "
         "dg, du not written over g, u (no-overwrite) or a tied embedding's two gradients formed "
         "apart (no-tied-grad) or an untied embedding's backward left to PyTorch (no-embed-grad) or every "
-        "launch through Triton's own path (no-direct); "
+        "launch through Triton's own path (no-direct) or the loss's dX kept in float32 to the "
+        "backward's scale (ce-dx-f32); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
-        "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory (ce). A name a part "
+        "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory and codetta:dx-f32 (ce). "
+        "A name a part "
         "lacks is skipped there",
     )
     b.add_argument(

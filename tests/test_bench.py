@@ -128,6 +128,7 @@ def test_ce_part_on_cpu():
     errs = ce.check(p, ce.codetta, tol=1e-4)
     assert set(errs) == {"loss", "dx", "dw"}
     assert ce.same_bits(p)
+    assert set(ce.check(p, ce.codetta_dx_f32, tol=1e-4)) == {"loss", "dx", "dw"}  # (the A/B variant)
     assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
 
 

@@ -603,3 +603,47 @@ def test_bias_gradient_rounded_once(device):
         ratios.append((db.double() - ref).abs().max().item() / (same.double() - ref).abs().max().item())
     ratios.sort()
     assert ratios[len(ratios) // 2] <= 1.15 and ratios[-1] <= 2.0, ratios
+
+
+@pytest.mark.parametrize("finish", [True, False])
+def test_dx_f32_rounds_dx_once(device, finish):
+    """``CODETTA_CE_DX_F32=1``: dX stays float32 from the forward to the backward's scale by
+    the incoming gradient, so with a gradient that is not a power of 2 (1.7) and a softcap,
+    its error against float64 is level with PyTorch's at the median over eight draws, and
+    dX comes back in the input's dtype. Rounded in the forward and again after the scale
+    (the default) it was 1.21x PyTorch's at the median (the random checks' seed 3231, 40
+    rows: 2.1x at the worst; NOTES.md). The compiled op (its fake result: float32 dX) gives
+    the same gradients."""
+    dt = torch.bfloat16 if ON_GPU else torch.float16
+    M, d, V = (1024, 256, 4000) if ON_GPU else (40, 64, 100)
+    ratios = []
+    for s in range(8):
+        torch.manual_seed(2000 + s)
+        x, w = rand(M, d, dtype=dt, device=device), rand(V, d, dtype=dt, device=device, scale=3 * d**-0.5)
+        t = torch.randint(0, V, (M,), device=device)
+        xl = x.clone().requires_grad_()
+        g = torch.tensor(1.7, dtype=dt, device=device)
+        with settings.override(ce_dx_f32=True, ce_finish=finish):
+            (dx,) = torch.autograd.grad(linear_cross_entropy(xl, w, t, reduction="sum", softcap=3.0), xl, g)
+        assert dx.dtype == dt
+
+        def theirs(dtype, x=x, w=w, t=t, g=g):
+            xx = x.to(dtype).requires_grad_()
+            logits = F.linear(xx, w.to(dtype))
+            logits = logits.float() if dtype != torch.float64 else logits
+            loss = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), t, reduction="sum").to(dtype)
+            return torch.autograd.grad(loss, xx, g.to(dtype))[0]
+
+        ref, same = theirs(torch.float64), theirs(dt)
+        ratios.append((dx.double() - ref).abs().max().item() / (same.double() - ref).abs().max().item())
+    ratios.sort()
+    assert ratios[len(ratios) // 2] <= 1.1 and ratios[-1] <= 2.0, ratios
+
+    def f(x):
+        return linear_cross_entropy(x, w, t, reduction="sum", softcap=3.0)
+
+    with settings.override(ce_dx_f32=True, ce_finish=finish):
+        (eager,) = torch.autograd.grad(f(xl), xl, g)
+        backend = "inductor" if ON_GPU else "aot_eager"
+        (compiled,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(xl), xl, g)
+    assert compiled.dtype == dt and torch.equal(compiled, eager)

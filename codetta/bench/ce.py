@@ -3,7 +3,8 @@ and forward+backward, at 8192 and 16384 tokens, d 2048 and 4096, V 128256 (and V
 262144 at 16384 x 4096 for memory), against the cuBLAS time of the same GEMMs (the
 logits; plus dX and dW), eager PyTorch (``F.cross_entropy(F.linear(x, w).float(), t)``),
 torch.compile of it and Liger's fused linear cross-entropy, and codetta's low-memory
-mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes). Also each variant's peak
+mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes) and ``codetta:dx-f32`` (dX kept
+in float32 to the backward's scale, ``CODETTA_CE_DX_F32``). Also each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.settings import override
 from ..ops import linear_cross_entropy
 from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases, selected
 
@@ -38,6 +40,13 @@ def codetta(x, w, t):
 
 def codetta_low_memory(x, w, t):
     return linear_cross_entropy(x, w, t, vocab_chunk=LOW_MEMORY_CHUNK)
+
+
+def codetta_dx_f32(x, w, t):
+    """codetta with ``CODETTA_CE_DX_F32=1``: dX kept in float32 to the backward's scale (the
+    A/B of its cost: a float32 dX write and a cast pass; NOTES.md)."""
+    with override(ce_dx_f32=True):
+        return linear_cross_entropy(x, w, t)
 
 
 def liger_fn():
@@ -104,11 +113,11 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
     p = problem(tokens, d, V)
     (x, w), t = p["leaves"], p["target"]
     variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta,
-                "codetta:low-memory": codetta_low_memory}  # fmt: skip
+                "codetta:low-memory": codetta_low_memory, "codetta:dx-f32": codetta_dx_f32}  # fmt: skip
     liger = liger_fn()
     if liger is not None:
         variants["liger"] = liger
-    for name in ("codetta", "codetta:low-memory"):
+    for name in ("codetta", "codetta:low-memory", "codetta:dx-f32"):
         fn = variants[name]
         errs = check(p, fn)
         print(f"  {case}: {name} vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "

@@ -49,6 +49,11 @@
 |  |  | 129), instead of its last row chunk's GEMM rounding it into the weight's dtype in |
 |  |  | the forward (``FINISH_F32``); 1 GB less at the peak of the untied 8B slice (9.53 |
 |  |  | against 10.50 GB, below Liger's 10.16) for 0.2-0.4 % of its step (run 139) |
+| ``CODETTA_CE_DX_F32`` | 0 | 1: the LM head + loss keeps dX in float32 from its forward to its |
+|  |  | backward's scale by the incoming gradient (one rounding, as dB), instead of |
+|  |  | rounding it in the forward and again after the scale (an incoming gradient not a |
+|  |  | power of 2: dX 1.2x PyTorch's error at the median with a softcap, NOTES.md); |
+|  |  | M x d x 2 bytes more until the backward; opt-in until GPU-timed |
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
@@ -102,6 +107,8 @@ class Settings:
     embed_grad: bool = True
     # False: the loss's dW stays float32 until the backward (ops/cross_entropy.py: _finishes)
     ce_finish: bool = True
+    # True: the loss's dX stays float32 until the backward's scale (ops/cross_entropy.py)
+    ce_dx_f32: bool = False
     compile_workers: int = 0
     direct_launch: bool = True
     cache_dir: Path = Path("~/.cache/codetta")
@@ -151,6 +158,7 @@ class Settings:
             tied_grad=flag("CODETTA_TIED_GRAD", True),
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
+            ce_dx_f32=flag("CODETTA_CE_DX_F32", False),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             direct_launch=flag("CODETTA_DIRECT_LAUNCH", True),
             cache_dir=Path(cache),

@@ -107,13 +107,14 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
-          finish=True):  # fmt: skip
+          finish=True, dx_f32=False):  # fmt: skip
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
     dX (input dtype), dW and dbias (fp32), and the gain they were formed at (``ce_rows.
     gain``: float16's mean and sum, a 0-dim float32 power of 2 the backward divides out;
     else None). dW: with ``finish`` in the weight's dtype (the last chunk's GEMM adds its
     product to the float32 sum of the others and rounds once, FINISH_F32; one chunk: a
-    plain GEMM), else float32 (the tied embedding's one pass takes it).
+    plain GEMM), else float32 (the tied embedding's one pass takes it). ``dx_f32``: dX in
+    float32 (the backward's scale then rounds it once).
 
     Row loss, with p = softmax(c) over the (capped) logits c, eps = label smoothing,
     w = class weights (1 without), t = the row's target:
@@ -123,7 +124,11 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     M, V = x.shape[0], w.shape[0]
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
     lse_all = torch.empty(M, dtype=torch.float32, device=x.device)
-    dx = torch.empty_like(x) if want_grads else x.new_empty(0)
+    dx = (
+        torch.empty(x.shape, dtype=torch.float32 if dx_f32 else x.dtype, device=x.device)
+        if want_grads
+        else x.new_empty(0)
+    )
     # (the first chunk stores its product, the others add theirs: no zero fill; no rows:
     # no chunk, a zero gradient)
     last = (M - 1) // rows * rows if M else 0  # the last chunk's first row
@@ -167,7 +172,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
         if want_grads:
             sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
                             softcap=opts.softcap, want_sum=bool(eps), **coef)  # fmt: skip
-            gemm(logits, w.t(), out=dx[sl])
+            gemm(logits, w.t(), epilogue=STORE_F32 if dx_f32 else None, out=dx[sl])
             if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
                 if start == 0:
                     gemm(logits.t(), xc.t(), out=dw)
@@ -203,6 +208,7 @@ def _forward_impl(
     rows: int,
     vocab_chunk: int,
     finish: bool,
+    dx_f32: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # (loss, lse, dx, dw, db, gain): dx/dw/db for mean and sum when gradients are needed
     # (else empty), formed at gain (float16: a 0-dim power of 2, ce_rows.gain; else empty);
@@ -214,8 +220,9 @@ def _forward_impl(
         losses, lse = sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
         dx = dw32 = db32 = gained = None
     else:
-        losses, lse, dx, dw32, db32, gained = _pass(x, w, target, ignore_index, reduction, rows, opts,
-                                                    want_grads=grads, finish=finish)  # fmt: skip
+        losses, lse, dx, dw32, db32, gained = _pass(
+            x, w, target, ignore_index, reduction, rows, opts, want_grads=grads, finish=finish, dx_f32=dx_f32
+        )
     if not grads:
         dx = x.new_empty(0)
     if reduction == "none":
@@ -240,14 +247,15 @@ _forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args
 
 @_forward.register_fake
 def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-      vocab_chunk, finish):  # fmt: skip
+      vocab_chunk, finish, dx_f32):  # fmt: skip
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none" and not vocab_chunk
     db = w.new_empty((w.shape[0],) if grads and bias is not None else (0,), dtype=f32)
     dw_dtype = f32 if grads and not finish else w.dtype
     gained = x.new_empty(() if grads and x.dtype == torch.float16 else (0,), dtype=f32)
-    return (loss, x.new_empty(x.shape[0], dtype=f32), x.new_empty(x.shape if grads else (0,)),
+    dx = x.new_empty(x.shape, dtype=f32) if grads and dx_f32 else x.new_empty(x.shape if grads else (0,))
+    return (loss, x.new_empty(x.shape[0], dtype=f32), dx,
             w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db, gained)  # fmt: skip
 
 
@@ -321,13 +329,13 @@ def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoo
 
 def _setup(ctx, inputs, output):
     (x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-     vocab_chunk, finish) = inputs  # fmt: skip
+     vocab_chunk, finish, _dx_f32) = inputs  # fmt: skip
     _, lse, dx, dw, db, gained = output
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.b_dtype = bias.dtype if bias is not None else None  # (None: no bias)
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
-    ctx.w_dtype = w.dtype
+    ctx.w_dtype, ctx.x_dtype = w.dtype, x.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
     ctx.finish = finish  # (the call's choice: an argument of the op, never a setting read in it)
     ctx.handed = False  # (set once the backward hands out the saved dX and dW, scaled in place)
@@ -340,8 +348,17 @@ def _setup(ctx, inputs, output):
         ctx.save_for_backward(dx, dw, db, gained)
 
 
+def _scaled_dx(dx: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The forward's dX times the incoming gradient: in place where it is already in the
+    input's dtype (no work on the device when the scale is 1; a second rounding where it is
+    not a power of 2), else (``CODETTA_CE_DX_F32``: float32) scaled and rounded once into it."""
+    if not dx.numel():
+        return dx
+    return rescale_(dx, scale) if dx.dtype == dtype else scale_cast(dx, scale, dtype)
+
+
 def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
-    rest = (None,) * 10  # (the inputs after x, w, target and the bias: no gradient)
+    rest = (None,) * 11  # (the inputs after x, w, target and the bias: no gradient)
     if dloss is None:
         return (None, None, None, None) + rest
     if ctx.vocab_chunk:
@@ -375,14 +392,14 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
             # powers of 2): passes that skip their work on the device when it is 1 (the usual
             # loss.backward()), no new [M, d]; the graph is then spent (ctx.handed)
             ctx.handed = True
-            dx = rescale_(dx, scale) if dx.numel() else dx
+            dx = _scaled_dx(dx, scale, ctx.x_dtype)
             dw = rescale_(dw, scale)
         else:
             # dX scaled in one vectorized pass into a new tensor (PyTorch's product with a
             # float32 0-dim factor takes its unvectorized mixed-dtype kernel: 0.31 ms at
             # [16384, 4096] bf16, run 129); the float32 dW handed to the tied embedding, or
             # scaled and cast to the weight's dtype in one pass
-            dx = scale_cast(dx, scale, dx.dtype) if dx.numel() else dx
+            dx = scale_cast(dx, scale, ctx.x_dtype) if dx.numel() else dx
             if ctx.tied is not None and ctx.tied.hand_over(dw, scale):
                 dw = None  # the tied embedding's backward returns the weight's whole gradient
             else:
@@ -510,7 +527,7 @@ def linear_cross_entropy(
     finish = _finishes(untied, x.dtype, reduction)
     args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
             float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
-            finish)  # fmt: skip
+            finish, bool(SETTINGS.ce_dx_f32))  # fmt: skip
     if untied:
         loss, lse, *_ = _forward_fast(*args)
     else:

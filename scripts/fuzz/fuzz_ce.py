@@ -105,7 +105,9 @@ def run_case(seed):
     )
     if bias:
         kw["linear_bias"] = leaves[2]
-    with drawn_settings(seed, desc, ce_finish=[True, False], poison_outputs=[False, True]):
+    with drawn_settings(
+        seed, desc, ce_finish=[True, False], poison_outputs=[False, True], ce_dx_f32=[False, True]
+    ):
         try:
             out = linear_cross_entropy(leaves[0], leaves[1], t, **kw)
         except (ValueError, TypeError, NotImplementedError) as e:
