@@ -572,36 +572,59 @@ def test_empty_batch(device, vocab_chunk):
         x.grad = w.grad = b.grad = None
 
 
+def _softcap_ratios(device, seed0: int, shape: tuple, which: int, bias=False, reduction="mean", draws=8,
+                    **changes):  # fmt: skip
+    """Ours / PyTorch's error against float64 of one gradient (``which``: 0 dX, 2 dB) of the
+    loss with softcap 3 under an incoming gradient of 1.7 (not a power of 2: a
+    gradient-accumulation divisor; every reference takes the value float16 holds, 1.7002),
+    over ``draws`` draws, sorted; ``changes``: codetta's settings. PyTorch's chain caps the
+    logits after their float32 upcast (its more accurate form, as scripts/fuzz/fuzz_ce.py's;
+    not _torch_options, which caps before it). Also returns the last draw's (x, w, t,
+    incoming gradient)."""
+    dt = torch.bfloat16 if ON_GPU else torch.float16
+    M, d, V = shape
+    ratios = []
+    for s in range(draws):
+        torch.manual_seed(seed0 + s)
+        x, w = rand(M, d, dtype=dt, device=device), rand(V, d, dtype=dt, device=device, scale=3 * d**-0.5)
+        b = rand(V, dtype=dt, device=device, scale=0.1) if bias else None
+        t = torch.randint(0, V, (M,), device=device)
+        g = torch.tensor(1.7, dtype=dt, device=device)
+
+        def grad(dtype, ours=False, x=x, w=w, b=b, t=t, g=g):
+            leaves = [v.detach().to(dtype).requires_grad_() for v in (x, w, b) if v is not None]
+            if ours:
+                with settings.override(**changes):
+                    bias_ = leaves[2] if b is not None else None
+                    out = linear_cross_entropy(
+                        *leaves[:2], t, linear_bias=bias_, reduction=reduction, softcap=3.0
+                    )
+                    got = torch.autograd.grad(out, leaves[which], g)[0]
+                assert got.dtype == dtype
+                return got
+            logits = F.linear(*leaves)
+            logits = logits.float() if dtype != torch.float64 else logits
+            loss = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), t, reduction=reduction).to(dtype)
+            return torch.autograd.grad(loss, leaves[which], g.to(dtype))[0]
+
+        ref, same = grad(torch.float64), grad(dt)
+        ratios.append(
+            (grad(dt, ours=True).double() - ref).abs().max().item() / (same.double() - ref).abs().max().item()
+        )
+    return sorted(ratios), (x, w, t, g)
+
+
 def test_bias_gradient_rounded_once(device):
     """With an incoming gradient that is not a power of 2 (1.7; a gradient-accumulation
-    divisor), dB is scaled in float32 and rounded to the bias's dtype once: over eight
+    divisor), dB is scaled in float32 and rounded to the bias's dtype once: over sixteen
     draws (softcap on, 64 rows) its error against float64 is level with PyTorch's at the
     median. Rounded in the forward and again after the scale it was 1.36x PyTorch's at the
-    median and 2.35x at the worst of ten (the random checks' seed 264, NOTES.md)."""
-    dt = torch.bfloat16 if ON_GPU else torch.float16
-    M, d, V = (1024, 256, 4000) if ON_GPU else (64, 64, 130)
-    ratios = []
-    for s in range(8):
-        torch.manual_seed(1000 + s)
-        x, w = rand(M, d, dtype=dt, device=device), rand(V, d, dtype=dt, device=device, scale=3 * d**-0.5)
-        b = rand(V, dtype=dt, device=device, scale=0.1)
-        t = torch.randint(0, V, (M,), device=device)
-        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
-        out = linear_cross_entropy(leaves[0], leaves[1], t, linear_bias=leaves[2], softcap=3.0)
-        (db,) = torch.autograd.grad(out, leaves[2], torch.tensor(1.7, dtype=out.dtype, device=device))
-
-        # (not _torch_options: it caps the logits before their float32 upcast; here the
-        # cap comes after it, PyTorch's more accurate form, as scripts/fuzz/fuzz_ce.py's)
-        def theirs(dtype, leaves=leaves, t=t):
-            xx, ww, bb = (leaf.detach().to(dtype).requires_grad_() for leaf in leaves)
-            logits = F.linear(xx, ww, bb).float() if dtype != torch.float64 else F.linear(xx, ww, bb)
-            loss = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), t)
-            loss = loss.to(dtype)
-            return torch.autograd.grad(loss, bb, torch.tensor(1.7, dtype=dtype, device=device))[0]
-
-        ref, same = theirs(torch.float64), theirs(dt)
-        ratios.append((db.double() - ref).abs().max().item() / (same.double() - ref).abs().max().item())
-    ratios.sort()
+    median and 2.35x at the worst of ten (the random checks' seed 264, NOTES.md). (Until
+    2026-12-04 this test's float64 reference took the incoming gradient as 1.7 exactly and
+    the others float16's 1.7002, eight draws: its median then read 1.0 where the consistent
+    reference gives 1.16 at eight draws and 1.0 at sixteen or 32.)"""
+    shape = (1024, 256, 4000) if ON_GPU else (64, 64, 130)
+    ratios, _ = _softcap_ratios(device, 1000, shape, 2, bias=True, draws=16)
     assert ratios[len(ratios) // 2] <= 1.15 and ratios[-1] <= 2.0, ratios
 
 
@@ -614,30 +637,11 @@ def test_dx_f32_rounds_dx_once(device, finish):
     (the default) it was 1.21x PyTorch's at the median (the random checks' seed 3231, 40
     rows: 2.1x at the worst; NOTES.md). The compiled op (its fake result: float32 dX) gives
     the same gradients."""
-    dt = torch.bfloat16 if ON_GPU else torch.float16
-    M, d, V = (1024, 256, 4000) if ON_GPU else (40, 64, 100)
-    ratios = []
-    for s in range(8):
-        torch.manual_seed(2000 + s)
-        x, w = rand(M, d, dtype=dt, device=device), rand(V, d, dtype=dt, device=device, scale=3 * d**-0.5)
-        t = torch.randint(0, V, (M,), device=device)
-        xl = x.clone().requires_grad_()
-        g = torch.tensor(1.7, dtype=dt, device=device)
-        with settings.override(ce_dx_f32=True, ce_finish=finish):
-            (dx,) = torch.autograd.grad(linear_cross_entropy(xl, w, t, reduction="sum", softcap=3.0), xl, g)
-        assert dx.dtype == dt
-
-        def theirs(dtype, x=x, w=w, t=t, g=g):
-            xx = x.to(dtype).requires_grad_()
-            logits = F.linear(xx, w.to(dtype))
-            logits = logits.float() if dtype != torch.float64 else logits
-            loss = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), t, reduction="sum").to(dtype)
-            return torch.autograd.grad(loss, xx, g.to(dtype))[0]
-
-        ref, same = theirs(torch.float64), theirs(dt)
-        ratios.append((dx.double() - ref).abs().max().item() / (same.double() - ref).abs().max().item())
-    ratios.sort()
+    shape = (1024, 256, 4000) if ON_GPU else (40, 64, 100)
+    ratios, (x, w, t, g) = _softcap_ratios(device, 2000, shape, 0, reduction="sum", ce_dx_f32=True,
+                                           ce_finish=finish)  # fmt: skip
     assert ratios[len(ratios) // 2] <= 1.1 and ratios[-1] <= 2.0, ratios
+    xl = x.clone().requires_grad_()
 
     def f(x):
         return linear_cross_entropy(x, w, t, reduction="sum", softcap=3.0)
@@ -646,4 +650,4 @@ def test_dx_f32_rounds_dx_once(device, finish):
         (eager,) = torch.autograd.grad(f(xl), xl, g)
         backend = "inductor" if ON_GPU else "aot_eager"
         (compiled,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(xl), xl, g)
-    assert compiled.dtype == dt and torch.equal(compiled, eager)
+    assert compiled.dtype == x.dtype and torch.equal(compiled, eager)
