@@ -474,14 +474,11 @@ def test_launch_census_on_cpu(capsys):
     PyTorch operators around them (none counted twice: the interpreter's own operators
     inside a kernel are left out)."""
     pytest.importorskip("transformers")
-    import importlib.util
-    from pathlib import Path
+    from util import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "launch_census.py"
-    spec = importlib.util.spec_from_file_location("launch_census", path)
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
     from codetta.bench import model as mb
+
+    lc = load_script("launch_census")
 
     config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=16,

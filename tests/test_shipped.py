@@ -4,6 +4,7 @@ import json
 from dataclasses import asdict
 
 import pytest
+from util import load_script
 
 from codetta import models, tune
 from codetta.kernels import configs, tuning
@@ -203,17 +204,6 @@ def test_tune_shorter_than(capsys):
     assert capsys.readouterr().out.split() == short
 
 
-def _script(name="merge_tuned"):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_merge_tuned_picks(tmp_path):
     """scripts/merge_tuned.py: a tuned A/B variant's cache merged into a shipped table:
     a changed pick replaces the entry (and leaves pending), a ping-pong tail-split pick
@@ -221,7 +211,7 @@ def test_merge_tuned_picks(tmp_path):
     codetta has is skipped, and a cache from another GPU is refused."""
     import dataclasses
 
-    mt = _script()
+    mt = load_script("merge_tuned")
     shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())
     programs = tune.known_programs()
     key = next(
@@ -262,7 +252,7 @@ def test_table_ab_cache_holds_the_differing_picks(monkeypatch):
     earlier picks), and none of those it shares."""
     from codetta.kernels import device
 
-    ab = _script("table_ab")
+    ab = load_script("table_ab")
     shipped = tuning.shipped_table("NVIDIA H200", (9, 0), 132)
     keys = sorted(shipped)[:3]
     other = next(c for c in configs.PINGPONG_CANDIDATES if c != shipped[keys[0]])
@@ -279,7 +269,7 @@ def test_retune_report(tmp_path, capsys):
     """scripts/retune_report.py: a re-tuned key's earlier pick against its new one by the
     sweep's own scores in a verbose tune log; an earlier pick missing from the sweep is
     reported as dropped by the scouting round; an unchanged key is not listed."""
-    rr = _script("retune_report")
+    rr = load_script("retune_report")
     shipped = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())["entries"]
     keys = sorted(k for k in shipped if not k.endswith("|no-pingpong"))[:3]
     old = {k: shipped[k] for k in keys}

@@ -48,3 +48,15 @@ def check_compile_matches_eager(fn, leaves, on_gpu: bool):
     for i, (ta, tb) in enumerate(zip(a, b)):
         diff = (ta.grad.double() - tb.grad.double()).abs().max().item()
         assert torch.equal(ta.grad, tb.grad), f"leaf {i}: compiled and eager gradients differ by {diff:.3e}"
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
