@@ -69,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     p.add_argument("--parallel", choices=["none", "fsdp", "ddp"], default="fsdp")
     p.add_argument(
+        "--device",
+        choices=["auto", "cuda", "cpu"],
+        default="auto",
+        help="where to train (auto: the GPU when there is one; cpu: gloo between processes, "
+        "codetta's PyTorch reference path, for checking the wiring)",
+    )
+    p.add_argument(
         "--codetta",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -190,11 +197,13 @@ def _perturb(model, seed: int) -> None:
             p.copy_((p.float() * (1 + 2**-8 * noise)).to(p.dtype))
 
 
-def _setup_distributed(parallel: str):
+def _setup_distributed(parallel: str, where: str = "auto"):
     """(rank, world, device): from torchrun's environment, or one process of its own."""
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
+    if where == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("codetta train: --device cuda, but torch sees no GPU")
+    cuda = where == "cuda" or (where == "auto" and torch.cuda.is_available())
     if parallel == "none":
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise SystemExit("codetta train: --parallel none runs one process; use --parallel fsdp or ddp")
@@ -277,7 +286,12 @@ def _precompile(model, args, stream, rank: int, per: int, device) -> None:
 def train(args) -> dict:
     import torch.distributed as dist
 
-    rank, world, device = _setup_distributed(args.parallel)
+    if args.codetta and args.dtype == "fp32" and args.device != "cpu" and torch.cuda.is_available():
+        raise SystemExit(
+            "codetta train: --dtype fp32 on the GPU would run the model's own forward (codetta's "
+            "kernels serve bf16 and fp16): pass --dtype bf16, --no-codetta, or --device cpu"
+        )
+    rank, world, device = _setup_distributed(args.parallel, args.device)
     per = args.batch // (world * args.accum)
     if per * world * args.accum != args.batch:
         raise SystemExit(

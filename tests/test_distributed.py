@@ -18,7 +18,7 @@ pytest.importorskip("torch.distributed.fsdp")
 
 TOL = 1e-5  # fp32 after 4 AdamW steps: only the order of the gradient sums differs
 COMMON = ["--seq-len", "16", "--batch", "4", "--steps", "4", "--warmup", "1", "--lr", "1e-3",
-          "--dtype", "fp32"]  # fmt: skip
+          "--dtype", "fp32", "--device", "cpu"]  # fmt: skip
 
 
 def _config(tmp_path, family):

@@ -312,6 +312,61 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta_to_llama(_model("qwen3", False))
 
 
+def _falls_back(model, kw, why):
+    """The patched model runs its own forward (no codetta op), warns once naming why, and
+    gives the unpatched model's loss bit for bit."""
+    from codetta.integrations import hf
+
+    hf._FALLBACK_WARNED.clear()  # (warned once per process and reason)
+    plain = copy.deepcopy(model)
+    codetta.apply_codetta(model)
+    with CountOps() as count, pytest.warns(UserWarning, match=why):
+        got = model(**kw).loss
+    assert count.calls == 0 and count.losses == 0
+    assert torch.equal(got, plain(**kw).loss)
+
+
+def test_autocast_over_float32_parameters_runs_the_models_own_forward():
+    """Autocast to bfloat16 over float32 parameters (Hugging Face Trainer's bf16=True)
+    keeps the residual stream in float32; the fused path computes in one dtype and would
+    not match it silently: the model's own forward runs, with a warning that says what to
+    do. Out of autocast, or under autocast to the parameters' own dtype, codetta runs."""
+    model = _model("llama", False)
+    kw = _inputs("padding")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _falls_back(model, kw, "torch.autocast to bfloat16 over float32 parameters.*model.to")
+    with CountOps() as count:
+        model(**kw).loss.backward()
+    assert count.calls > 0 and count.losses == 1
+    half = codetta.apply_codetta(_model("llama", False, torch.float16))
+    with torch.autocast("cpu", dtype=torch.float16), CountOps() as count:
+        half(**kw).loss.backward()
+    assert count.calls > 0 and count.losses == 1
+
+
+@pytest.mark.gpu
+def test_float32_model_on_the_gpu_runs_its_own_forward():
+    """codetta's GPU kernels serve bfloat16 and float16: a float32 model on the GPU runs
+    its own forward with a warning (it used to fail inside the first operator, "y:
+    float32 GEMMs are not served"); ``codetta train --dtype fp32`` on a GPU refuses."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _inputs("none").items()}
+    _falls_back(_model("llama", False).cuda(), kw, "float32 parameters on the GPU")
+    model = codetta.apply_codetta(_model("llama", False, torch.bfloat16).cuda())
+    with torch.autocast("cuda", dtype=torch.bfloat16), CountOps() as count:
+        model(**kw)
+    assert count.calls > 0
+    import argparse
+
+    from codetta.train import add_arguments, train
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit, match="--dtype fp32 on the GPU"):
+        train(parser.parse_args(["--dtype", "fp32", "--parallel", "none"]))
+
+
 def _enable_hf_checkpointing(model):
     # (transformers 5.x: one flag on the base model and one per layer)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()

@@ -25,7 +25,9 @@ SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``,
-requested hidden states or attentions, ``logits_to_keep``, and under class-wide
+requested hidden states or attentions, ``logits_to_keep``, float32 parameters on the
+GPU, ``torch.autocast`` to another dtype than the parameters' (AMP over float32
+parameters, as Hugging Face Trainer's ``bf16=True`` does), and under class-wide
 patching a model with projection biases or widths that are not multiples of 8 (patching
 such an instance raises, naming why). The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
@@ -209,7 +211,31 @@ def _fallback_reason(model, kwargs) -> str | None:
     keep = kwargs.get("logits_to_keep", 0)
     if not (isinstance(keep, int) and keep == 0):
         return "logits_to_keep"
-    return unsupported(model)
+    return _precision_reason(model.lm_head.weight) or unsupported(model)
+
+
+def _precision_reason(weight) -> str | None:
+    """Why the model's compute dtype is not one codetta's kernels serve, or None. Asked
+    on every forward (a model may be cast after it is patched; autocast is per region):
+    the LM head's weight stands for the model's parameters (under FSDP2 it is the
+    gathered one, in the mixed-precision policy's dtype; a still-sharded DTensor is left
+    to the kernels' own checks). Mixed precision by ``torch.autocast`` over float32
+    parameters (Hugging Face Trainer's ``bf16=True``) keeps the residual stream in float32
+    and casts each projection's operands, a precision the fused path (one dtype
+    throughout, as under FSDP2's mixed precision) would silently not match."""
+    if type(weight) is not torch.nn.Parameter and type(weight) is not torch.Tensor:
+        return None  # (DTensor and other subclasses)
+    kind = weight.device.type
+    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != weight.dtype:
+        return (
+            f"torch.autocast to {str(torch.get_autocast_dtype(kind)).removeprefix('torch.')} over "
+            f"{str(weight.dtype).removeprefix('torch.')} parameters: the fused path computes in the "
+            "parameters' dtype throughout (cast the model, e.g. model.to(torch.bfloat16), or train "
+            "under FSDP2's MixedPrecisionPolicy, to run codetta)"
+        )
+    if kind == "cuda" and weight.dtype == torch.float32:
+        return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"
+    return None
 
 
 def _codetta_forward(
@@ -480,11 +506,13 @@ def _read_mask_params() -> None:
 
 def _mask_args(fn, **args) -> dict:
     """``args`` for transformers' mask builders, with no cache under the name this version
-    uses (``cache`` since 5.2x, ``past_key_values`` before, which also took ``cache_position``)."""
+    uses (``cache`` since 5.2x, ``past_key_values`` before, which also took ``cache_position``;
+    5.25 takes both, and warns when both are given)."""
     params = _mask_params(fn)
     for name in ("cache", "past_key_values"):
         if name in params:
             args[name] = None
+            break
     if "cache_position" in params:
         h = args["inputs_embeds"]
         args["cache_position"] = torch.arange(h.shape[1], device=h.device)
