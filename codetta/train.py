@@ -246,12 +246,16 @@ def build(args, device, world: int):
     if args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # (FSDP2's default mesh is on the GPU whenever there is one, whatever --device says)
+        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
+                  mesh=init_device_mesh(device.type, (world,)))  # fmt: skip
         for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
+            fully_shard(layer, **kw)
         if args.wrap_base:
-            fully_shard(model.model, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(model.model, **kw)
+        fully_shard(model, **kw)
     elif args.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
