@@ -58,7 +58,8 @@ def _bench(args) -> int:
             from codetta.bench import model
 
             variants = [v for v in args.variants or model.VARIANTS if v in model.ALL_VARIANTS]
-            model.run(args.out, cases=args.models, variants=variants, step_kind=args.step, batch=args.batch)
+            model.run(args.out, cases=args.models, variants=variants, step_kind=args.step, batch=args.batch,
+                      amp=args.amp)  # fmt: skip
         elif part == "residual_norm":
             residual_norm.run(args.out, widths=args.widths, research=args.research)
         elif part == "mlp":
@@ -126,6 +127,12 @@ def main(argv=None) -> int:
         help=f"model part: sequences of {model_bench.SEQ} tokens per step (default "
         f"{model_bench.BATCH}; 1: a step of {model_bench.SEQ} tokens, where short GEMMs and the "
         "host's time per launch weigh most); rows at another batch are named '<case> @<tokens>'",
+    )
+    b.add_argument(
+        "--amp",
+        action="store_true",
+        help="model part: float32 parameters, each forward under torch.autocast to bfloat16 (Hugging "
+        "Face Trainer's bf16=True; codetta under CODETTA_AUTOCAST=cast); rows named '<case> amp'",
     )
     b.add_argument(
         "--variants",

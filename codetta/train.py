@@ -244,9 +244,8 @@ def build(args, device, world: int):
         for layer in model.model.layers:
             layer.compile()
     if args.parallel == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # (FSDP2's default mesh is on the GPU whenever there is one, whatever --device says)
         kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),

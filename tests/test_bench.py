@@ -80,6 +80,32 @@ def test_model_step_variants_on_cpu():
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
 
 
+def test_model_step_amp_on_cpu():
+    """``bench --amp``: float32 parameters, the forward under autocast to bfloat16; codetta
+    runs its fused path there (CODETTA_AUTOCAST=cast, no fallback warning) and its
+    first-step loss agrees with eager's under autocast; the parameters stay float32."""
+    pytest.importorskip("transformers")
+    import warnings
+
+    from codetta.bench import model as mb
+
+    config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    base = mb.make_model(config, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    losses = {}
+    for name in ("eager", "codetta"):
+        step = mb.variant_step(name, base, ids, ids, amp=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+        assert not [w for w in caught if "runs its own forward" in str(w.message)], name
+        losses[name] = step.losses[0]
+    assert SETTINGS.autocast == "own-forward"  # (cast during codetta's steps only)
+    assert abs(losses["codetta"] - losses["eager"]) < 2e-2 * abs(losses["eager"])
+    assert mb.case_label("llama-3.2-1B", amp=True) == "llama-3.2-1B amp"
+
+
 def test_model_step_qwen3_case_on_cpu():
     """The model part's Qwen3 case builds a Qwen3 model (per-head q/k norms), and codetta's
     first training-step loss on it agrees with eager's (CPU, tiny widths)."""

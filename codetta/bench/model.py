@@ -149,14 +149,17 @@ class ModuleSwap:
 _MISSING = object()
 
 
-def variant_step(name: str, base_model, ids, labels, changes: dict | None = None, optimizer: bool = True):
+def variant_step(
+    name: str, base_model, ids, labels, changes: dict | None = None, optimizer: bool = True, amp: bool = False
+):
     """One training step of variant ``name`` on its own copy of ``base_model`` and an
     optimizer of its own; None where the variant is unavailable (Liger not installed).
     ``changes``: codetta settings its steps run under (default: the variant's own,
     ``SETTING_VARIANTS``; the A/B variants of ``--tuned-ab`` pass theirs). ``optimizer=False``
     (``bench --step fwd-bwd``): forward and backward only, the gradients dropped after each
     step and the weights never changed (issue 12's decoder-layer bar is of forward +
-    backward; the floor has no optimizer either)."""
+    backward; the floor has no optimizer either). ``amp``: the forward under autocast to
+    bfloat16 (``base_model`` in float32), codetta under ``CODETTA_AUTOCAST=cast``."""
     import codetta
     from codetta.kernels import settings
 
@@ -165,6 +168,8 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
     if how and not known:
         raise ValueError(f"unknown variant {name}:{how}; known: {', '.join(ALL_VARIANTS)}")
     changes = SETTING_VARIANTS.get(how, {}) if changes is None else changes
+    if amp and name.startswith("codetta"):
+        changes = {**changes, "autocast": "cast"}
     model = copy.deepcopy(base_model).train()
     run = model
     swap = None
@@ -197,7 +202,8 @@ def variant_step(name: str, base_model, ids, labels, changes: dict | None = None
             return _step()
 
     def forward_backward():
-        out = run(input_ids=ids, labels=labels, use_cache=False)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+            out = run(input_ids=ids, labels=labels, use_cache=False)
         out.loss.backward()
         return out
 
@@ -287,31 +293,42 @@ def step_flops(config, tokens: int, seq: int = SEQ) -> float:
 STEPS = ("train", "fwd-bwd")  # what a timed step is: a training step, or forward + backward only
 
 
-def case_label(case: str, step_kind: str = "train", batch: int = BATCH) -> str:
-    """A row's case name: what was timed (' fwd+bwd' unless a training step) and, at a
-    batch other than the default 4 x 4096 tokens, the tokens per step ('@4096')."""
+def case_label(case: str, step_kind: str = "train", batch: int = BATCH, amp: bool = False) -> str:
+    """A row's case name: what was timed (' fwd+bwd' unless a training step), at a batch
+    other than the default 4 x 4096 tokens the tokens per step ('@4096'), and ' amp' for
+    a step under autocast over float32 parameters."""
     label = case if batch == BATCH else f"{case} @{batch * SEQ}"
-    return label if step_kind == "train" else f"{label} fwd+bwd"
+    label = label if step_kind == "train" else f"{label} fwd+bwd"
+    return f"{label} amp" if amp else label
 
 
 def run_case(
-    res: Results, case: str, variants=VARIANTS, step_kind: str = "train", batch: int = BATCH
+    res: Results,
+    case: str,
+    variants=VARIANTS,
+    step_kind: str = "train",
+    batch: int = BATCH,
+    amp: bool = False,
 ) -> None:
+    """``amp``: the model's parameters (and AdamW's state) in float32, each step's forward
+    under ``torch.autocast`` to bfloat16 (what Hugging Face Trainer's ``bf16=True`` runs);
+    codetta under ``CODETTA_AUTOCAST=cast``. The floor stays bfloat16 GEMMs and SDPA: the
+    ratios include what autocast costs (each projection's weight cast every step)."""
     if step_kind not in STEPS:
         raise ValueError(f"unknown step {step_kind!r}; known: {', '.join(STEPS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1 sequence of {SEQ} tokens, got {batch}")
     config = model_config(case)
     train = step_kind == "train"
-    label = case_label(case, step_kind, batch)  # (the rows say what was timed)
+    label = case_label(case, step_kind, batch, amp)  # (the rows say what was timed)
     tokens = batch * SEQ
-    base = make_model(config)
+    base = make_model(config, dtype=torch.float32 if amp else torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, SEQ), device="cuda", generator=g)
     labels = ids.clone()
     fns = {"floor": floor_step(config, batch, SEQ)}
     for name in _progress(variants, f"{case}: building"):
-        step = variant_step(name, base, ids, labels, optimizer=train)
+        step = variant_step(name, base, ids, labels, optimizer=train, amp=amp)
         if step is None:
             print(f"  {case}: {name} left out", file=sys.stderr)
             continue
@@ -325,7 +342,7 @@ def run_case(
     add_ab_steps(
         fns,
         lambda changes, base=base: variant_step(
-            "codetta", base, ids, labels, changes=changes, optimizer=train
+            "codetta", base, ids, labels, changes=changes, optimizer=train, amp=amp
         ),
     )
     del base
@@ -407,13 +424,13 @@ def _progress(items, desc):
         return list(items)
 
 
-def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"),
-        variants=VARIANTS, step_kind: str = "train", batch: int = BATCH) -> Results:  # fmt: skip
+def run(out_dir: str, cases=("1B-layers", "8B-layers", "llama-3.2-1B", "8B-4layers+head"), variants=VARIANTS,
+        step_kind: str = "train", batch: int = BATCH, amp: bool = False) -> Results:  # fmt: skip
     res = Results("model_step", baseline="floor (cuBLAS GEMMs + SDPA fwd+bwd)")
     for case in cases:
         what = "training step" if step_kind == "train" else "forward + backward"
-        print(f"== {what}, {case}, {batch} x {SEQ} tokens")
-        run_case(res, case, variants, step_kind, batch)
+        print(f"== {what}, {case}, {batch} x {SEQ} tokens" + (", autocast over float32" if amp else ""))
+        run_case(res, case, variants, step_kind, batch, amp)
         torch.cuda.empty_cache()
         res.write(out_dir)  # after each case: a run cut short keeps what it measured
     print(res.table())

@@ -211,31 +211,59 @@ def _fallback_reason(model, kwargs) -> str | None:
     keep = kwargs.get("logits_to_keep", 0)
     if not (isinstance(keep, int) and keep == 0):
         return "logits_to_keep"
-    return _precision_reason(model.lm_head.weight) or unsupported(model)
+    return _precision_reason(model) or unsupported(model)
 
 
-def _precision_reason(weight) -> str | None:
-    """Why the model's compute dtype is not one codetta's kernels serve, or None. Asked
-    on every forward (a model may be cast after it is patched; autocast is per region):
-    the LM head's weight stands for the model's parameters (under FSDP2 it is the
-    gathered one, in the mixed-precision policy's dtype; a still-sharded DTensor is left
-    to the kernels' own checks). Mixed precision by ``torch.autocast`` over float32
-    parameters (Hugging Face Trainer's ``bf16=True``) keeps the residual stream in float32
-    and casts each projection's operands, a precision the fused path (one dtype
-    throughout, as under FSDP2's mixed precision) would silently not match."""
-    if type(weight) is not torch.nn.Parameter and type(weight) is not torch.Tensor:
+def _precision_reason(model) -> str | None:
+    """Why the model's compute dtype is not one the fused path serves, or None. Asked on
+    every forward (a model may be cast after it is patched; autocast is per region): the
+    LM head's weight stands for the model's parameters (under FSDP2 it is the gathered
+    one, in the mixed-precision policy's dtype; a still-sharded DTensor is left to the
+    kernels' own checks). Autocast over float32 parameters (Hugging Face Trainer's
+    ``bf16=True``) keeps the residual stream in float32 and casts each projection's
+    operands, a precision the fused path (one dtype throughout, as under FSDP2's mixed
+    precision) would silently not match: the model's own forward runs, unless
+    ``CODETTA_AUTOCAST=cast`` asks for the fused path in autocast's dtype (``_autocast_dtype``)."""
+    weight = model.lm_head.weight
+    if not _plain(weight):
         return None  # (DTensor and other subclasses)
     kind = weight.device.type
     if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != weight.dtype:
-        return (
-            f"torch.autocast to {str(torch.get_autocast_dtype(kind)).removeprefix('torch.')} over "
-            f"{str(weight.dtype).removeprefix('torch.')} parameters: the fused path computes in the "
-            "parameters' dtype throughout (cast the model, e.g. model.to(torch.bfloat16), or train "
-            "under FSDP2's MixedPrecisionPolicy, to run codetta)"
-        )
+        to, of = (str(t).removeprefix("torch.") for t in (torch.get_autocast_dtype(kind), weight.dtype))
+        why = f"torch.autocast to {to} over {of} parameters"
+        if SETTINGS.autocast != "cast":
+            return (
+                f"{why}: the fused path computes in one dtype throughout (cast the model, e.g. "
+                f"model.to(torch.bfloat16), train under FSDP2's MixedPrecisionPolicy, or set "
+                f"CODETTA_AUTOCAST=cast to run it on the parameters cast to {to}: README)"
+            )
+        if to not in ("bfloat16", "float16"):
+            return f"{why}: CODETTA_AUTOCAST=cast runs bfloat16 or float16 only"
+        if not all(_plain(p) for p in model.parameters()):
+            return f"{why}: CODETTA_AUTOCAST=cast takes unsharded parameters only"
+        if model.training and torch.is_grad_enabled() and _hf_checkpointing(model.model, model.model.layers):
+            # (the recomputation would read the parameters after the forward, uncast)
+            return f"{why}: CODETTA_AUTOCAST=cast does not take gradient checkpointing"
+        return None
     if kind == "cuda" and weight.dtype == torch.float32:
         return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"
     return None
+
+
+def _plain(t) -> bool:
+    return type(t) is torch.nn.Parameter or type(t) is torch.Tensor
+
+
+def _autocast_dtype(model) -> torch.dtype | None:
+    """The dtype the fused path runs the parameters in under ``CODETTA_AUTOCAST=cast``
+    (autocast's, where it differs from the parameters'), or None: as they are. Asked after
+    ``_precision_reason`` found nothing against it."""
+    if SETTINGS.autocast != "cast":
+        return None
+    kind = model.lm_head.weight.device.type
+    if not torch.is_autocast_enabled(kind) or torch.get_autocast_dtype(kind) == model.lm_head.weight.dtype:
+        return None
+    return torch.get_autocast_dtype(kind)
 
 
 def _codetta_forward(
@@ -263,6 +291,19 @@ def _codetta_forward(
             self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             inputs_embeds=inputs_embeds, labels=labels, **kwargs,
         )  # fmt: skip
+    cast = _autocast_dtype(self)
+    if cast is None:
+        return _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs)
+    # CODETTA_AUTOCAST=cast: the fused forward over the parameters cast to autocast's dtype
+    # (differentiable casts: the gradients reach the parameters in their own dtype; tied
+    # ones stay tied); the module's hooks do not run again
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    with _reparametrize_module(self, {n: p.to(cast) for n, p in self.named_parameters()}, tie_weights=True):
+        return _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs)
+
+
+def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs):
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = kwargs.pop("return_dict", None)
@@ -448,7 +489,7 @@ def _tied_lookup(emb, head) -> bool:
 
 def _plain_lookup(emb) -> bool:
     """``emb`` is an ``nn.Embedding`` doing a plain lookup (no max_norm, frequency scaling or
-    sparse gradient), nothing hooked on it, its weight a plain Parameter: its backward can
+    sparse gradient), nothing hooked on it, its weight a plain tensor: its backward can
     be replaced by codetta's one pass (``CODETTA_EMBED_GRAD``, ``CODETTA_TIED_GRAD``)."""
     return (
         type(emb) is torch.nn.Embedding
@@ -456,7 +497,7 @@ def _plain_lookup(emb) -> bool:
         and not emb.scale_grad_by_freq
         and not emb.sparse
         and not (emb._forward_hooks or emb._forward_pre_hooks or emb._backward_hooks)
-        and type(emb.weight) is torch.nn.Parameter
+        and _plain(emb.weight)  # (a Parameter, or its cast under CODETTA_AUTOCAST=cast)
         and not _global_module_hooks()
     )
 

@@ -57,6 +57,14 @@
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
+| ``CODETTA_AUTOCAST`` | own-forward | what the Hugging Face drop-in does under ``torch.autocast`` to |
+|  |  | another dtype than the parameters' (AMP over float32 parameters: Hugging Face |
+|  |  | Trainer's ``bf16=True``): ``own-forward`` runs the model's own forward (autocast's |
+|  |  | numbers, no codetta; warns once); ``cast`` runs the fused path on the parameters |
+|  |  | cast to autocast's dtype for the forward (as autocast casts each projection's weight; |
+|  |  | gradients reach the float32 parameters), so the residual stream is in that dtype |
+|  |  | too, not float32 as under autocast (the loss and gradients then 1.1-1.3x autocast's |
+|  |  | own error against float64 at the median, as a model held in that dtype: NOTES.md) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -109,6 +117,9 @@ class Settings:
     ce_finish: bool = True
     # True: the loss's dX stays float32 until the backward's scale (ops/cross_entropy.py)
     ce_dx_f32: bool = False
+    # under torch.autocast to another dtype than the parameters': "own-forward" or "cast"
+    # (integrations/hf.py)
+    autocast: str = "own-forward"
     compile_workers: int = 0
     direct_launch: bool = True
     cache_dir: Path = Path("~/.cache/codetta")
@@ -159,6 +170,7 @@ class Settings:
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
             ce_dx_f32=flag("CODETTA_CE_DX_F32", False),
+            autocast=_choice("CODETTA_AUTOCAST", env.get("CODETTA_AUTOCAST", "own-forward"), AUTOCAST_MODES),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             direct_launch=flag("CODETTA_DIRECT_LAUNCH", True),
             cache_dir=Path(cache),
@@ -174,6 +186,7 @@ class Settings:
 # shrinks against the GEMMs' M f d work as d grows; NOTES.md, runs 112 and 116)
 KEEP_Y_BELOW = 4096
 PINGPONG_POLICIES = ("all", "epilogue-bound")
+AUTOCAST_MODES = ("own-forward", "cast")
 TUNE_METHODS = ("paired", "sustained", "both")
 
 
