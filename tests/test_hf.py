@@ -381,15 +381,28 @@ def test_autocast_cast_mode_matches_a_model_in_that_dtype(family, tied):
         assert_within("logits", logits, ref64.eval()(**eval_kw).logits, held.eval()(**eval_kw).logits)
 
 
-def test_autocast_cast_mode_refuses_checkpointing():
-    """The recomputation of gradient checkpointing would read the parameters after the
-    forward, uncast: under CODETTA_AUTOCAST=cast a checkpointed model runs its own forward."""
+def test_autocast_cast_mode_with_checkpointing():
+    """CODETTA_AUTOCAST=cast with Hugging Face's gradient checkpointing (Trainer's
+    bf16=True with gradient_checkpointing=True): each unit's recomputation casts its
+    layers' parameters again; the loss and every gradient are the same bits as without
+    checkpointing, and the units did run again."""
     from codetta.kernels.settings import override
 
-    model = _model("llama", False)
-    _enable_hf_checkpointing(model)
-    with torch.autocast("cpu", dtype=torch.bfloat16), override(autocast="cast"):
-        _falls_back(model, _inputs("none"), "CODETTA_AUTOCAST=cast does not take gradient checkpointing")
+    base = _model("llama", False, num_hidden_layers=3)
+    plain, ckpt = (codetta.apply_codetta(copy.deepcopy(base)) for _ in range(2))
+    _enable_hf_checkpointing(ckpt)
+    kw = _inputs("padding")
+    with torch.autocast("cpu", dtype=torch.float16), override(autocast="cast"):
+        with CountOps() as once:
+            want = _step(plain, kw)
+        with CountOps() as twice:
+            got = _step(ckpt, kw)
+    n = base.config.num_hidden_layers
+    assert once.calls == 2 * n + 1
+    assert twice.calls == once.calls + 2 * (n - 1), "the checkpointed units did not run again"
+    assert torch.equal(got[1], want[1]), "loss"
+    for name, g in want[2].items():
+        assert g.dtype == torch.float32 and torch.equal(got[2][name], g), name
 
 
 @pytest.mark.gpu

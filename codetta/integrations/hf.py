@@ -43,6 +43,7 @@ the original forward.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
 import warnings
@@ -241,9 +242,6 @@ def _precision_reason(model) -> str | None:
             return f"{why}: CODETTA_AUTOCAST=cast runs bfloat16 or float16 only"
         if not all(_plain(p) for p in model.parameters()):
             return f"{why}: CODETTA_AUTOCAST=cast takes unsharded parameters only"
-        if model.training and torch.is_grad_enabled() and _hf_checkpointing(model.model, model.model.layers):
-            # (the recomputation would read the parameters after the forward, uncast)
-            return f"{why}: CODETTA_AUTOCAST=cast does not take gradient checkpointing"
         return None
     if kind == "cuda" and weight.dtype == torch.float32:
         return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"
@@ -292,18 +290,33 @@ def _codetta_forward(
             inputs_embeds=inputs_embeds, labels=labels, **kwargs,
         )  # fmt: skip
     cast = _autocast_dtype(self)
-    if cast is None:
-        return _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs)
     # CODETTA_AUTOCAST=cast: the fused forward over the parameters cast to autocast's dtype
     # (differentiable casts: the gradients reach the parameters in their own dtype; tied
     # ones stay tied); the module's hooks do not run again
+    with _cast_parameters((self,), cast):
+        return _fused_forward(
+            self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs, cast
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _cast_parameters(modules, dtype):
+    """Within: each module's parameters not in ``dtype`` replaced by their (differentiable)
+    casts to it, tied ones kept tied; nothing when ``dtype`` is None or all are in it
+    already. Gradient checkpointing's recomputation of a unit, which runs after the
+    forward's casts are undone, casts its own layers' parameters again (the same values:
+    the saved tensors it supplies match the forward's)."""
     from torch.nn.utils.stateless import _reparametrize_module
 
-    with _reparametrize_module(self, {n: p.to(cast) for n, p in self.named_parameters()}, tie_weights=True):
-        return _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs)
+    with contextlib.ExitStack() as stack:
+        for module in modules if dtype is not None else ():
+            casts = {n: p.to(dtype) for n, p in module.named_parameters() if p.dtype != dtype}
+            if casts:
+                stack.enter_context(_reparametrize_module(module, casts, tie_weights=True))
+        yield
 
 
-def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs):
+def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs, cast=None):
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = kwargs.pop("return_dict", None)
@@ -393,6 +406,10 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         """Layer i from its q, k, v to layer i + 1's (and the residual stream): the unit
         Hugging Face's gradient checkpointing recomputes in the backward, on the shifted
         boundary (its inputs are all it keeps)."""
+        with _cast_parameters((layers[i], layers[i + 1]), cast):
+            return _segment(i, rotated, h, q, k, v)
+
+    def _segment(i, rotated, h, q, k, v):
         h, y = mlp_half(i, h, (q, k, v), rotated)
         nxt = layers[i + 1]
         ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
