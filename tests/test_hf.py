@@ -3,6 +3,7 @@ unpatched, through the Triton interpreter on a CPU (fp32 as the issue asks, fp16
 errors are large enough for the 2x bound to bite); test_matches_unpatched runs on the
 GPU (bf16 and fp16) where there is one."""
 
+import contextlib
 import copy
 
 import pytest
@@ -477,14 +478,31 @@ def test_activation_checkpointing_wrappers_raise(how):
         assert model(**_inputs("none")).loss.isfinite()
 
 
-def test_torch_compile_fullgraph_training_step():
+@pytest.mark.parametrize("amp", [False, True], ids=["plain", "autocast-cast"])
+def test_torch_compile_fullgraph_training_step(amp):
     """torch.compile(model, fullgraph=True) traces the patched forward and backward (the
-    codetta operators are custom ops); loss and gradients equal the eager patched run's."""
+    codetta operators are custom ops); loss and gradients equal the eager patched run's.
+    amp: under autocast over float32 parameters with CODETTA_AUTOCAST=cast (the casts of
+    the parameters traced too; a context manager there broke the full graph), untied (the
+    traced tied lookup is PyTorch's, the eager one codetta's one pass: in float16 their
+    sums round apart)."""
     from conftest import ON_GPU
 
-    model = codetta.apply_codetta(_model("llama", True))
+    from codetta.kernels.settings import override
+
+    model = codetta.apply_codetta(_model("llama", not amp))
     kw = _inputs("padding")
-    eager = _step(model, kw)
+    low = torch.bfloat16 if ON_GPU else torch.float16
+
+    def context():
+        if not amp:
+            return contextlib.ExitStack()
+        return _stacked(
+            torch.autocast(next(model.parameters()).device.type, dtype=low), override(autocast="cast")
+        )
+
+    with context():
+        eager = _step(model, kw)
     targets = []
 
     def backend(gm, example_inputs):  # records the traced graph's calls, then compiles it
@@ -492,13 +510,21 @@ def test_torch_compile_fullgraph_training_step():
         return torch._dynamo.lookup_backend("inductor" if ON_GPU else "aot_eager")(gm, example_inputs)
 
     compiled = torch.compile(model, fullgraph=True, backend=backend)
-    got = _step(compiled, kw)
+    with context():
+        got = _step(compiled, kw)
     # the first layer's input norm, every layer's two norms (2 layers)
     assert sum("codetta.residual_rmsnorm_linear" in t for t in targets) == 5, "codetta ops not in the graph"
     assert sum("codetta.linear_cross_entropy" in t for t in targets) == 1
     assert torch.allclose(got[1], eager[1], rtol=1e-5)
     for name, g in eager[2].items():
         assert torch.allclose(got[2][name], g, rtol=1e-4, atol=1e-6), name
+
+
+def _stacked(*contexts):
+    stack = contextlib.ExitStack()
+    for c in contexts:
+        stack.enter_context(c)
+    return stack
 
 
 def test_compiled_forward_does_not_guard_on_the_verdict_table():

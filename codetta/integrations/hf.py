@@ -43,7 +43,6 @@ the original forward.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import types
 import warnings
@@ -293,27 +292,39 @@ def _codetta_forward(
     # CODETTA_AUTOCAST=cast: the fused forward over the parameters cast to autocast's dtype
     # (differentiable casts: the gradients reach the parameters in their own dtype; tied
     # ones stay tied); the module's hooks do not run again
-    with _cast_parameters((self,), cast):
+    saved = _cast_parameters((self,), cast)
+    try:
         return _fused_forward(
             self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs, cast
         )  # fmt: skip
+    finally:
+        _restore_parameters(saved)
 
 
-@contextlib.contextmanager
-def _cast_parameters(modules, dtype):
-    """Within: each module's parameters not in ``dtype`` replaced by their (differentiable)
-    casts to it, tied ones kept tied; nothing when ``dtype`` is None or all are in it
-    already. Gradient checkpointing's recomputation of a unit, which runs after the
-    forward's casts are undone, casts its own layers' parameters again (the same values:
-    the saved tensors it supplies match the forward's)."""
-    from torch.nn.utils.stateless import _reparametrize_module
+def _cast_parameters(modules, dtype) -> list:
+    """Each module's parameters not in ``dtype`` replaced by their (differentiable) casts
+    to it, a parameter shared by several modules (tied embeddings) by one cast; nothing
+    when ``dtype`` is None. Returns what ``_restore_parameters`` puts back (in a
+    ``finally``: plain code, not a context manager, so that torch.compile traces it).
+    Gradient checkpointing's recomputation of a unit, which runs after the forward's casts
+    are undone, casts its own layers' parameters again (the same values: the saved tensors
+    it supplies match the forward's)."""
+    saved, casts = [], {}
+    for module in modules if dtype is not None else ():
+        for sub in module.modules():
+            for name, p in sub._parameters.items():
+                if p is not None and p.dtype != dtype:
+                    if id(p) not in casts:
+                        casts[id(p)] = p.to(dtype)
+                    saved.append((sub, name, p))
+    for sub, name, p in saved:
+        sub._parameters[name] = casts[id(p)]
+    return saved
 
-    with contextlib.ExitStack() as stack:
-        for module in modules if dtype is not None else ():
-            casts = {n: p.to(dtype) for n, p in module.named_parameters() if p.dtype != dtype}
-            if casts:
-                stack.enter_context(_reparametrize_module(module, casts, tie_weights=True))
-        yield
+
+def _restore_parameters(saved: list) -> None:
+    for sub, name, p in saved:
+        sub._parameters[name] = p
 
 
 def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds, labels, kwargs, cast=None):
@@ -406,8 +417,11 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         """Layer i from its q, k, v to layer i + 1's (and the residual stream): the unit
         Hugging Face's gradient checkpointing recomputes in the backward, on the shifted
         boundary (its inputs are all it keeps)."""
-        with _cast_parameters((layers[i], layers[i + 1]), cast):
+        saved = _cast_parameters((layers[i], layers[i + 1]), cast)
+        try:
             return _segment(i, rotated, h, q, k, v)
+        finally:
+            _restore_parameters(saved)
 
     def _segment(i, rotated, h, q, k, v):
         h, y = mlp_half(i, h, (q, k, v), rotated)
