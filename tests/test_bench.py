@@ -43,16 +43,21 @@ def test_rows_keep_the_host_time(tmp_path, capsys):
     assert {r["variant"]: r["extra"]["host_ms"] for r in rows} == {"cublas": 0.1, "codetta": 1.9}
 
 
-def test_model_step_variants_on_cpu():
-    """The model part's pieces on a tiny Llama (CPU): each variant's training step runs
-    and the first-step losses agree; the floor's GEMM list covers the step."""
+def _tiny_llama():
+    """(the model bench module, a tiny 1B-layers config, its float32 CPU model, token ids)."""
     pytest.importorskip("transformers")
     from codetta.bench import model as mb
 
     config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
     base = mb.make_model(config, device="cpu", dtype=torch.float32)
-    ids = torch.randint(0, config.vocab_size, (2, 16))
+    return mb, config, base, torch.randint(0, config.vocab_size, (2, 16))
+
+
+def test_model_step_variants_on_cpu():
+    """The model part's pieces on a tiny Llama (CPU): each variant's training step runs
+    and the first-step losses agree; the floor's GEMM list covers the step."""
+    mb, config, base, ids = _tiny_llama()
     losses = {}
     for name in ("eager", "codetta", "codetta:no-pingpong"):
         step = mb.variant_step(name, base, ids, ids)
@@ -84,15 +89,9 @@ def test_model_step_amp_on_cpu():
     """``bench --amp``: float32 parameters, the forward under autocast to bfloat16; codetta
     runs its fused path there (CODETTA_AUTOCAST=cast, no fallback warning) and its
     first-step loss agrees with eager's under autocast; the parameters stay float32."""
-    pytest.importorskip("transformers")
     import warnings
 
-    from codetta.bench import model as mb
-
-    config = mb.model_config("1B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                             num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
-    base = mb.make_model(config, device="cpu", dtype=torch.float32)
-    ids = torch.randint(0, config.vocab_size, (2, 16))
+    mb, _, base, ids = _tiny_llama()
     losses = {}
     for name in ("eager", "codetta"):
         step = mb.variant_step(name, base, ids, ids, amp=True)
