@@ -422,6 +422,53 @@ def test_float32_model_on_the_gpu_runs_its_own_forward():
         train(parser.parse_args(["--dtype", "fp32", "--parallel", "none"]))
 
 
+class _LoraLike(torch.nn.Linear):
+    """A projection with an extra low-rank path (as PEFT's LoRA layers add): its weight
+    alone is not what its forward computes."""
+
+    def __init__(self, base: torch.nn.Linear):
+        super().__init__(base.in_features, base.out_features, bias=False, dtype=base.weight.dtype)
+        self.weight = base.weight
+        self.down = torch.nn.Linear(base.in_features, 4, bias=False, dtype=base.weight.dtype)
+
+    def forward(self, x):
+        return super().forward(x) + self.down(x).sum(-1, keepdim=True)
+
+
+def test_wrapped_or_hooked_projections_are_not_skipped_in_silence():
+    """The fused forward reads projections' weights and never calls their forwards: a
+    projection that is no plain nn.Linear (LoRA adapters, quantized layers) or has a
+    forward hook is refused when the model is patched, runs the model's own forward under
+    class-wide patching, and, if it appears after the model was patched (PEFT applied to
+    a patched model), stops the fused forward with the reason instead of being skipped."""
+    kw = _inputs("none")
+    model = _model("llama", False)
+    model.model.layers[1].self_attn.v_proj = _LoraLike(model.model.layers[1].self_attn.v_proj)
+    with pytest.raises(
+        ValueError, match=r"model.layers.1.self_attn.v_proj is a test_hf._LoraLike, not a plain nn.Linear"
+    ):
+        codetta.apply_codetta(model)
+    hooked = _model("llama", False)
+    hooked.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match="down_proj is hooked"):
+        codetta.apply_codetta(hooked)
+    from codetta.integrations import hf
+
+    hf._FALLBACK_WARNED.clear()
+    codetta.apply_codetta_to_llama()
+    try:
+        with CountOps() as count, pytest.warns(UserWarning, match="not a plain nn.Linear"):
+            model(**kw)
+        assert count.calls == 0
+    finally:
+        codetta.revert()
+    patched = codetta.apply_codetta(_model("llama", False))
+    patched(**kw)
+    patched.model.layers[1].mlp.up_proj = _LoraLike(patched.model.layers[1].mlp.up_proj)
+    with pytest.raises(RuntimeError, match="not a plain nn.Linear.*changed after codetta patched"):
+        patched(**kw)
+
+
 def _enable_hf_checkpointing(model):
     # (transformers 5.x: one flag on the base model and one per layer)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()

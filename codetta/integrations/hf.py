@@ -27,9 +27,13 @@ Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``,
 requested hidden states or attentions, ``logits_to_keep``, float32 parameters on the
 GPU, ``torch.autocast`` to another dtype than the parameters' (AMP over float32
-parameters, as Hugging Face Trainer's ``bf16=True`` does), and under class-wide
-patching a model with projection biases or widths that are not multiples of 8 (patching
-such an instance raises, naming why). The vocabulary may be any size: the loss pads its
+parameters, as Hugging Face Trainer's ``bf16=True`` does, unless
+``CODETTA_AUTOCAST=cast``), and under class-wide
+patching a model with projection biases, widths that are not multiples of 8, or
+projections that are not plain hook-free ``nn.Linear`` modules (PEFT's LoRA layers,
+quantized layers: the fused path reads their weights and never calls their forwards)
+(patching such an instance raises, naming why; a projection replaced or hooked after the
+model was patched stops the fused forward with the reason). The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
 codetta's final norm. Hugging Face's gradient checkpointing
 (``model.gradient_checkpointing_enable()``) recomputes one unit per layer in the
@@ -181,6 +185,10 @@ def _unsupported(model) -> str | None:
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
         linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    for lin in linears:
+        problem = _projection_problem(lin)
+        if problem:
+            return f"{_module_name(model, lin)} is {problem}"
     if any(lin.bias is not None for lin in linears):
         return "projections with biases (attention_bias / mlp_bias)"
     unit = _row_unit(model.lm_head.weight)
@@ -194,6 +202,36 @@ def _unsupported(model) -> str | None:
     if not layers:
         return "no layers"
     return None
+
+
+def _projection_problem(lin) -> str | None:
+    """Why the fused path cannot take ``lin``'s weight for its forward, or None: it never
+    calls a projection's forward, so only a plain ``nn.Linear`` with nothing hooked on it
+    is what its weight alone says (a LoRA adapter's extra path, a quantized layer's own
+    weight format, an offloading or logging hook would be silently skipped)."""
+    if type(lin) is not torch.nn.Linear:
+        kind = f"{type(lin).__module__}.{type(lin).__qualname__}"
+        return f"a {kind}, not a plain nn.Linear (LoRA adapters, quantized layers)"
+    if lin._forward_hooks or lin._forward_pre_hooks:
+        return "hooked (forward hooks on a projection: the fused path never calls its forward)"
+    return None
+
+
+def _module_name(model, module) -> str:
+    return next((n for n, m in model.named_modules() if m is module), type(module).__name__)
+
+
+def _w(lin) -> torch.Tensor:
+    """A projection's weight as the fused forward reads it, checked again on every read
+    (a module replaced or hooked after the model's verdict was cached, e.g. PEFT applied
+    to a patched model, would otherwise be skipped in silence)."""
+    if type(lin) is not torch.nn.Linear or lin._forward_hooks or lin._forward_pre_hooks:
+        raise RuntimeError(
+            f"codetta: a projection is {_projection_problem(lin)}, changed after codetta patched "
+            "the model: the fused forward reads plain weights only. codetta.revert(model) first "
+            "(codetta does not serve LoRA or quantized projections)"
+        )
+    return lin.weight
 
 
 def _row_unit(weight: torch.Tensor) -> int:
@@ -384,7 +422,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     # layers (the norm's scale and RoPE in their epilogues)
     rope = _layer_rope(rope0, attn)
     qkv = rmsnorm_linear(
-        h, norm.weight, (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), norm.variance_epsilon,
+        h, norm.weight, (_w(attn.q_proj), _w(attn.k_proj), _w(attn.v_proj)), norm.variance_epsilon,
         rope=rope,
     )  # fmt: skip
     rotated = rope is not None
@@ -395,17 +433,17 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
         post = layer.post_attention_layernorm
-        gate_up = (mlp.gate_proj.weight, mlp.up_proj.weight)
+        gate_up = (_w(mlp.gate_proj), _w(mlp.up_proj))
         if silu:
             # the gate and up projections as one GEMM whose epilogue forms SwiGLU; y carries
             # g and u, so the down projection's backward forms their gradients in its epilogue
             # (over g and u: nothing else here reads them)
             h, y = residual_rmsnorm_swiglu(
-                a, attn.o_proj.weight, h, post.weight, *gate_up, post.variance_epsilon, internal=True
+                a, _w(attn.o_proj), h, post.weight, *gate_up, post.variance_epsilon, internal=True
             )
         else:
             h, (g, u) = residual_rmsnorm_linear(
-                a, attn.o_proj.weight, h, post.weight, gate_up, post.variance_epsilon
+                a, _w(attn.o_proj), h, post.weight, gate_up, post.variance_epsilon
             )
             y = mlp.act_fn(g) * u
         # (the next span opens before its parameters are read: under FSDP2 they are
@@ -426,12 +464,12 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     def _segment(i, rotated, h, q, k, v):
         h, y = mlp_half(i, h, (q, k, v), rotated)
         nxt = layers[i + 1]
-        ws = (nxt.self_attn.q_proj.weight, nxt.self_attn.k_proj.weight, nxt.self_attn.v_proj.weight)
+        ws = (_w(nxt.self_attn.q_proj), _w(nxt.self_attn.k_proj), _w(nxt.self_attn.v_proj))
         norm = nxt.input_layernorm
         # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
         rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
         h, qkv = residual_rmsnorm_linear(
-            y, layers[i].mlp.down_proj.weight, h, norm.weight, ws, norm.variance_epsilon, rope=rope
+            y, _w(layers[i].mlp.down_proj), h, norm.weight, ws, norm.variance_epsilon, rope=rope
         )
         # (FSDP2 gathers layer i again when dh arrives; under checkpointing also when dq, dk
         # or dv does, whichever comes first: the unit's recomputation reads layer i's weights.
@@ -454,19 +492,19 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         # training with labels: the last residual add and the final norm (K1 and one pass
         # forming n), then the LM head and the loss in one chunked operator (no logits)
         norm = base.norm
-        _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
-        loss = _causal_lm_loss(n, self.lm_head.weight, labels, kwargs.get("num_items_in_batch"), tied)
+        _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
+        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs.get("num_items_in_batch"), tied)
         loss = spans.close(i + 1, spans.close(i, loss))
     elif self.lm_head.weight.shape[0] % _row_unit(self.lm_head.weight):
         # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and
         # one pass forming n), the LM head in PyTorch
         norm = base.norm
-        _, n = residual_rmsnorm(y, mlp.down_proj.weight, h, norm.weight, norm.variance_epsilon)
-        logits = spans.close(i + 1, spans.close(i, F.linear(n, self.lm_head.weight)))
+        _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
+        logits = spans.close(i + 1, spans.close(i, F.linear(n, _w(self.lm_head))))
     else:
         norm = base.norm
         h, zs = residual_rmsnorm_linear(
-            y, mlp.down_proj.weight, h, norm.weight, (self.lm_head.weight,), norm.variance_epsilon
+            y, _w(mlp.down_proj), h, norm.weight, (_w(self.lm_head),), norm.variance_epsilon
         )
         logits = spans.close(i + 1, spans.close(i, zs[0]))
     if labels is not None and not fused_loss:
