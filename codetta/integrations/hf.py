@@ -31,7 +31,8 @@ parameters, as Hugging Face Trainer's ``bf16=True`` does, unless
 ``CODETTA_AUTOCAST=cast``), and under class-wide
 patching a model with projection biases, widths that are not multiples of 8, or
 projections that are not plain hook-free ``nn.Linear`` modules (PEFT's LoRA layers,
-quantized layers: the fused path reads their weights and never calls their forwards)
+quantized layers: the fused path reads their weights and never calls their forwards) or
+hooks on a decoder layer's modules other than FSDP2's (they would not run)
 (patching such an instance raises, naming why; a projection replaced or hooked after the
 model was patched stops the fused forward with the reason). The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
@@ -189,6 +190,13 @@ def _unsupported(model) -> str | None:
         problem = _projection_problem(lin)
         if problem:
             return f"{_module_name(model, lin)} is {problem}"
+    for layer in layers:
+        for module in layer.modules():
+            if _foreign_hooks(module):
+                return (
+                    f"{_module_name(model, module)} has hooks ({_foreign_hooks(module)}): the fused "
+                    "forward never calls the decoder layers' forwards, so they would not run"
+                )
     if any(lin.bias is not None for lin in linears):
         return "projections with biases (attention_bias / mlp_bias)"
     unit = _row_unit(model.lm_head.weight)
@@ -215,6 +223,23 @@ def _projection_problem(lin) -> str | None:
     if lin._forward_hooks or lin._forward_pre_hooks:
         return "hooked (forward hooks on a projection: the fused path never calls its forward)"
     return None
+
+
+def _foreign_hooks(module) -> str | None:
+    """The kinds of hook on ``module`` other than FSDP2's (whose gathering the fused
+    forward does itself, ``fsdp.Spans``), or None: forward, backward and accelerate's
+    ``_hf_hook`` (device placement by replacing the forward)."""
+    kinds = [
+        kind
+        for kind, hooks in (
+            ("forward", [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]),
+            ("backward", [*module._backward_pre_hooks.values(), *module._backward_hooks.values()]),
+        )
+        if any(not getattr(h, "__qualname__", "").startswith("FSDPState.") for h in hooks)
+    ]
+    if getattr(module, "_hf_hook", None) is not None:
+        kinds.append("accelerate's _hf_hook")
+    return ", ".join(kinds) or None
 
 
 def _module_name(model, module) -> str:
