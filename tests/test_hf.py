@@ -311,6 +311,17 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta(_model("llama", False, torch.float16, intermediate_size=100))
     with pytest.raises(TypeError, match="expects a LlamaForCausalLM"):
         codetta.apply_codetta_to_llama(_model("qwen3", False))
+    # a forward already wrapped on the instance (accelerate's autocast, as Trainer prepares
+    # a model) is not patched over; patching twice is fine
+    import types
+
+    wrapped = _model("llama", False)
+    inner = wrapped.forward.__func__
+    wrapped.forward = types.MethodType(lambda self, *a, **k: inner(self, *a, **k), wrapped)
+    with pytest.raises(ValueError, match="forward was already replaced on the instance"):
+        codetta.apply_codetta(wrapped)
+    twice = codetta.apply_codetta(codetta.apply_codetta(_model("llama", False)))
+    assert twice.forward.__func__ is not inner
 
 
 def _falls_back(model, kw, why):
@@ -397,6 +408,45 @@ def test_autocast_cast_mode_with_checkpointing():
     with torch.autocast("cpu", dtype=torch.float16), override(autocast="cast"):
         grads = _check_checkpointing(_model("llama", False, num_hidden_layers=3))
     assert all(g.dtype == torch.float32 for g in grads.values())
+
+
+@pytest.mark.parametrize("mode", ["cast", "own-forward"])
+def test_hf_trainer_bf16(tmp_path, mode):
+    """Hugging Face Trainer with ``bf16=True`` (float32 parameters, accelerate's autocast
+    around the patched forward), three steps on the CPU: under CODETTA_AUTOCAST=cast every
+    step runs codetta's fused path and the parameters stay float32; by default the model's
+    own forward runs, with the warning. (Wiring: the two runs' training losses agree to
+    bf16's precision; the numbers are held to their bar by the cast-mode tests above.)"""
+    pytest.importorskip("accelerate")
+    import warnings
+
+    from codetta.integrations import hf
+    from codetta.kernels.settings import override
+
+    hf._FALLBACK_WARNED.clear()  # (warned once per process and reason)
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": (ids := torch.randint(0, 128, (12,), generator=g)), "labels": ids.clone()}
+            for _ in range(6)]  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3, bf16=True, use_cpu=True,
+        report_to=[], save_strategy="no", seed=0,
+    )  # fmt: skip
+    losses = {}
+    for how in ("plain", mode):
+        model = _model("llama", False)
+        if how != "plain":
+            codetta.apply_codetta(model)
+        with override(autocast=mode), CountOps() as count, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+            losses[how] = trainer.train().training_loss
+        assert next(model.parameters()).dtype == torch.float32
+    fell_back = [w for w in caught if "runs its own forward" in str(w.message)]
+    if mode == "cast":
+        assert (count.calls, count.losses) == (15, 3) and not fell_back
+    else:
+        assert count.calls == 0 and fell_back
+    assert abs(losses[mode] - losses["plain"]) < 1e-2 * losses["plain"]
 
 
 @pytest.mark.gpu

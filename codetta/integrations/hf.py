@@ -135,6 +135,16 @@ def apply(family: str, model=None):
     why = unsupported(model)
     if why:
         raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
+    wrapped = vars(model).get("forward")
+    if wrapped is not None and getattr(wrapped, "__func__", None) is not _codetta_forward:
+        # (accelerate's mixed precision, as Hugging Face Trainer prepares a model, wraps the
+        # forward in autocast on the instance: patching over it would drop the autocast)
+        raise ValueError(
+            f"codetta: this {cls.__name__}'s forward was already replaced on the instance "
+            f"({getattr(wrapped, '__qualname__', type(wrapped).__name__)}: accelerate's mixed "
+            "precision or another wrapper); patching it would drop that wrapper. Patch the model "
+            "before it is wrapped (before Trainer or accelerate prepare it)"
+        )
     model.forward = types.MethodType(_codetta_forward, model)
     return model
 
