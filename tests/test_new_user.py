@@ -128,6 +128,23 @@ def test_tune_seconds_setting():
             settings.Settings.from_env({"CODETTA_TUNE_SECONDS": bad})
 
 
+def test_autocast_setting():
+    """CODETTA_AUTOCAST: the model's own forward under autocast by default, the cast mode on
+    request; a word it does not know is refused by name, from the environment and from
+    ``override`` alike (which used to take any value of a word-valued setting)."""
+    from codetta.kernels import settings
+
+    assert settings.Settings.from_env({}).autocast == "own-forward"
+    assert settings.Settings.from_env({"CODETTA_AUTOCAST": "cast"}).autocast == "cast"
+    for bad in ("", "1", "Cast"):
+        with pytest.raises(ValueError, match="CODETTA_AUTOCAST"):
+            settings.Settings.from_env({"CODETTA_AUTOCAST": bad})
+    for name in ("autocast", "tune_method", "pingpong_policy"):
+        with pytest.raises(ValueError, match=f"{name} must be one of"), settings.override(**{name: "bogus"}):
+            pass
+    assert settings.SETTINGS.autocast == "own-forward"
+
+
 def test_tune_method_setting(monkeypatch):
     """CODETTA_TUNE_METHOD picks how the tuner times candidates: paired by default, settled
     sustained blocks on request; anything else is refused by name."""

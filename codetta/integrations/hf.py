@@ -308,7 +308,8 @@ def _precision_reason(model) -> str | None:
             return (
                 f"{why}: the fused path computes in one dtype throughout (cast the model, e.g. "
                 f"model.to(torch.bfloat16), train under FSDP2's MixedPrecisionPolicy, or set "
-                f"CODETTA_AUTOCAST=cast to run it on the parameters cast to {to}: README)"
+                f"CODETTA_AUTOCAST=cast in the environment before codetta is imported, to run it "
+                f"on the parameters cast to {to}: README)"
             )
         if to not in ("bfloat16", "float16"):
             return f"{why}: CODETTA_AUTOCAST=cast runs bfloat16 or float16 only"

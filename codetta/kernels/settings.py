@@ -188,6 +188,8 @@ KEEP_Y_BELOW = 4096
 PINGPONG_POLICIES = ("all", "epilogue-bound")
 AUTOCAST_MODES = ("own-forward", "cast")
 TUNE_METHODS = ("paired", "sustained", "both")
+# the settings that take one of a few words (checked by ``override`` as at import)
+_CHOICES = {"tune_method": TUNE_METHODS, "pingpong_policy": PINGPONG_POLICIES, "autocast": AUTOCAST_MODES}
 
 
 def _auto_flag(name: str, value: str) -> bool | None:
@@ -244,6 +246,9 @@ def override(**changes):
     unknown = set(changes) - ({f.name for f in dataclasses.fields(Settings)} - {"generation"})
     if unknown:
         raise TypeError(f"unknown codetta settings: {sorted(unknown)}")
+    for k, v in changes.items():
+        if k in _CHOICES:
+            _choice(k, v, _CHOICES[k])
     old = {k: getattr(SETTINGS, k) for k in changes}
     for k, v in changes.items():
         setattr(SETTINGS, k, v)
