@@ -398,6 +398,24 @@ def _within_a_held_models_error(got, want, same, labels):
         assert_within(f"grad {name}", got[2][name], want[2][name], g)
 
 
+def test_autocast_ratios_script():
+    """scripts/autocast_ratios.py (the cast mode's and a held model's errors against
+    autocast's, per gradient; NOTES.md's numbers): one seed gives a ratio per gradient for
+    each, finite, the cast mode's median within 2 (a cast mode that broke the numbers, e.g.
+    weights cast to the wrong dtype, lands far above)."""
+    import statistics
+
+    from util import load_script
+
+    out = load_script("autocast_ratios").ratios(0, torch.float16)
+    assert set(out) == {"frobenius", "max abs"}
+    n_grads = len(list(_model("llama", False).parameters()))
+    for by in out.values():
+        assert set(by) == {"cast", "held"} and all(len(r) == n_grads for r in by.values())
+        assert all(0 < x < float("inf") for r in by.values() for x in r)
+        assert statistics.median(by["cast"]) < 2
+
+
 def test_autocast_cast_mode_with_checkpointing():
     """CODETTA_AUTOCAST=cast with Hugging Face's gradient checkpointing (Trainer's
     bf16=True with gradient_checkpointing=True): each unit's recomputation casts its
