@@ -26,33 +26,39 @@ from .kernels.program import (  # noqa: E402
 )
 
 
-def apply_codetta(model):
+def apply_codetta(model, *, autocast: str | None = None):
     """Run a Hugging Face Llama / Qwen3 / Mistral causal LM's training forward through
-    codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``)."""
+    codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``).
+    ``autocast``: what this model does under ``torch.autocast`` to another dtype than its
+    parameters' (Hugging Face Trainer's ``bf16=True``): ``"own-forward"`` or ``"cast"``
+    (README, "Mixed precision"); None: the ``CODETTA_AUTOCAST`` setting."""
     from .integrations import hf
 
-    return hf.apply_codetta(model)
+    return hf.apply_codetta(model, autocast=autocast)
 
 
-def apply_codetta_to_llama(model=None):
-    """Patch ``LlamaForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+def apply_codetta_to_llama(model=None, *, autocast: str | None = None):
+    """Patch ``LlamaForCausalLM`` (class-wide when ``model`` is None, else that instance;
+    ``autocast`` as in ``apply_codetta``, an instance only)."""
     from .integrations import hf
 
-    return hf.apply("llama", model)
+    return hf.apply("llama", model, autocast)
 
 
-def apply_codetta_to_qwen3(model=None):
-    """Patch ``Qwen3ForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+def apply_codetta_to_qwen3(model=None, *, autocast: str | None = None):
+    """Patch ``Qwen3ForCausalLM`` (class-wide when ``model`` is None, else that instance;
+    ``autocast`` as in ``apply_codetta``, an instance only)."""
     from .integrations import hf
 
-    return hf.apply("qwen3", model)
+    return hf.apply("qwen3", model, autocast)
 
 
-def apply_codetta_to_mistral(model=None):
-    """Patch ``MistralForCausalLM`` (class-wide when ``model`` is None, else that instance)."""
+def apply_codetta_to_mistral(model=None, *, autocast: str | None = None):
+    """Patch ``MistralForCausalLM`` (class-wide when ``model`` is None, else that instance;
+    ``autocast`` as in ``apply_codetta``, an instance only)."""
     from .integrations import hf
 
-    return hf.apply("mistral", model)
+    return hf.apply("mistral", model, autocast)
 
 
 def revert(model=None):

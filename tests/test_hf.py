@@ -398,6 +398,31 @@ def _within_a_held_models_error(got, want, same, labels):
         assert_within(f"grad {name}", got[2][name], want[2][name], g)
 
 
+def test_autocast_mode_per_model():
+    """``apply_codetta(model, autocast="cast")`` sets the mode for that model alone (a
+    notebook or a Trainer script need not set CODETTA_AUTOCAST before importing codetta);
+    a word it does not know, or a class-wide patch with it, is refused; revert drops it."""
+    kw = _inputs("none")
+    cast = codetta.apply_codetta(_model("llama", False), autocast="cast")
+    other = codetta.apply_codetta(_model("llama", False))
+    with torch.autocast("cpu", dtype=torch.float16):
+        with CountOps() as count:
+            cast(**kw)
+        assert count.calls == 5
+        from codetta.integrations import hf
+
+        hf._FALLBACK_WARNED.clear()
+        with CountOps() as count, pytest.warns(UserWarning, match="torch.autocast to float16 over float32"):
+            other(**kw)
+        assert count.calls == 0
+    with pytest.raises(ValueError, match="autocast must be one of own-forward, cast"):
+        codetta.apply_codetta(_model("llama", False), autocast="yes")
+    with pytest.raises(ValueError, match="per model"):
+        codetta.apply_codetta_to_llama(autocast="cast")
+    codetta.revert(cast)
+    assert not hasattr(cast, "_codetta_autocast")
+
+
 def test_autocast_ratios_script():
     """scripts/autocast_ratios.py (the cast mode's and a held model's errors against
     autocast's, per gradient; NOTES.md's numbers): one seed gives a ratio per gradient for

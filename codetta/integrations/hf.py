@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels.settings import SETTINGS
+from ..kernels.settings import AUTOCAST_MODES, SETTINGS
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
     residual_rmsnorm,
@@ -112,12 +112,18 @@ def _original_forward(model):
     return type(model).forward
 
 
-def apply(family: str, model=None):
-    """Patch ``family``'s causal LM class (``model=None``) or one model instance."""
+def apply(family: str, model=None, autocast: str | None = None):
+    """Patch ``family``'s causal LM class (``model=None``) or one model instance;
+    ``autocast`` (an instance only): its own ``CODETTA_AUTOCAST``, None for the setting's."""
     if family not in FAMILIES:
         raise ValueError(f"codetta has no drop-in for {family!r}; supported: {sorted(FAMILIES)}")
     cls = _causal_lm_class(family)
     _read_mask_params()
+    if autocast is not None:
+        if autocast not in AUTOCAST_MODES:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_MODES)}, got {autocast!r}")
+        if model is None:
+            raise ValueError("autocast= is per model: class-wide patching follows CODETTA_AUTOCAST")
     if model is None:
         if cls not in _ORIGINAL:
             _ORIGINAL[cls] = cls.__dict__["forward"]
@@ -146,10 +152,12 @@ def apply(family: str, model=None):
             "before it is wrapped (before Trainer or accelerate prepare it)"
         )
     model.forward = types.MethodType(_codetta_forward, model)
+    if autocast is not None:
+        model._codetta_autocast = autocast
     return model
 
 
-def apply_codetta(model):
+def apply_codetta(model, autocast: str | None = None):
     """Patch a supported model instance, picked by ``model.config.model_type``."""
     kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in FAMILIES:
@@ -157,7 +165,12 @@ def apply_codetta(model):
             f"codetta does not support model type {kind!r} ({type(model).__name__}); supported: "
             f"{', '.join(sorted(FAMILIES))} causal LMs"
         )
-    return apply(kind, model)
+    return apply(kind, model, autocast)
+
+
+def _autocast_mode(model) -> str:
+    """The model's own ``apply_codetta(autocast=...)``, else ``CODETTA_AUTOCAST``."""
+    return getattr(model, "_codetta_autocast", None) or SETTINGS.autocast
 
 
 def revert(model=None):
@@ -166,6 +179,8 @@ def revert(model=None):
     classes = list(_ORIGINAL) if model is None else [type(model)]
     if model is not None and "forward" in vars(model):
         del model.forward
+    if model is not None:
+        vars(model).pop("_codetta_autocast", None)
     for cls in classes:
         if cls in _ORIGINAL:
             cls.forward = _ORIGINAL.pop(cls)
@@ -304,11 +319,11 @@ def _precision_reason(model) -> str | None:
     if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != weight.dtype:
         to, of = (str(t).removeprefix("torch.") for t in (torch.get_autocast_dtype(kind), weight.dtype))
         why = f"torch.autocast to {to} over {of} parameters"
-        if SETTINGS.autocast != "cast":
+        if _autocast_mode(model) != "cast":
             return (
                 f"{why}: the fused path computes in one dtype throughout (cast the model, e.g. "
                 f"model.to(torch.bfloat16), train under FSDP2's MixedPrecisionPolicy, or set "
-                f"CODETTA_AUTOCAST=cast in the environment before codetta is imported, to run it "
+                f"codetta.apply_codetta(model, autocast='cast') or CODETTA_AUTOCAST=cast, to run it "
                 f"on the parameters cast to {to}: README)"
             )
         if to not in ("bfloat16", "float16"):
@@ -329,7 +344,7 @@ def _autocast_dtype(model) -> torch.dtype | None:
     """The dtype the fused path runs the parameters in under ``CODETTA_AUTOCAST=cast``
     (autocast's, where it differs from the parameters'), or None: as they are. Asked after
     ``_precision_reason`` found nothing against it."""
-    if SETTINGS.autocast != "cast":
+    if _autocast_mode(model) != "cast":
         return None
     kind = model.lm_head.weight.device.type
     if not torch.is_autocast_enabled(kind) or torch.get_autocast_dtype(kind) == model.lm_head.weight.dtype:
