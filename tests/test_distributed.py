@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -144,3 +145,43 @@ def test_spans_skip_the_module_walk_without_a_process_group(monkeypatch):
     assert not spans.active and Layer.walked == 0
     monkeypatch.setattr(fsdp, "_distributed", lambda: True)
     assert not fsdp.Spans([[Layer()], [Layer()]], outer=(Layer(),)).active and Layer.walked == 3
+
+
+def test_fsdp1_wrapped_layers_run_the_models_own_forward():
+    """FSDP1 (FullyShardedDataParallel) gathers a unit's parameters in its own forward,
+    which the fused path never calls: a patched model whose decoder layers FSDP1 wraps
+    (after the patch, as a training script does) runs its own forward, with the reason,
+    and the same loss as the unpatched model under FSDP1 (one process, gloo)."""
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import codetta
+    from codetta.integrations import hf
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64)  # fmt: skip
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        losses = []
+        ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+        for patch in (False, True):
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM(cfg)
+            if patch:
+                codetta.apply_codetta(model)
+            layer_cls = type(model.model.layers[0])
+            wrapped = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({layer_cls}),
+                                               device_id=torch.device("cpu"))  # fmt: skip
+            hf._FALLBACK_WARNED.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                losses.append(wrapped(input_ids=ids, labels=ids, use_cache=False).loss.item())
+            reasons = [str(w.message) for w in caught if "runs its own forward" in str(w.message)]
+            assert bool(reasons) == patch and all("FSDP1" in r for r in reasons), reasons
+        assert losses[0] == losses[1]
+    finally:
+        dist.destroy_process_group()

@@ -24,17 +24,17 @@ the table's whole gradient is formed in one pass, and an untied one through
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
-path does not apply: a KV cache in use (generation), ``use_cache=True``,
-requested hidden states or attentions, ``logits_to_keep``, float32 parameters on the
-GPU, ``torch.autocast`` to another dtype than the parameters' (AMP over float32
-parameters, as Hugging Face Trainer's ``bf16=True`` does, unless
-``CODETTA_AUTOCAST=cast``), and under class-wide
-patching a model with projection biases, widths that are not multiples of 8, or
-projections that are not plain hook-free ``nn.Linear`` modules (PEFT's LoRA layers,
-quantized layers: the fused path reads their weights and never calls their forwards) or
-hooks on a decoder layer's modules other than FSDP2's (they would not run)
-(patching such an instance raises, naming why; a projection replaced or hooked after the
-model was patched stops the fused forward with the reason). The vocabulary may be any size: the loss pads its
+path does not apply: a KV cache in use (generation), ``use_cache=True``, requested
+hidden states or attentions, ``logits_to_keep``, FSDP1 wrapping the decoder layers
+(FSDP2's ``fully_shard`` is served), float32 parameters on the GPU, ``torch.autocast``
+to another dtype than the parameters' (AMP over float32 parameters, as Hugging Face
+Trainer's ``bf16=True`` does, unless ``autocast="cast"`` or ``CODETTA_AUTOCAST=cast``),
+and under class-wide patching a model with projection biases, widths that are not
+multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
+LoRA layers, quantized layers: the fused path reads their weights and never calls their
+forwards) or hooks on a decoder layer's modules other than FSDP2's (they would not run).
+Patching such an instance raises, naming why; a projection replaced or hooked after the
+model was patched stops the fused forward with the reason. The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
 codetta's final norm. Hugging Face's gradient checkpointing
 (``model.gradient_checkpointing_enable()``) recomputes one unit per layer in the
@@ -299,7 +299,23 @@ def _fallback_reason(model, kwargs) -> str | None:
     keep = kwargs.get("logits_to_keep", 0)
     if not (isinstance(keep, int) and keep == 0):
         return "logits_to_keep"
-    return _precision_reason(model) or unsupported(model)
+    return _precision_reason(model) or _fsdp1_reason(model) or unsupported(model)
+
+
+def _fsdp1_reason(model) -> str | None:
+    """FSDP1 (``FullyShardedDataParallel``) wrapping a decoder layer, the embeddings or the
+    LM head, or None. Asked on every forward (the wrapping usually comes after the patch):
+    FSDP1 gathers a unit's parameters in its own forward, which the fused path never calls,
+    so it would read sharded views. (FSDP2's ``fully_shard`` is served: ``fsdp.Spans``.)"""
+    base = model.model
+    for module in (*base.layers, base.embed_tokens, base.norm, model.lm_head):
+        if type(module).__name__ == "FullyShardedDataParallel":
+            return (
+                "FSDP1 (FullyShardedDataParallel) wraps its decoder layers or embeddings: the fused "
+                "forward never calls their forwards, where FSDP1 gathers their parameters; shard with "
+                "FSDP2's fully_shard instead (codetta train --parallel fsdp does)"
+            )
+    return None
 
 
 def _precision_reason(model) -> str | None:
