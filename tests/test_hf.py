@@ -545,12 +545,17 @@ def test_wrapped_or_hooked_projections_are_not_skipped_in_silence():
     hooked.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: None)
     with pytest.raises(ValueError, match="down_proj is hooked"):
         codetta.apply_codetta(hooked)
-    # a hook on a decoder layer or its other modules (activation logging, say): never run
-    for where in ("layers.1", "layers.0.post_attention_layernorm"):
+    # a hook on a decoder layer or its other modules, the final norm or the base model
+    # (activation logging, say): never run
+    for where in ("layers.1", "layers.0.post_attention_layernorm", "norm"):
         logged = _model("llama", False)
         logged.model.get_submodule(where).register_full_backward_hook(lambda *a: None)
         with pytest.raises(ValueError, match=rf"model.{where} has hooks \(backward\)"):
             codetta.apply_codetta(logged)
+    based = _model("llama", False)
+    based.model.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match=r"model has hooks \(forward\)"):
+        codetta.apply_codetta(based)
     from codetta.integrations import hf
 
     hf._FALLBACK_WARNED.clear()

@@ -32,7 +32,8 @@ Trainer's ``bf16=True`` does, unless ``autocast="cast"`` or ``CODETTA_AUTOCAST=c
 and under class-wide patching a model with projection biases, widths that are not
 multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
-forwards) or hooks on a decoder layer's modules other than FSDP2's (they would not run).
+forwards) or hooks other than FSDP2's on the base model, the final norm or a decoder
+layer's modules (they would not run).
 Patching such an instance raises, naming why; a projection replaced or hooked after the
 model was patched stops the fused forward with the reason. The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
@@ -215,13 +216,15 @@ def _unsupported(model) -> str | None:
         problem = _projection_problem(lin)
         if problem:
             return f"{_module_name(model, lin)} is {problem}"
-    for layer in layers:
-        for module in layer.modules():
-            if _foreign_hooks(module):
-                return (
-                    f"{_module_name(model, module)} has hooks ({_foreign_hooks(module)}): the fused "
-                    "forward never calls the decoder layers' forwards, so they would not run"
-                )
+    # (the base model's and the final norm's forwards are never called either; the
+    # embeddings and the rotary embedding are, as modules, where they run in PyTorch)
+    for module in (base, base.norm, *(m for layer in layers for m in layer.modules())):
+        if _foreign_hooks(module):
+            return (
+                f"{_module_name(model, module)} has hooks ({_foreign_hooks(module)}): the fused "
+                "forward never calls the base model's, its decoder layers' or the final norm's "
+                "forwards, so they would not run"
+            )
     if any(lin.bias is not None for lin in linears):
         return "projections with biases (attention_bias / mlp_bias)"
     unit = _row_unit(model.lm_head.weight)
