@@ -528,6 +528,29 @@ class _LoraLike(torch.nn.Linear):
         return super().forward(x) + self.down(x).sum(-1, keepdim=True)
 
 
+def test_custom_loss_function_runs_the_models_own_forward():
+    """The fused loss is Hugging Face's causal-LM cross-entropy: a model given another
+    ``loss_function`` (z-loss, label weights...) runs its own forward in training with
+    labels, with the reason, and its loss is the custom one; the default loss compiled
+    (as the regional compile does) still runs the fused path."""
+    from codetta.integrations import hf
+
+    kw = _inputs("padding")
+    model = codetta.apply_codetta(_model("llama", False))
+    default = model.loss_function
+    model.loss_function = lambda logits, labels, vocab_size, **k: default(logits, labels, vocab_size, **k) * 2
+    plain = copy.deepcopy(model)
+    codetta.revert(plain)
+    hf._FALLBACK_WARNED.clear()
+    with CountOps() as count, pytest.warns(UserWarning, match="a loss_function other than"):
+        got = model(**kw).loss
+    assert count.losses == 0 and torch.equal(got, plain(**kw).loss)
+    model.loss_function = torch.compile(default, backend="eager")
+    with CountOps() as count:
+        model(**kw)
+    assert count.losses == 1
+
+
 def test_wrapped_or_hooked_projections_are_not_skipped_in_silence():
     """The fused forward reads projections' weights and never calls their forwards: a
     projection that is no plain nn.Linear (LoRA adapters, quantized layers) or has a

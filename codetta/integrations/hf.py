@@ -25,7 +25,8 @@ SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``, requested
-hidden states or attentions, ``logits_to_keep``, FSDP1 wrapping the decoder layers
+hidden states or attentions, ``logits_to_keep``, a ``loss_function`` other than Hugging
+Face's causal-LM cross-entropy (training with labels), FSDP1 wrapping the decoder layers
 (FSDP2's ``fully_shard`` is served), float32 parameters on the GPU, ``torch.autocast``
 to another dtype than the parameters' (AMP over float32 parameters, as Hugging Face
 Trainer's ``bf16=True`` does, unless ``autocast="cast"`` or ``CODETTA_AUTOCAST=cast``),
@@ -305,6 +306,22 @@ def _fallback_reason(model, kwargs) -> str | None:
     return _precision_reason(model) or _fsdp1_reason(model) or unsupported(model)
 
 
+def _loss_reason(model, labels) -> str | None:
+    """A training forward with labels fuses Hugging Face's causal-LM loss (cross-entropy
+    over the shifted labels) into the LM head: a model whose ``loss_function`` is another
+    (set by the user, or another ``loss_type``) runs its own forward, or None. (Its own
+    loss compiled, as the regional compile does, is still that loss.)"""
+    if labels is None or not model.training:
+        return None  # (no fused loss: the model's loss_function runs on the logits)
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    fn = model.loss_function
+    if getattr(fn, "_torchdynamo_orig_callable", fn) is LOSS_MAPPING["ForCausalLM"]:
+        return None
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return f"a loss_function other than Hugging Face's causal-LM cross-entropy ({name})"
+
+
 def _fsdp1_reason(model) -> str | None:
     """FSDP1 (``FullyShardedDataParallel``) wrapping a decoder layer, the embeddings or the
     LM head, or None. Asked on every forward (the wrapping usually comes after the patch):
@@ -387,7 +404,7 @@ def _codetta_forward(
     kwargs.update(use_cache=use_cache, logits_to_keep=logits_to_keep)
     if cache is not None:  # (the model's own forward also takes the old name, past_key_values)
         kwargs["cache"] = cache
-    why = _fallback_reason(self, kwargs)
+    why = _fallback_reason(self, kwargs) or _loss_reason(self, labels)
     if why is not None:
         if why != "a KV cache is in use" and (type(self), why) not in _FALLBACK_WARNED:
             _FALLBACK_WARNED.add((type(self), why))
