@@ -528,6 +528,26 @@ class _LoraLike(torch.nn.Linear):
         return super().forward(x) + self.down(x).sum(-1, keepdim=True)
 
 
+def test_loss_keyword_arguments_reach_the_fused_loss():
+    """Hugging Face's causal-LM loss takes ``shift_labels`` (already shifted: context
+    parallelism passes them), ``ignore_index`` and ``num_items_in_batch`` through the
+    forward's keyword arguments; the fused loss honours each (it ignored the first two)."""
+    base = _model("llama", False)
+    ours = codetta.apply_codetta(copy.deepcopy(base))
+    kw = _inputs("padding")
+    labels = kw["labels"]
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].flip(-1).contiguous()
+    marked = labels.masked_fill(labels == -100, 7)  # (7 the ignored id, -100 a class no more)
+    for extra in ({"shift_labels": shifted}, {"ignore_index": 7, "labels": marked},
+                  {"num_items_in_batch": torch.tensor(9)}):  # fmt: skip
+        args = {**kw, **extra}
+        with CountOps() as count:
+            got = ours(**args).loss
+        want = base(**args).loss
+        assert count.losses == 1
+        assert torch.allclose(got, want, rtol=1e-5), (sorted(extra), got.item(), want.item())
+
+
 def test_custom_loss_function_runs_the_models_own_forward():
     """The fused loss is Hugging Face's causal-LM cross-entropy: a model given another
     ``loss_function`` (z-loss, label weights...) runs its own forward in training with

@@ -580,7 +580,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         # forming n), then the LM head and the loss in one chunked operator (no logits)
         norm = base.norm
         _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
-        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs.get("num_items_in_batch"), tied)
+        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs, tied)
         loss = spans.close(i + 1, spans.close(i, loss))
     elif self.lm_head.weight.shape[0] % _row_unit(self.lm_head.weight):
         # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and
@@ -625,13 +625,20 @@ def _is_silu(config) -> bool:
     return getattr(config, "hidden_act", None) in ("silu", "swish")
 
 
-def _causal_lm_loss(n, head_weight, labels, num_items_in_batch, tied=None):
-    """Hugging Face's causal-LM loss (tokens < t predict t, ignore_index -100, mean, or a sum
-    over ``num_items_in_batch``) through ``linear_cross_entropy``, in float32."""
-    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].to(n.device)
+def _causal_lm_loss(n, head_weight, labels, kwargs: dict, tied=None):
+    """Hugging Face's causal-LM loss (``ForCausalLMLoss``: tokens < t predict t, or the
+    given ``shift_labels``; ``ignore_index``, -100 by default; mean, or a sum over
+    ``num_items_in_batch``) through ``linear_cross_entropy``, in float32."""
+    ignore = kwargs.get("ignore_index", -100)
+    shift = kwargs.get("shift_labels")
+    if shift is None:
+        shift = torch.nn.functional.pad(labels, (0, 1), value=ignore)[..., 1:]
+    shift = shift.to(n.device)
+    num_items_in_batch = kwargs.get("num_items_in_batch")
+    common = dict(ignore_index=ignore, loss_dtype=torch.float32, tied=tied)
     if num_items_in_batch is None:
-        return linear_cross_entropy(n, head_weight, shift, loss_dtype=torch.float32, tied=tied)
-    total = linear_cross_entropy(n, head_weight, shift, reduction="sum", loss_dtype=torch.float32, tied=tied)
+        return linear_cross_entropy(n, head_weight, shift, **common)
+    total = linear_cross_entropy(n, head_weight, shift, reduction="sum", **common)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
