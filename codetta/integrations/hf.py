@@ -220,9 +220,10 @@ def _unsupported(model) -> str | None:
     # (the base model's and the final norm's forwards are never called either; the
     # embeddings and the rotary embedding are, as modules, where they run in PyTorch)
     for module in (base, base.norm, *(m for layer in layers for m in layer.modules())):
-        if _foreign_hooks(module):
+        hooks = _foreign_hooks(module)
+        if hooks:
             return (
-                f"{_module_name(model, module)} has hooks ({_foreign_hooks(module)}): the fused "
+                f"{_module_name(model, module)} has hooks ({hooks}): the fused "
                 "forward never calls the base model's, its decoder layers' or the final norm's "
                 "forwards, so they would not run"
             )
@@ -279,9 +280,10 @@ def _w(lin) -> torch.Tensor:
     """A projection's weight as the fused forward reads it, checked again on every read
     (a module replaced or hooked after the model's verdict was cached, e.g. PEFT applied
     to a patched model, would otherwise be skipped in silence)."""
-    if type(lin) is not torch.nn.Linear or lin._forward_hooks or lin._forward_pre_hooks:
+    problem = _projection_problem(lin)
+    if problem:
         raise RuntimeError(
-            f"codetta: a projection is {_projection_problem(lin)}, changed after codetta patched "
+            f"codetta: a projection is {problem}, changed after codetta patched "
             "the model: the fused forward reads plain weights only. codetta.revert(model) first "
             "(codetta does not serve LoRA or quantized projections)"
         )
@@ -351,9 +353,9 @@ def _precision_reason(model) -> str | None:
     weight = model.lm_head.weight
     if not _plain(weight):
         return None  # (DTensor and other subclasses)
-    kind = weight.device.type
-    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != weight.dtype:
-        to, of = (str(t).removeprefix("torch.") for t in (torch.get_autocast_dtype(kind), weight.dtype))
+    target = _autocast_target(weight)
+    if target is not None:
+        to, of = (str(t).removeprefix("torch.") for t in (target, weight.dtype))
         why = f"torch.autocast to {to} over {of} parameters"
         if _autocast_mode(model) != "cast":
             return (
@@ -367,9 +369,19 @@ def _precision_reason(model) -> str | None:
         if not all(_plain(p) for p in model.parameters()):
             return f"{why}: CODETTA_AUTOCAST=cast takes unsharded parameters only"
         return None
-    if kind == "cuda" and weight.dtype == torch.float32:
+    if weight.device.type == "cuda" and weight.dtype == torch.float32:
         return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"
     return None
+
+
+def _autocast_target(weight) -> torch.dtype | None:
+    """The dtype of the autocast region over ``weight``'s device, where it differs from
+    ``weight``'s; else None."""
+    kind = weight.device.type
+    if not torch.is_autocast_enabled(kind):
+        return None
+    target = torch.get_autocast_dtype(kind)
+    return None if target == weight.dtype else target
 
 
 def _plain(t) -> bool:
@@ -382,10 +394,7 @@ def _autocast_dtype(model) -> torch.dtype | None:
     ``_precision_reason`` found nothing against it."""
     if _autocast_mode(model) != "cast":
         return None
-    kind = model.lm_head.weight.device.type
-    if not torch.is_autocast_enabled(kind) or torch.get_autocast_dtype(kind) == model.lm_head.weight.dtype:
-        return None
-    return torch.get_autocast_dtype(kind)
+    return _autocast_target(model.lm_head.weight)
 
 
 def _codetta_forward(
@@ -542,7 +551,8 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         """Layer i from its q, k, v to layer i + 1's (and the residual stream): the unit
         Hugging Face's gradient checkpointing recomputes in the backward, on the shifted
         boundary (its inputs are all it keeps)."""
-        saved = _cast_parameters((layers[i], layers[i + 1]), cast)
+        # (only a recomputation needs it: in the forward they are cast already)
+        saved = _cast_parameters((layers[i], layers[i + 1]), cast if checkpointing else None)
         try:
             return _segment(i, rotated, h, q, k, v)
         finally:
