@@ -357,41 +357,47 @@ def test_autocast_over_float32_parameters_runs_the_models_own_forward():
 
 
 @pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("qwen3", False)], ids=str)
-def test_autocast_cast_mode_matches_a_model_in_that_dtype(family, tied):
+def test_autocast_cast_mode_within_autocasts_error(family, tied):
     """CODETTA_AUTOCAST=cast: under autocast over float32 parameters the fused path runs
-    on the parameters cast to autocast's dtype, so its numbers are those of the model held
-    in that dtype (the residual stream too; autocast keeps it in float32): the loss, every
-    float32 parameter's gradient and the evaluation logits within twice that model's
-    error against float64. (Against autocast's own error it is not within twice on every
-    gradient: NOTES.md; hence opt-in.)"""
+    on the projections' weights cast to autocast's dtype, over a float32 residual stream
+    (as autocast keeps it): the loss, every float32 parameter's gradient and the evaluation
+    logits within twice the error of the unpatched model under the same autocast, against
+    float64 (NOTES.md: with the stream in the low dtype, 2.15x on one gradient)."""
     from conftest import ON_GPU
 
     from codetta.kernels.settings import override
 
     dev, low = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float16)
     model = _model(family, tied, **(GPU_WIDTHS if ON_GPU else {})).to(dev)
-    ref64, held = copy.deepcopy(model).double(), copy.deepcopy(model).to(low)
+    with torch.no_grad():  # a stream larger than the sublayers' outputs (a trained model's):
+        model.get_input_embeddings().weight.mul_(8)  # its rounding to the low dtype would show
+    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))
     kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
-    want, same = _step(ref64, kw), _step(held, kw)
+    want = _step(ref64, kw)
+    with torch.autocast(dev, dtype=low):
+        same = _step(plain, kw)
     with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
         got = _step(ours, kw)
     n_layers = model.config.num_hidden_layers
     assert (count.calls, count.losses) == (2 * n_layers + 1, 1), "the fused path did not run"
-    _within_a_held_models_error(got, want, same, kw["labels"])
+    _within_twice(got, want, same, kw["labels"])
     eval_kw = {k: v for k, v in kw.items() if k != "labels"}
     with torch.no_grad():
         with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
             logits = ours.eval()(**eval_kw).logits
         assert count.calls == 2 * n_layers + 1
-        assert_within("logits", logits, ref64.eval()(**eval_kw).logits, held.eval()(**eval_kw).logits)
+        with torch.autocast(dev, dtype=low):
+            same_logits = plain.eval()(**eval_kw).logits
+        assert_within("logits", logits, ref64.eval()(**eval_kw).logits, same_logits)
 
 
-def _within_a_held_models_error(got, want, same, labels):
-    """A training step's loss and float32 gradients (``got``) within twice the error of the
-    model held in the low dtype (``same``) against float64 (``want``); ``_step``'s tuples."""
+def _within_twice(got, want, same, labels):
+    """A training step's loss and float32 gradients (``got``) within twice the error of
+    PyTorch's own numbers in that precision (``same``: autocast's, or a model held in the
+    low dtype) against float64 (``want``); ``_step``'s tuples."""
     tok_want, tok_same = (_token_losses(r[0], labels)[labels[:, 1:] != -100] for r in (want, same))
-    bound = 2 * (tok_same - tok_want).abs().max().item() + 1e-6
+    bound = 2 * (tok_same.double() - tok_want).abs().max().item() + 1e-6
     assert abs(got[1].double().item() - want[1].double().item()) <= bound, "loss"
     for name, g in same[2].items():
         assert got[2][name].dtype == torch.float32, name
@@ -689,25 +695,26 @@ def test_torch_compile_fullgraph_training_step():
 def test_torch_compile_fullgraph_autocast_cast_mode():
     """torch.compile(model, fullgraph=True) under autocast over float32 parameters with
     CODETTA_AUTOCAST=cast traces the parameters' casts too (a context manager there broke
-    the full graph) and meets the eager cast mode's bar: within twice the error of the
-    model held in the low dtype. (Not bit-equal to eager: the compiled embedding backward
-    may skip the rounding of its gradient to the low dtype before the cast to float32 that
-    eager makes, one rounding apart; run 198.)"""
+    the full graph) and meets the eager cast mode's bar: within twice autocast's own
+    error. (Not bit-equal to eager: inductor may fuse a rounding away, one rounding apart;
+    run 198.)"""
     from conftest import ON_GPU
 
     from codetta.kernels.settings import override
 
     low = torch.bfloat16 if ON_GPU else torch.float16
     model = _model("llama", False)
-    ref64, held = copy.deepcopy(model).double(), copy.deepcopy(model).to(low)
+    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))
     kw = _inputs("padding")
-    want, same = _step(ref64, kw), _step(held, kw)
+    want = _step(ref64, kw)
+    with torch.autocast("cpu", dtype=low):
+        same = _step(plain, kw)
     got, targets = _compiled_step(
         ours, kw, lambda: _stacked(torch.autocast("cpu", dtype=low), override(autocast="cast"))
     )  # fmt: skip
     assert sum("codetta.residual_rmsnorm_linear" in t for t in targets) == 5, "codetta ops not in the graph"
-    _within_a_held_models_error(got, want, same, kw["labels"])
+    _within_twice(got, want, same, kw["labels"])
 
 
 def _compiled_step(model, kw, context):

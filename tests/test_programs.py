@@ -436,6 +436,7 @@ def _program_operands(name, M, N, device, K=64):
         "rms_scale": {"sumsq": torch.rand(M, **f32) * 9, "inv_d": 1.0 / N, "eps": 1e-6},
         "mul_colsum": {"other": rand(M, N, dtype=dtype, device=device)},
         "residual_rms": {"residual": rand(M, N, dtype=dtype, device=device), "gamma": torch.rand(N, **f32)},
+        "residual_rms_f32": {"residual": rand(M, N, **f32), "gamma": torch.rand(N, **f32)},
         "residual_sumsq": {"residual": rand(M, N, dtype=dtype, device=device)},
         "gamma_weight_grad": {"gamma": torch.rand(N, **f32), "w": rand(M, N, dtype=dtype, device=device)},
         "rms_backward": {

@@ -204,7 +204,8 @@ def test_opcheck(device):
     [
         ("gamma_shape", ValueError, "gamma must have shape"),
         ("weight_shape", ValueError, "weight must be"),
-        ("dtype_mix", TypeError, "residual .* must have y's dtype"),
+        ("dtype_mix", TypeError, r"residual \(torch.bfloat16\) must have y's dtype .*, or be float32"),
+        ("mixed_variant", ValueError, "a float32 residual stream takes the default backward"),
         ("w_o_fp32", TypeError, r"w_o \(torch.float32\) must have y's dtype"),
         ("y_fp64", TypeError, "y must be bfloat16 or float16"),
         ("y_int", TypeError, "y must be bfloat16 or float16"),
@@ -229,7 +230,9 @@ def test_bad_input(case, exc, match, device):
     elif case == "weight_shape":
         w = w[:, :10]
     elif case == "dtype_mix":
-        res = res.float()
+        res = res.to(torch.bfloat16)
+    elif case == "mixed_variant":
+        res, kwargs, variant = res.float(), {"fold_gamma": True}, True
     elif case == "w_o_fp32":
         w_o = w_o.float()
     elif case == "y_fp64":
@@ -261,6 +264,82 @@ def test_bad_input(case, exc, match, device):
     fn = residual_rmsnorm_linear_variant if variant else residual_rmsnorm_linear
     with pytest.raises(exc, match=match):
         fn(y, w_o, res, g, w, **kwargs)
+
+
+def _block(dtype):
+    """A decoder block's chain of residual-stream operators on a float32 stream over GEMMs
+    in ``dtype`` (mixed precision, as autocast runs it): ``chain(leaves) -> outputs`` with
+    codetta's operators when ``dtype`` is None, else in PyTorch (float64: the reference;
+    a low dtype: PyTorch's own mixed-precision numbers, the stream float32, each GEMM's
+    operands cast to the low dtype and its output added in float32)."""
+    from codetta.ops import residual_rmsnorm, residual_rmsnorm_swiglu, rmsnorm_linear
+
+    def norm(x, g, lo):
+        xf = x if lo == torch.float64 else x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.to(xf.dtype)).to(lo)
+
+    def chain(h0, g0, wq, wk, wv, w_o, g1, wg, wu, w_d, g2, w_n, w_o2, g3):
+        if dtype is None:
+            q, k, v = rmsnorm_linear(h0, g0, [wq, wk, wv], EPS)
+            h1, act = residual_rmsnorm_swiglu(q, w_o, h0, g1, wg, wu, EPS)
+            h2, (z,) = residual_rmsnorm_linear(act, w_d, h1, g2, [w_n], EPS)
+            h3, n = residual_rmsnorm(z, w_o2, h2, g3, EPS)
+            return q, k, v, act.y, z, h3, n
+        up = (lambda t: t) if dtype == torch.float64 else (lambda t: t.float())
+        n0 = norm(h0, g0, dtype)
+        q, k, v = (n0 @ w.t() for w in (wq, wk, wv))
+        h1 = h0 + up(q @ w_o.t())
+        n1 = norm(h1, g1, dtype)
+        act = torch.nn.functional.silu(n1 @ wg.t()) * (n1 @ wu.t())
+        h2 = h1 + up(act @ w_d.t())
+        z = norm(h2, g2, dtype) @ w_n.t()
+        h3 = h2 + up(z @ w_o2.t())
+        return q, k, v, act, z, h3, norm(h3, g3, dtype)
+
+    return chain
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16],
+                         ids=lambda d: str(d).removeprefix("torch."))  # fmt: skip
+def test_float32_stream(dtype, device):
+    """A float32 residual stream over bf16/fp16 GEMMs (as autocast keeps it; the drop-in's
+    cast mode): a block's operators in a chain (the first norm's row pass, K1 with SwiGLU,
+    K1 with a next GEMM, K1 with the final norm), every output and gradient within twice
+    PyTorch's own mixed-precision error; the stream and its gradient stay float32."""
+    d, qn, kn, f, N = (64, 64, 32, 96, 48) if not ON_GPU else (2048, 2048, 512, 8192, 1024)
+    M = 77 if not ON_GPU else 1000
+    f32 = torch.float32
+    # (the stream 8x larger than the sublayers' outputs, as in a trained model: rounding the
+    # stream to the low dtype would then show, beside the GEMM outputs' own rounding)
+    sizes = [((M, d), f32, 1 / 64), ((d,), None, 0), ((qn, d), dtype, d), ((kn, d), dtype, d), ((kn, d), dtype, d),
+             ((d, qn), dtype, qn), ((d,), None, 0), ((f, d), dtype, d), ((f, d), dtype, d), ((d, f), dtype, f),
+             ((d,), None, 0), ((N, d), dtype, d), ((d, N), dtype, N), ((d,), None, 0)]  # fmt: skip
+    leaves = [
+        (torch.rand(shape, device=device) + 0.5) if dt is None
+        else rand(*shape, dtype=dt, device=device, scale=fan ** -0.5)
+        for shape, dt, fan in sizes
+    ]  # fmt: skip
+    outs = ["q", "k", "v", "act", "z", "h3", "n"]
+    grads = [rand(M, w, dtype=dtype, device=device) for w in (qn, kn, kn, f, N)]
+    grads += [rand(M, d, dtype=f32, device=device), rand(M, d, dtype=dtype, device=device)]
+
+    def run(chain, ts):
+        ts = [t.detach().clone().requires_grad_() for t in ts]
+        ys = chain(*ts)
+        sum((y.double() * g.double()).sum() for y, g in zip(ys, grads)).backward()
+        return ys, [t.grad for t in ts]
+
+    ours = run(_block(None), leaves)
+    ref = run(_block(torch.float64), [t.double() for t in leaves])
+    same = run(_block(dtype), leaves)
+    assert ours[0][5].dtype == f32 and ours[1][0].dtype == f32  # the stream and its gradient
+    for name, a, b, c in zip(outs, *(r[0] for r in (ours, ref, same))):
+        assert a.dtype == c.dtype, name
+        assert_within(name, a, b, c)
+    names = ["dh0", "dg0", "dwq", "dwk", "dwv", "dw_o", "dg1", "dwg", "dwu", "dw_d", "dg2", "dw_n", "dw_o2", "dg3"]
+    for name, a, b, c in zip(names, *(r[1] for r in (ours, ref, same))):
+        assert a.dtype == c.dtype, name
+        assert_within(name, a, b, c)
 
 
 def test_module_rejects_bad_eps():

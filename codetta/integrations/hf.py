@@ -436,9 +436,11 @@ def _codetta_forward(
 
 
 def _cast_parameters(modules, dtype) -> list:
-    """Each module's parameters not in ``dtype`` replaced by their (differentiable) casts
-    to it, a parameter shared by several modules (tied embeddings) by one cast; nothing
-    when ``dtype`` is None. Returns what ``_restore_parameters`` puts back (in a
+    """Each projection's (``nn.Linear``'s) parameters not in ``dtype`` replaced by their
+    (differentiable) casts to it, a parameter shared by several modules by one cast;
+    nothing when ``dtype`` is None. The rest stay as they are, as under autocast: the
+    norms' weights (applied in float32 in the epilogues) and the embedding table (the
+    lookup starts the float32 residual stream; a tied LM head reads its cast). Returns what ``_restore_parameters`` puts back (in a
     ``finally``: plain code, not a context manager, so that torch.compile traces it).
     Gradient checkpointing's recomputation of a unit, which runs after the forward's casts
     are undone, casts its own layers' parameters again (the same values: the saved tensors
@@ -446,6 +448,8 @@ def _cast_parameters(modules, dtype) -> list:
     saved, casts = [], {}
     for module in modules if dtype is not None else ():
         for sub in module.modules():
+            if not isinstance(sub, torch.nn.Linear):
+                continue
             for name, p in sub._parameters.items():
                 if p is not None and p.dtype != dtype:
                     if id(p) not in casts:
@@ -500,6 +504,9 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         h = embedding(input_ids, emb.weight, emb.padding_idx)
     else:
         h = base.embed_tokens(input_ids)
+    if cast is not None and h.dtype != torch.float32:
+        # the cast mode's residual stream is float32, as autocast keeps it (ops/norm_checks.mixed)
+        h = h.float()
     # the masks see the caller's position_ids: given none, the positions are 0..T-1 and
     # transformers' packed-sequence check (a host synchronization: it looks at GPU values
     # on the host, NOTES.md) has nothing to find

@@ -11,6 +11,8 @@ zeta from the saved z ("folded"); ``fold_gamma`` applies gamma to the next weigh
 
 from __future__ import annotations
 
+import torch
+
 from ..kernels.launch import gemm, parts_fit
 from ..kernels.reductions import col_sum
 from ..kernels.settings import SETTINGS
@@ -31,13 +33,18 @@ _SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: th
 
 
 def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma):
-    """The RMSNorm part of the backward and the next GEMMs' dW: (dx_total, [dW], dgamma).
-    n, the normalized input that dW needs, is [M, d] and dies when this returns,
-    before dy and dW_o allocate theirs (it is not kept to the end)."""
+    """The RMSNorm part of the backward and the next GEMMs' dW: (dx_total, [dW], dgamma,
+    dx_low): dx_low is dx_total in the GEMMs' dtype (the previous GEMMs' input), a copy
+    when the stream is float32 (``norm_checks.mixed``), else dx_total itself. n, the
+    normalized input that dW needs, is [M, d] and dies when this returns, before dy and
+    dW_o allocate theirs (it is not kept to the end)."""
     d = x.shape[1]
     if not ws:  # no next GEMM: the incoming gradient is the norm output's
-        dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps)
-        return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype)
+        low = None if dzs[0].dtype == x.dtype else torch.empty_like(dzs[0])
+        dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps, low_out=low)
+        return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype), _low(dx_total, low)
+    if x.dtype != dzs[0].dtype and (fold_gamma or mode != "rowwise"):
+        raise ValueError("a float32 residual stream takes the default backward (rowwise, no fold_gamma)")
     if len(ws) > 1:
         # several next GEMMs read the norm's output: dh = sum_i dz_i @ W_i in one launch, one
         # rounding (up to four products: K parts, kernels/program.py; q, k, v: three), any
@@ -48,7 +55,7 @@ def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamm
         dh = gemm(dzs[0], ws[0].t(), epilogue=_SUMS[min(len(ws), 4)], **parts)
         for dz_i, w_i in zip(dzs[4:], ws[4:]):
             dh = gemm(dz_i, w_i.t(), epilogue=ACCUMULATE, c=dh)
-        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
+        dx_total, n, dgamma_parts = _rows(dh, x, dx, sumsq, gamma, eps)
         dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
         heights = tuple(dz_i.shape[1] for dz_i in dzs)
         if len(dzs) == 3 and SETTINGS.qkv_one_launch and parts_fit(STORE_M3, x.device, heights=heights):
@@ -57,8 +64,9 @@ def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamm
                 dx_total,
                 list(gemm(dzs[0].t(), n.t(), epilogue=STORE_M3, a1=dzs[1].t(), a2=dzs[2].t())),
                 dgamma,
+                _low(dx_total, dh),
             )
-        return dx_total, [gemm(dz_i.t(), n.t()) for dz_i in dzs], dgamma
+        return dx_total, [gemm(dz_i.t(), n.t()) for dz_i in dzs], dgamma, _low(dx_total, dh)
     dz, w = dzs[0], ws[0]
     if fold_gamma:
         # z = n' @ (W gamma)^T with n' = x r: dn' = dz @ (W gamma); the norm backward
@@ -67,12 +75,13 @@ def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamm
         dn = gemm(dz, w_gamma.t())
         dx_total, n, _ = rms_backward_rows(dn, x, dx, sumsq, None, eps, dx_out=dn)
         gw = gemm(dz.t(), n.t(), epilogue=GAMMA_WEIGHT_GRAD, gamma=gamma, w=w)
-        return dx_total, [gw.dw], gw.dgamma.to(gamma.dtype)
+        return dx_total, [gw.dw], gw.dgamma.to(gamma.dtype), dx_total
     if mode == "rowwise":
         # the plain dX GEMM, then one pass over whole rows writes dx_total (over dh) and n
         dh = gemm(dz, w.t())
-        dx_total, n, dgamma_parts = rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
+        dx_total, n, dgamma_parts = _rows(dh, x, dx, sumsq, gamma, eps)
         dgamma = col_sum(dgamma_parts, dtype=gamma.dtype)
+        return dx_total, [gemm(dz.t(), n.t())], dgamma, _low(dx_total, dh)
     elif mode == "folded":
         # zeta = rowsum(dz * z) first, then the whole RMSNorm backward in the dX epilogue
         bw = gemm(
@@ -88,4 +97,17 @@ def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamm
         )
         dx_total, n = rms_backward_finish(bw.dn, x, dx, sumsq, bw.zeta, gamma, eps, dx_out=bw.dn)
         dgamma = bw.dgamma.to(gamma.dtype)
-    return dx_total, [gemm(dz.t(), n.t())], dgamma
+    return dx_total, [gemm(dz.t(), n.t())], dgamma, dx_total
+
+
+def _rows(dh, x, dx, sumsq, gamma, eps):
+    """The row pass after a dX GEMM that wrote dh: dx_total over dh, or over a float32
+    stream a new float32 dx_total and its copy in dh's dtype over dh (``_low``)."""
+    if x.dtype == dh.dtype:
+        return rms_backward_rows(dh, x, dx, sumsq, gamma, eps, dx_out=dh)
+    return rms_backward_rows(dh, x, dx, sumsq, gamma, eps, low_out=dh)
+
+
+def _low(dx_total, low):
+    """dx_total in the GEMMs' dtype: ``low`` (its copy) over a float32 stream, else itself."""
+    return dx_total if low is None or low.dtype == dx_total.dtype else low

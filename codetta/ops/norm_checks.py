@@ -9,6 +9,12 @@ import torch
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 
 
+def mixed(residual: torch.Tensor, y: torch.Tensor) -> bool:
+    """A float32 residual stream over bf16/fp16 GEMMs (mixed precision: autocast keeps the
+    stream in float32): x and its gradient in float32, the GEMMs' operands in y's dtype."""
+    return residual.dtype == torch.float32 and y.dtype in (torch.bfloat16, torch.float16)
+
+
 def weights_of(weight) -> tuple[list, list[str]]:
     """The next GEMM's weight(s) as a list, with the names errors use."""
     if isinstance(weight, (list, tuple)):
@@ -57,9 +63,14 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
     check_same_device(named)
     for name in ("y", "w_o", "residual", *w_names):
         check_gemm_dtype(name, named[name], on_gpu_too=False)
-    for name in ("w_o", "residual", *w_names):
+    for name in ("w_o", *w_names):
         if named[name].dtype != y.dtype:
             raise TypeError(f"{name} ({named[name].dtype}) must have y's dtype ({y.dtype})")
+    if residual.dtype != y.dtype and not mixed(residual, y):
+        raise TypeError(
+            f"residual ({residual.dtype}) must have y's dtype ({y.dtype}), or be float32 (a float32 "
+            "residual stream over bf16/fp16 GEMMs)"
+        )
     check_gemm_dtype("y", y)
     check_dtype("gamma", gamma, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
     for name in ("w_o", *w_names):

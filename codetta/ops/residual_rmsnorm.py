@@ -37,6 +37,7 @@ from ..kernels.operands import check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import (
     RESIDUAL_RMS,
+    RESIDUAL_RMS_F32,
     RESIDUAL_SUMSQ,
     RMS_SCALE,
 )
@@ -54,7 +55,7 @@ from ..programs.rope import (
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived
 from .norm_backward import BACKWARDS, norm_backward
-from .norm_checks import check_args
+from .norm_checks import check_args, mixed
 from .rope import RoPE, column_freq, rope_operands
 from .swiglu import dswiglu_dx
 
@@ -153,10 +154,12 @@ class _K1(NamedTuple):
 def _k1(y, w_o, residual, gamma) -> _K1:
     """K1 (x = residual + y @ w_o^T, h = x * gamma, sumsq); without an o-projection
     (w_o [d, 0]) x is the residual (an empty tensor stands for it) and one row pass forms
-    h and sumsq."""
+    h and sumsq. A float32 residual stream (``mixed``) keeps x in float32, unrounded, and
+    h in the GEMMs' dtype."""
     if w_o.shape[1] == 0:
-        return _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma))
-    return _K1(*gemm(y, w_o, epilogue=RESIDUAL_RMS, residual=residual, gamma=gamma))
+        return _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma, dtype=y.dtype))
+    prog = RESIDUAL_RMS_F32 if mixed(residual, y) else RESIDUAL_RMS
+    return _K1(*gemm(y, w_o, epilogue=prog, residual=residual, gamma=gamma))
 
 
 _forward = torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())(_forward_impl)
@@ -188,7 +191,7 @@ def _(
         residual.new_empty(0 if w_o.shape[1] == 0 else residual.shape),
         [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu + pre]
         if ws
-        else [residual.new_empty(residual.shape)],
+        else [y.new_empty(residual.shape)],  # (n, in the GEMMs' dtype)
         y.new_empty((M,), dtype=torch.float32),
         ws[0].new_empty(ws[0].shape) if fold_gamma else residual.new_empty(0),
     )
@@ -246,7 +249,9 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
             dzs[0], dzs[1] = unrotate_two_rows(dzs[0], dzs[1], pos, half, rope_scaling, pairs=rope_pairs)
         else:
             dzs[0] = unrotate_half_rows(dzs[0], pos, half, rope_scaling, pairs=rope_pairs)
-    dx_total, dws, dgamma = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma)
+    # (dx_low: dx_total in the GEMMs' dtype, a copy over a float32 stream)
+    dx_total, dws, dgamma, dx_low = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode,
+                                                  fold_gamma)  # fmt: skip
     if w_o.shape[1] == 0:  # no o-projection: no dy, no dW_o
         dy, dw_o = y.new_empty(y.shape), w_o.new_empty(w_o.shape)
     else:
@@ -254,12 +259,12 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
             # y = silu(g) * u: the dSwiGLU in the dX GEMM's epilogue (dy itself is never written)
             # (y not kept, CODETTA_SWIGLU_KEEP_Y=0: a placeholder, y formed again from g and u;
             # overwrite: dg, du written over g, u, an internal SwiGLU's, in eager mode)
-            dg, du, formed = dswiglu_dx(dx_total, w_o.t(), *gate_up, y.dim() == 1, overwrite)
+            dg, du, formed = dswiglu_dx(dx_low, w_o.t(), *gate_up, y.dim() == 1, overwrite)
             y = y if formed is None else formed
             dy, dws = y.new_empty(0), dws + [dg, du]
         else:
-            dy = gemm(dx_total, w_o.t())
-        dw_o = gemm(dx_total.t(), y.t())
+            dy = gemm(dx_low, w_o.t())
+        dw_o = gemm(dx_low.t(), y.t())
     if n_rope and len(rope) > 2:
         dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'
     return dy, dw_o, dx_total, dgamma, dws
@@ -379,7 +384,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
             du = extra["du"] if du is None else du + extra["du"]
         dzs = [dg, du]
     widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
-    dzs = [x.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
+    dzs = [y.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
@@ -509,8 +514,11 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     d, lead = x.shape[-1], x.shape[:-1]
     M = math.prod(lead)
     rows = x.reshape(M, d).contiguous()
-    # the o-projection of the general operator, absent: [M, 0] @ [d, 0]^T
-    y, w_o = x.new_empty((M, 0)), x.new_empty((d, 0))
+    # the o-projection of the general operator, absent: [M, 0] @ [d, 0]^T, in the next
+    # GEMMs' dtype (x may be a float32 stream over bf16/fp16 weights)
+    low = weight[0] if isinstance(weight, (list, tuple)) and weight else weight
+    low = low.dtype if isinstance(low, torch.Tensor) else x.dtype
+    y, w_o = x.new_empty((M, 0), dtype=low), x.new_empty((d, 0), dtype=low)
     ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     _, zs, _, _ = _forward_fast(
@@ -544,6 +552,8 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         raise ValueError(f"fold_gamma=True needs backward='rowwise', got {backward!r}")
     if len(ws) != 1 and (fold_gamma or backward != "rowwise"):
         raise ValueError("several or no next weights take the default backward (rowwise, no fold_gamma)")
+    if mixed(residual, y) and (fold_gamma or backward != "rowwise"):
+        raise ValueError("a float32 residual stream takes the default backward (rowwise, no fold_gamma)")
     lead = residual.shape[:-1]
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, y.device)
     if n_rope and (fold_gamma or backward != "rowwise"):

@@ -18,6 +18,7 @@ from .lse import ROW_LSE
 from .norm import (
     GAMMA_WEIGHT_GRAD,
     RESIDUAL_RMS,
+    RESIDUAL_RMS_F32,
     RESIDUAL_SUMSQ,
     RMS_BACKWARD,
     RMS_GRAD_PARTIALS,
@@ -54,6 +55,7 @@ __all__ = [
     "ROW_SCALE",
     "MUL_COLSUM",
     "RESIDUAL_RMS",
+    "RESIDUAL_RMS_F32",
     "RESIDUAL_SUMSQ",
     "RMS_SCALE",
     "GAMMA_WEIGHT_GRAD",

@@ -5,6 +5,7 @@ The norm's per-row scale is r = rsqrt(sumsq / d + eps), formed wherever it is
 used from K1's row sums ``sumsq`` (so no kernel writes r on its own).
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -44,6 +45,25 @@ RESIDUAL_RMS = Program(
         "sumsq": _round(acc, elem).pow(2).sum(1),
     },
     configs=tuple(SEEDED_CANDIDATES),
+)
+
+
+@triton.jit
+def residual_rms_f32(acc, gamma):
+    """K1 over a float32 residual stream (the GEMM in bf16/fp16; mixed precision, as
+    autocast keeps the stream): x = acc, stored in float32 without rounding;
+    h = x * gamma[n] in the GEMM's dtype (the next GEMM's input); sumsq[m] = sum_n x^2."""
+    return acc, acc * gamma, acc * acc
+
+
+RESIDUAL_RMS_F32 = Program(
+    "residual_rms_f32",
+    residual_rms_f32,
+    inputs=(Tile("residual", seeds_acc=True, dtype=torch.float32), PerCol("gamma")),
+    outputs=(Tile("x", dtype=torch.float32), Tile("h"), RowSum("sumsq")),
+    reference=lambda acc, residual, gamma: {"x": acc, "h": acc * gamma.to(acc.dtype), "sumsq": acc.pow(2).sum(1)},
+    # a float32 seed tile: 128x128 tiles leave shared memory for the A/B stages beside it
+    configs=tuple(BACKWARD_CANDIDATES),
 )
 
 

@@ -16,12 +16,13 @@ from ..kernels.settings import SETTINGS
 from .norm import rms_scale_of
 
 
-def torch_path(x: torch.Tensor) -> bool:
+def torch_path(x: torch.Tensor, *dtypes: torch.dtype) -> bool:
     """CPU tensors run the row passes (here, ce.py, rope.py) in PyTorch unless the
-    interpreter is on, and bf16 ones always: the triton 3.6 interpreter rounds fp32 ->
-    bf16 by truncation (twice the error of round-to-nearest)."""
+    interpreter is on, and bf16 ones always (x's dtype, or another the pass reads or
+    writes: ``dtypes``): the triton 3.6 interpreter rounds fp32 -> bf16 by truncation
+    (twice the error of round-to-nearest)."""
     return x.device.type == "cpu" and (
-        not device.interpreting() or SETTINGS.force_reference or x.dtype == torch.bfloat16
+        not device.interpreting() or SETTINGS.force_reference or torch.bfloat16 in (x.dtype, *dtypes)
     )
 
 
@@ -133,19 +134,22 @@ def _gamma_sumsq_kernel(x_ptr, g_ptr, h_ptr, s_ptr, M, D, BLOCK_M: tl.constexpr,
     tl.store(s_ptr + rows, acc, mask=rmask)
 
 
-def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor, dtype: torch.dtype | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """K1's outputs without its GEMM, for a norm with no projection before it (a first
     layer's, over the embeddings): ``(h, sumsq)``, h = x * gamma (formed in fp32, rounded
-    once to x's dtype) and sumsq = the fp32 row sums of x^2. x: contiguous [M, d]."""
+    once to ``dtype``, x's by default: the next GEMMs' over a float32 stream) and sumsq =
+    the fp32 row sums of x^2. x: contiguous [M, d]."""
     if x.dim() != 2 or not x.is_contiguous() or gamma.shape != (x.shape[1],):
         raise ValueError(
             f"need a contiguous [M, d] x and a [d] gamma, got {tuple(x.shape)} and {tuple(gamma.shape)}"
         )
     M, D = x.shape
-    if torch_path(x) or M == 0:
+    dtype = x.dtype if dtype is None else dtype
+    if torch_path(x, dtype) or M == 0:
         xf = x.float()
-        return (xf * gamma.float()).to(x.dtype), xf.pow(2).sum(1)
-    h = torch.empty_like(x)
+        return (xf * gamma.float()).to(dtype), xf.pow(2).sum(1)
+    h = torch.empty_like(x, dtype=dtype)
     sumsq = torch.empty(M, dtype=torch.float32, device=x.device)
     block_d = min(1024, triton.next_power_of_2(D))
     with device.on_device(x.device):
@@ -240,13 +244,14 @@ def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
 
 @triton.jit
 def _rms_backward_rows_kernel(
-    dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr,
+    dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr, low_ptr,
     M, D, inv_d, eps, rows_per_prog,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_DRES: tl.constexpr,
+    HAS_LOW: tl.constexpr,
 ):  # fmt: skip
     # each program walks its own run of whole rows (zeta needs the full row), one
-    # read of dh, x (and dres) and one write of dx, n per element; its dgamma partial
-    # stays in registers until the end
+    # read of dh, x (and dres) and one write of dx, n (and dx's low-precision copy)
+    # per element; its dgamma partial stays in registers until the end
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -273,6 +278,8 @@ def _rms_backward_rows_kernel(
         if HAS_DRES:
             dx += tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
+        if HAS_LOW:
+            tl.store(low_ptr + offs, dx.to(low_ptr.dtype.element_ty), mask=m)
         tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
     if HAS_GAMMA:
         tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, dg, mask=cmask)
@@ -293,24 +300,29 @@ def rows_launch(d: int) -> tuple[int, int, int]:
 def row_pass_jobs() -> list[tuple]:
     """``rms_backward_rows`` as the sm_90a check compiles it (``programs/sm90_check.py``):
     (label, kernel, argument types, constexprs, warps), bf16, d 2048, 4096 and 8192, with
-    and without gamma and a downstream gradient."""
-    bf = "*bf16"
-    types = {"dh_ptr": bf, "x_ptr": bf, "dres_ptr": bf, "sumsq_ptr": "*fp32", "gamma_ptr": bf, "dx_ptr": bf,
-             "n_ptr": bf, "dgamma_ptr": "*fp32", "M": "i32", "D": "i32", "inv_d": "fp32", "eps": "fp32",
-             "rows_per_prog": "i32"}  # fmt: skip
+    and without gamma and a downstream gradient; and over a float32 stream (x, dres, dx
+    float32, dx's bf16 copy written too)."""
+    bf, f32 = "*bf16", "*fp32"
     jobs = []
     for d in (2048, 4096, 8192):
         block_m, block_d, warps = rows_launch(d)
-        for gamma in (True, False):
-            for dres in (True, False):
-                consts = {"BLOCK_M": block_m, "BLOCK_D": block_d, "HAS_GAMMA": gamma, "HAS_DRES": dres}
-                with_ = "".join(f" {k}" for k, on in (("gamma", gamma), ("dres", dres)) if on)
-                label = f"rms_backward_rows d {d}{with_}, {warps} warps"
-                jobs.append((label, _rms_backward_rows_kernel, types, consts, warps))
+        for stream in (bf, f32):
+            types = {"dh_ptr": bf, "x_ptr": stream, "dres_ptr": stream, "sumsq_ptr": f32, "gamma_ptr": bf,
+                     "dx_ptr": stream, "n_ptr": bf, "dgamma_ptr": f32, "low_ptr": bf, "M": "i32", "D": "i32",
+                     "inv_d": "fp32", "eps": "fp32", "rows_per_prog": "i32"}  # fmt: skip
+            for gamma in (True, False):
+                for dres in (True, False):
+                    low = stream == f32
+                    consts = {"BLOCK_M": block_m, "BLOCK_D": block_d, "HAS_GAMMA": gamma, "HAS_DRES": dres,
+                              "HAS_LOW": low}  # fmt: skip
+                    with_ = "".join(f" {k}" for k, on in (("gamma", gamma), ("dres", dres),
+                                                          ("float32 stream", low)) if on)  # fmt: skip
+                    label = f"rms_backward_rows d {d}{with_}, {warps} warps"
+                    jobs.append((label, _rms_backward_rows_kernel, types, consts, warps))
     return jobs
 
 
-def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
+def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None, low_out=None):
     """The RMSNorm backward as one pass over whole rows, from dh = dz W (the plain dX GEMM):
     r = rsqrt(sumsq / d + eps),  zeta = sum_k dh_k gamma_k x_k r,
     dx = r (gamma dh - x r zeta / d) + dres,  n = x r gamma (the next GEMM's input, for
@@ -321,15 +333,25 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     none read); sumsq fp32 [M]; gamma [d], or None for a norm without a scale (then
     n = x r and no dgamma: None is returned).
     Returns (dx, n, dgamma partials); ``dx_out`` (may be ``dh``: each element is
-    read before it is written over) receives dx.
+    read before it is written over) receives dx. A float32 stream (x, dres float32, dh
+    bf16/fp16: ``ops/norm_checks.mixed``): dx is float32, n in dh's dtype, and
+    ``low_out`` (a [M, d] tensor of dh's dtype, may be ``dh``) receives dx rounded to it,
+    for the GEMMs that take it.
     """
     M, D = x.shape
-    dx = _check_rows(x, dx_out, dh=dh, **({} if dres is None else {"dres": dres}))
+    dx = _check_rows(x, dx_out, **({} if dres is None else {"dres": dres}))
+    if dh.shape != x.shape or not dh.is_contiguous():
+        raise ValueError(f"dh must be contiguous with x's shape {tuple(x.shape)}, got {tuple(dh.shape)}")
+    if dh.dtype != x.dtype and x.dtype != torch.float32:
+        raise TypeError(f"dh ({dh.dtype}) must have x's dtype ({x.dtype}), or x be a float32 stream")
+    if low_out is not None and (low_out.shape != x.shape or low_out.dtype != dh.dtype
+                                or not low_out.is_contiguous()):  # fmt: skip
+        raise ValueError(f"low_out must be a contiguous {dh.dtype} tensor of shape {tuple(x.shape)}")
     if sumsq.shape != (M,) or (gamma is not None and gamma.shape != (D,)):
         raise ValueError("sumsq must be [M] and gamma [d]")
     if D > MAX_ROW:
         raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
-    n = torch.empty_like(x)
+    n = torch.empty_like(dh)
     on_cpu = x.device.type == "cpu"
     block_m, block_d, warps = rows_launch(D)
     slots = 4 if on_cpu else 4 * device.num_sms(x.device.index or 0)
@@ -339,7 +361,7 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
     dgamma = None if gamma is None else torch.empty((programs, D), dtype=torch.float32, device=x.device)
     if M == 0:
         return dx, n, None if dgamma is None else dgamma.zero_()
-    if torch_path(x):
+    if torch_path(x, dh.dtype):
         r = _r(sumsq, D, eps)
         g, xf, dhf = (1.0 if gamma is None else gamma.float()), x.float(), dh.float()
         zeta = (dhf * g * xf * r).sum(1, keepdim=True)
@@ -347,13 +369,16 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None):
             pad = programs * rows_per_prog - M
             dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
         dx.copy_(r * (g * dhf - xf * r * zeta / D) + (0.0 if dres is None else dres.float()))
+        if low_out is not None:
+            low_out.copy_(dx)
         n.copy_(xf * r * g)
         return dx, n, dgamma
     with device.on_device(x.device):
         precompile.launch(_rms_backward_rows_kernel, (programs,),
-            dh, x, dh if dres is None else dres, sumsq, gamma, dx, n, dgamma, M, D, 1.0 / D, eps,
+            dh, x, dx if dres is None else dres, sumsq, gamma, dx, n, dgamma,
+            dh if low_out is None else low_out, M, D, 1.0 / D, eps,
             rows_per_prog, BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
-            HAS_DRES=dres is not None,
+            HAS_DRES=dres is not None, HAS_LOW=low_out is not None,
             num_warps=warps,
         )  # fmt: skip
     return dx, n, dgamma
