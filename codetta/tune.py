@@ -53,8 +53,8 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     """The GEMMs of one layer as the Hugging Face drop-in runs it (forward and backward):
     o_proj + residual -> norm -> gate/up + SwiGLU, then down_proj + residual -> norm ->
     next q, k (RoPE in their epilogues), v (dSwiGLU in its dX epilogue), and the last
-    layer's down_proj + final norm
-    (the LM head + loss: ``_probe_loss``)."""
+    layer's down_proj + final norm (the LM head + loss: ``_probe_loss``); then the two K1
+    of a float32 residual stream (the cast mode under autocast)."""
     widths = {w.hidden, w.intermediate, w.q_width, w.kv_heads * w.head_dim, w.vocab}
     if _PROBE_TOKENS in widths:
         raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
@@ -79,6 +79,12 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
         )
         outs = [x2, *zs, x3, n]
         torch.autograd.backward(outs, [torch.empty_like(o) for o in outs])
+        # the drop-in's cast mode (autocast): a float32 residual stream, whose K1 is its own
+        # program (RESIDUAL_RMS_F32); its other GEMMs are the ones above
+        f32 = torch.float32
+        xm, actm = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d, dt=f32), t(d, dt=f32),
+                                           t(f, d), t(f, d))  # fmt: skip
+        residual_rmsnorm_linear(actm, t(d, f), xm, t(d, dt=f32), [t(w.q_width, d)])
         return list(rec)
 
 

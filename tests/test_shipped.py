@@ -82,9 +82,13 @@ def test_model_calls_cover_the_step():
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
     assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits", "store_f32",
-                     "accumulate_f32", "finish_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128"}  # fmt: skip
+                     "accumulate_f32", "finish_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128",
+                     "residual_rms_f32"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
+    # the same over a float32 stream (the cast mode under autocast), and down + residual
+    assert ("residual_rms_f32", False, False, 16384, 4096, 4096) in shapes
+    assert ("residual_rms_f32", False, False, 16384, 4096, 14336) in shapes
     assert ("swiglu_rms", False, False, 16384, 14336, 4096) in shapes  # gate and up, paired
     # down's dX + dSwiGLU, y formed again (CODETTA_SWIGLU_KEEP_Y=auto at d 4096; kept at 2048)
     assert ("dswiglu_y", False, True, 16384, 14336, 4096) in shapes

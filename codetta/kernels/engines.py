@@ -360,7 +360,8 @@ class PingPongEngine:
         if program.pingpong_configs is not None:
             return fitting_sub_tiles(program, self._with_tail(program, program.pingpong_configs))
         if self.ring_dtype(program, None) == torch.float32:
-            return fitting_sub_tiles(program, self._with_tail(program, configs.PINGPONG_F32_RING_CANDIDATES))
+            cfgs = [c for c in configs.PINGPONG_F32_RING_CANDIDATES if self.ring_fits(program, c, torch.bfloat16)]
+            return fitting_sub_tiles(program, self._with_tail(program, cfgs))
         if program.pair_slot >= 0:
             return fitting_sub_tiles(program, configs.PINGPONG_PAIRED_CANDIDATES)
         # the tile-shaped values the epilogue holds at once: loaded tiles and the body's outputs
@@ -398,6 +399,21 @@ class PingPongEngine:
                 or program.pair_slot >= 0):  # fmt: skip
             return cfg.epi_split
         return min(2, cfg.epi_split)
+
+    @staticmethod
+    def ring_fits(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
+        """Whether the A/B stages and the two consumers' epilogue rings fit in shared memory
+        (an estimate, as ``prefetches``'s). A float32 ring of whole tiles (two tile outputs:
+        ``RESIDUAL_RMS_F32``) leaves room for 3 stages at 128x128, where a streamed seed's
+        two slots (``ACCUMULATE_F32``) leave room for 5."""
+        ring = PingPongEngine.ring_dtype(program, dtype).itemsize
+        b_rows = cfg.block_n * (2 if program.pair_slot >= 0 else 1)
+        shared = (
+            cfg.num_stages * (cfg.block_m + b_rows) * cfg.block_k * dtype.itemsize
+            + 2 * PingPongEngine.ring_slots(program, cfg, dtype) * cfg.block_m * cfg.sub_n * ring
+            + 1024
+        )
+        return shared <= configs.SMEM_LIMIT
 
     @staticmethod
     def prefetches(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
