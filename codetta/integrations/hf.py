@@ -27,9 +27,11 @@ Falls back to the model's own forward (same results, no codetta) where the fused
 path does not apply: a KV cache in use (generation), ``use_cache=True``, requested
 hidden states or attentions, ``logits_to_keep``, a ``loss_function`` other than Hugging
 Face's causal-LM cross-entropy (training with labels), FSDP1 wrapping the decoder layers
-(FSDP2's ``fully_shard`` is served), float32 parameters on the GPU, ``torch.autocast``
-to another dtype than the parameters' (AMP over float32 parameters, as Hugging Face
-Trainer's ``bf16=True`` does, unless ``autocast="cast"`` or ``CODETTA_AUTOCAST=cast``),
+(FSDP2's ``fully_shard`` is served), float32 parameters on the GPU outside autocast,
+``torch.autocast`` to another dtype than the parameters' when asked for
+(``autocast="own-forward"`` or ``CODETTA_AUTOCAST=own-forward``; by default the fused path
+runs there on the projections cast to autocast's dtype over a float32 residual stream,
+as autocast itself keeps it),
 and under class-wide patching a model with projection biases, widths that are not
 multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
@@ -347,9 +349,8 @@ def _precision_reason(model) -> str | None:
     one, in the mixed-precision policy's dtype; a still-sharded DTensor is left to the
     kernels' own checks). Autocast over float32 parameters (Hugging Face Trainer's
     ``bf16=True``) keeps the residual stream in float32 and casts each projection's
-    operands, a precision the fused path (one dtype throughout, as under FSDP2's mixed
-    precision) would silently not match: the model's own forward runs, unless
-    ``CODETTA_AUTOCAST=cast`` asks for the fused path in autocast's dtype (``_autocast_dtype``)."""
+    operands: the cast mode (``CODETTA_AUTOCAST=cast``, the default) does the same
+    (``_autocast_dtype``); ``own-forward`` runs the model's own forward instead."""
     weight = model.lm_head.weight
     if not _plain(weight):
         return None  # (DTensor and other subclasses)
@@ -359,10 +360,9 @@ def _precision_reason(model) -> str | None:
         why = f"torch.autocast to {to} over {of} parameters"
         if _autocast_mode(model) != "cast":
             return (
-                f"{why}: the fused path computes in one dtype throughout (cast the model, e.g. "
-                f"model.to(torch.bfloat16), train under FSDP2's MixedPrecisionPolicy, or set "
-                f"codetta.apply_codetta(model, autocast='cast') or CODETTA_AUTOCAST=cast, to run it "
-                f"on the parameters cast to {to}: README)"
+                f"{why}, and autocast='own-forward' (apply_codetta's, or CODETTA_AUTOCAST) asks for "
+                f"the model's own forward there; the default, 'cast', runs codetta on the projections "
+                f"cast to {to} over a float32 residual stream, as autocast does: README)"
             )
         if to not in ("bfloat16", "float16"):
             return f"{why}: CODETTA_AUTOCAST=cast runs bfloat16 or float16 only"
@@ -423,9 +423,10 @@ def _codetta_forward(
             inputs_embeds=inputs_embeds, labels=labels, **kwargs,
         )  # fmt: skip
     cast = _autocast_dtype(self)
-    # CODETTA_AUTOCAST=cast: the fused forward over the parameters cast to autocast's dtype
-    # (differentiable casts: the gradients reach the parameters in their own dtype; tied
-    # ones stay tied); the module's hooks do not run again
+    # CODETTA_AUTOCAST=cast: the fused forward over the projections' weights cast to
+    # autocast's dtype (differentiable casts: the gradients reach the parameters in their
+    # own dtype; tied ones stay tied) and a float32 residual stream; the module's hooks do
+    # not run again
     saved = _cast_parameters((self,), cast)
     try:
         return _fused_forward(
