@@ -362,6 +362,24 @@ def test_autocast_over_float32_parameters():
     assert count.calls > 0 and count.losses == 1
 
 
+def test_bf16_model_under_fp16_autocast():
+    """A bf16 model under autocast to fp16: the cast mode casts the norms' weights and the
+    embedding table to fp16 too (the operators take float32 or the GEMMs' dtype there; they
+    were left in bf16 and refused), the stream float32; the loss near autocast's, the
+    gradients bf16."""
+    model = _model("llama", True, torch.bfloat16)
+    kw = _inputs("padding")
+    ours = codetta.apply_codetta(copy.deepcopy(model))
+    with torch.autocast("cpu", dtype=torch.float16), CountOps() as count:
+        loss = ours(**kw).loss
+        loss.backward()
+    assert (count.calls, count.losses) == (5, 1)
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = model(**kw).loss
+    assert abs(loss.item() - want.item()) < 1e-2 * want.item()
+    assert {p.grad.dtype for p in ours.parameters()} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("qwen3", False)], ids=str)
 def test_autocast_cast_mode_within_autocasts_error(family, tied):
     """CODETTA_AUTOCAST=cast: under autocast over float32 parameters the fused path runs

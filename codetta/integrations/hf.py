@@ -439,9 +439,11 @@ def _codetta_forward(
 def _cast_parameters(modules, dtype) -> list:
     """Each projection's (``nn.Linear``'s) parameters not in ``dtype`` replaced by their
     (differentiable) casts to it, a parameter shared by several modules by one cast;
-    nothing when ``dtype`` is None. The rest stay as they are, as under autocast: the
-    norms' weights (applied in float32 in the epilogues) and the embedding table (the
-    lookup starts the float32 residual stream; a tied LM head reads its cast). Returns what ``_restore_parameters`` puts back (in a
+    nothing when ``dtype`` is None. The rest stay as they are where float32, as under
+    autocast: the norms' weights (applied in float32 in the epilogues) and the embedding
+    table (the lookup starts the float32 residual stream; a tied LM head reads its cast);
+    in another dtype (a bf16 model under fp16 autocast) they are cast to ``dtype`` too.
+    Returns what ``_restore_parameters`` puts back (in a
     ``finally``: plain code, not a context manager, so that torch.compile traces it).
     Gradient checkpointing's recomputation of a unit, which runs after the forward's casts
     are undone, casts its own layers' parameters again (the same values: the saved tensors
@@ -449,10 +451,9 @@ def _cast_parameters(modules, dtype) -> list:
     saved, casts = [], {}
     for module in modules if dtype is not None else ():
         for sub in module.modules():
-            if not isinstance(sub, torch.nn.Linear):
-                continue
+            keep = () if isinstance(sub, torch.nn.Linear) else (torch.float32,)
             for name, p in sub._parameters.items():
-                if p is not None and p.dtype != dtype:
+                if p is not None and p.dtype != dtype and p.dtype not in keep:
                     if id(p) not in casts:
                         casts[id(p)] = p.to(dtype)
                     saved.append((sub, name, p))
