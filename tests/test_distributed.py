@@ -185,3 +185,38 @@ def test_fsdp1_wrapped_layers_run_the_models_own_forward():
         assert losses[0] == losses[1]
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp2_sharded_model_under_autocast_runs_its_own_forward():
+    """FSDP2 over float32 parameters under autocast (no MixedPrecisionPolicy): the cast
+    mode casts plain parameters only, so the model's own forward runs, with a reason that
+    names the mixed-precision policy to use instead (one process, gloo)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import codetta
+    from codetta.integrations import hf
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64)  # fmt: skip
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29300 + os.getpid() % 300))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = codetta.apply_codetta(transformers.LlamaForCausalLM(cfg))
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+        hf._FALLBACK_WARNED.clear()
+        with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", dtype=torch.float16):
+            warnings.simplefilter("always")
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        reasons = [str(w.message) for w in caught if "runs its own forward" in str(w.message)]
+        assert len(reasons) == 1 and "MixedPrecisionPolicy" in reasons[0], reasons
+        assert torch.isfinite(loss)
+    finally:
+        dist.destroy_process_group()
