@@ -491,8 +491,9 @@ def test_hf_trainer_bf16(tmp_path, mode):
     """Hugging Face Trainer with ``bf16=True`` (float32 parameters, accelerate's autocast
     around the patched forward), three steps on the CPU: under CODETTA_AUTOCAST=cast every
     step runs codetta's fused path (the default) and the parameters stay float32; under
-    CODETTA_AUTOCAST=own-forward the model's own forward runs, with the warning. (Wiring: the two runs' training losses agree to
-    bf16's precision; the numbers are held to their bar by the cast-mode tests above.)"""
+    CODETTA_AUTOCAST=own-forward the model's own forward runs, with the warning. (Wiring:
+    the two runs' training losses agree to bf16's precision; the numbers are held to their
+    bar by the cast-mode tests above.)"""
     pytest.importorskip("accelerate")
     import warnings
 

@@ -311,9 +311,10 @@ def test_float32_stream(dtype, device):
     f32 = torch.float32
     # (the stream 8x larger than the sublayers' outputs, as in a trained model: rounding the
     # stream to the low dtype would then show, beside the GEMM outputs' own rounding)
-    sizes = [((M, d), f32, 1 / 64), ((d,), None, 0), ((qn, d), dtype, d), ((kn, d), dtype, d), ((kn, d), dtype, d),
-             ((d, qn), dtype, qn), ((d,), None, 0), ((f, d), dtype, d), ((f, d), dtype, d), ((d, f), dtype, f),
-             ((d,), None, 0), ((N, d), dtype, d), ((d, N), dtype, N), ((d,), None, 0)]  # fmt: skip
+    gamma = ((d,), None, 0)
+    sizes = [((M, d), f32, 1 / 64), gamma, ((qn, d), dtype, d), ((kn, d), dtype, d), ((kn, d), dtype, d),
+             ((d, qn), dtype, qn), gamma, ((f, d), dtype, d), ((f, d), dtype, d), ((d, f), dtype, f),
+             gamma, ((N, d), dtype, d), ((d, N), dtype, N), gamma]  # fmt: skip
     leaves = [
         (torch.rand(shape, device=device) + 0.5) if dt is None
         else rand(*shape, dtype=dt, device=device, scale=fan ** -0.5)
@@ -336,7 +337,8 @@ def test_float32_stream(dtype, device):
     for name, a, b, c in zip(outs, *(r[0] for r in (ours, ref, same))):
         assert a.dtype == c.dtype, name
         assert_within(name, a, b, c)
-    names = ["dh0", "dg0", "dwq", "dwk", "dwv", "dw_o", "dg1", "dwg", "dwu", "dw_d", "dg2", "dw_n", "dw_o2", "dg3"]
+    names = ["dh0", "dg0", "dwq", "dwk", "dwv", "dw_o", "dg1", "dwg", "dwu", "dw_d", "dg2", "dw_n", "dw_o2",
+             "dg3"]  # fmt: skip
     for name, a, b, c in zip(names, *(r[1] for r in (ours, ref, same))):
         assert a.dtype == c.dtype, name
         assert_within(name, a, b, c)

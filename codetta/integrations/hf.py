@@ -365,10 +365,12 @@ def _precision_reason(model) -> str | None:
                 f"cast to {to} over a float32 residual stream, as autocast does: README)"
             )
         if to not in ("bfloat16", "float16"):
-            return f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) runs bfloat16 or float16 only"
+            return f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) runs bf16 or fp16 only"
         if not all(_plain(p) for p in model.parameters()):
-            return (f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) takes unsharded "
-                    "parameters only (under FSDP2, give fully_shard a MixedPrecisionPolicy instead)")
+            return (
+                f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) takes unsharded "
+                "parameters only (under FSDP2, give fully_shard a MixedPrecisionPolicy instead)"
+            )
         return None
     if weight.device.type == "cuda" and weight.dtype == torch.float32:
         return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"

@@ -360,7 +360,8 @@ class PingPongEngine:
         if program.pingpong_configs is not None:
             return fitting_sub_tiles(program, self._with_tail(program, program.pingpong_configs))
         if self.ring_dtype(program, None) == torch.float32:
-            cfgs = [c for c in configs.PINGPONG_F32_RING_CANDIDATES if self.ring_fits(program, c, torch.bfloat16)]
+            cands = configs.PINGPONG_F32_RING_CANDIDATES
+            cfgs = [c for c in cands if self.ring_fits(program, c, torch.bfloat16)]
             return fitting_sub_tiles(program, self._with_tail(program, cfgs))
         if program.pair_slot >= 0:
             return fitting_sub_tiles(program, configs.PINGPONG_PAIRED_CANDIDATES)

@@ -61,7 +61,11 @@ RESIDUAL_RMS_F32 = Program(
     residual_rms_f32,
     inputs=(Tile("residual", seeds_acc=True, dtype=torch.float32), PerCol("gamma")),
     outputs=(Tile("x", dtype=torch.float32), Tile("h"), RowSum("sumsq")),
-    reference=lambda acc, residual, gamma: {"x": acc, "h": acc * gamma.to(acc.dtype), "sumsq": acc.pow(2).sum(1)},
+    reference=lambda acc, residual, gamma: {
+        "x": acc,
+        "h": acc * gamma.to(acc.dtype),
+        "sumsq": acc.pow(2).sum(1),
+    },
     # a float32 seed tile: 128x128 tiles leave shared memory for the A/B stages beside it
     configs=tuple(BACKWARD_CANDIDATES),
 )
