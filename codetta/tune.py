@@ -84,7 +84,7 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
         f32 = torch.float32
         xm, actm = residual_rmsnorm_swiglu(t(T, w.q_width), t(d, w.q_width), t(T, d, dt=f32), t(d, dt=f32),
                                            t(f, d), t(f, d))  # fmt: skip
-        residual_rmsnorm_linear(actm, t(d, f), xm, t(d, dt=f32), [t(w.q_width, d)])
+        residual_rmsnorm(actm, t(d, f), xm, t(d, dt=f32))  # (K1 alone: no next GEMM)
         return list(rec)
 
 
