@@ -5,6 +5,7 @@ the same weights and losses as one process training the same patched model on th
 same global batches. The GPU run (NCCL, bf16, 2 H200s) is scripts/fsdp_run.sh."""
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -147,25 +148,38 @@ def test_spans_skip_the_module_walk_without_a_process_group(monkeypatch):
     assert not fsdp.Spans([[Layer()], [Layer()]], outer=(Layer(),)).active and Layer.walked == 3
 
 
+def _tiny_llama_config():
+    return transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    max_position_embeddings=64)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _one_process_group(port_base: int):
+    """A gloo process group of this one process (world size 1), destroyed on the way out."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port_base + os.getpid() % 300))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def test_fsdp1_wrapped_layers_run_the_models_own_forward():
     """FSDP1 (FullyShardedDataParallel) gathers a unit's parameters in its own forward,
     which the fused path never calls: a patched model whose decoder layers FSDP1 wraps
     (after the patch, as a training script does) runs its own forward, with the reason,
     and the same loss as the unpatched model under FSDP1 (one process, gloo)."""
-
-    import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     import codetta
     from codetta.integrations import hf
 
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=64)  # fmt: skip
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    cfg = _tiny_llama_config()
+    with _one_process_group(29600):
         losses = []
         ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
         for patch in (False, True):
@@ -183,29 +197,21 @@ def test_fsdp1_wrapped_layers_run_the_models_own_forward():
             reasons = [str(w.message) for w in caught if "runs its own forward" in str(w.message)]
             assert bool(reasons) == patch and all("FSDP1" in r for r in reasons), reasons
         assert losses[0] == losses[1]
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp2_sharded_model_under_autocast_runs_its_own_forward():
     """FSDP2 over float32 parameters under autocast (no MixedPrecisionPolicy): the cast
     mode casts plain parameters only, so the model's own forward runs, with a reason that
     names the mixed-precision policy to use instead (one process, gloo)."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     import codetta
     from codetta.integrations import hf
 
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=64)  # fmt: skip
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29300 + os.getpid() % 300))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with _one_process_group(29300):
         torch.manual_seed(0)
-        model = codetta.apply_codetta(transformers.LlamaForCausalLM(cfg))
+        model = codetta.apply_codetta(transformers.LlamaForCausalLM(_tiny_llama_config()))
         mesh = init_device_mesh("cpu", (1,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
@@ -218,5 +224,3 @@ def test_fsdp2_sharded_model_under_autocast_runs_its_own_forward():
         reasons = [str(w.message) for w in caught if "runs its own forward" in str(w.message)]
         assert len(reasons) == 1 and "MixedPrecisionPolicy" in reasons[0], reasons
         assert torch.isfinite(loss)
-    finally:
-        dist.destroy_process_group()
