@@ -782,20 +782,22 @@ def test_compiled_forward_does_not_guard_on_the_verdict_table():
 
 
 @pytest.mark.gpu
-def test_loss_curve_tracks_unpatched_on_gpu():
+@pytest.mark.parametrize("amp", [False, True], ids=["bf16", "amp"])
+def test_loss_curve_tracks_unpatched_on_gpu(amp):
     """200 AdamW steps of a small Llama (d=1024, 8 layers, V=32000, bf16) on a fixed,
     learnable synthetic token stream: the patched loss curve (20-step means) stays within
     twice the unpatched model's own run-to-run spread plus 0.01 (the spread of two more
     unpatched runs on the same data: one from the same weights, differing only by
     nondeterministic kernels; one from weights moved by about one bf16 rounding), and
-    the final losses agree within 1 %."""
+    the final losses agree within 1 %. ``amp``: float32 parameters and AdamW state, each
+    forward under autocast to bf16 (Hugging Face Trainer's bf16=True; the cast mode)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, cls = _config("llama", False, vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                        num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
                        max_position_embeddings=1024)  # fmt: skip
     torch.manual_seed(0)
-    init = cls(cfg).to("cuda", torch.bfloat16)
+    init = cls(cfg).to("cuda", torch.float32 if amp else torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(5)
     # a learnable stream: a fixed random bigram table over 64 of the 32000 tokens, two
     # successors each, sampled. Over all 32000 tokens the loss fell 2 % in 200 steps (run
@@ -814,17 +816,23 @@ def test_loss_curve_tracks_unpatched_on_gpu():
         batches.append(ids)
 
     def train(patch: bool):
+        import warnings
+
         m = copy.deepcopy(init)
         if patch:
             codetta.apply_codetta(m)
         opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
         losses = []
-        for ids in batches:
-            loss = m(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for ids in batches:
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+        assert not [w for w in caught if "runs its own forward" in str(w.message)], "the fused path fell back"
         return torch.tensor(losses)
 
     base, again, ours = train(False), train(False), train(True)
