@@ -12,7 +12,7 @@ twice the unpatched model's error in the same dtype against the unpatched model 
 float64; the line names the worst ratio and "<-- CHECK" when a result exceeds the bound or
 is missing. FUZZ_AUTOCAST=1 (CPU or GPU): the models keep float32 parameters and both run
 under torch.autocast to FUZZ_DTYPE (Hugging Face Trainer's bf16=True; the drop-in's cast
-mode, its default), held to the same bound against autocast's own error. On such tiny
+mode), held to the same bound against autocast's own error. On such tiny
 models a gradient's largest element can pass 2x by chance: seeds 0-39 on the CPU in fp16,
 6 of 34 cases with a loss token had one (at most 2.45x), none in relative norm (at most
 1.77x); a model held in fp16 in plain PyTorch, 25 and 4 (NOTES.md)."""
@@ -95,7 +95,8 @@ def on_device(base, kw) -> tuple:
     kw = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
     base = base.to(DEVICE)
     low = torch.float32 if AUTOCAST else DTYPE
-    plain, patched = copy.deepcopy(base).to(low), codetta.apply_codetta(copy.deepcopy(base).to(low))
+    plain = copy.deepcopy(base).to(low)
+    patched = codetta.apply_codetta(copy.deepcopy(base).to(low), autocast="cast" if AUTOCAST else None)
     return base.double(), plain, patched, kw
 
 
