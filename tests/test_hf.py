@@ -798,80 +798,51 @@ def test_loss_curve_tracks_unpatched_on_gpu(amp):
     forward under autocast to bf16 (Hugging Face Trainer's bf16=True; the cast mode)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    cfg, cls = _config("llama", False, vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                       num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-                       max_position_embeddings=1024)  # fmt: skip
-    torch.manual_seed(0)
-    init = cls(cfg).to("cuda", torch.float32 if amp else torch.bfloat16)
-    g = torch.Generator(device="cuda").manual_seed(5)
-    # a learnable stream: a fixed random bigram table over 64 of the 32000 tokens, two
-    # successors each, sampled. Over all 32000 tokens the loss fell 2 % in 200 steps (run
-    # 35); over 512 tokens x 4 successors the 200 steps ended mid-drop, where one bf16
-    # rounding of the weights moved the final loss by 8.7 % (run 38): this one is meant to
-    # reach its floor (ln 2) well before step 200, so the final losses can be compared
-    used = torch.randperm(cfg.vocab_size, device="cuda", generator=g)[:64]
-    table = used[torch.randint(0, 64, (cfg.vocab_size, 2), device="cuda", generator=g)]
-    batches = []
-    for _ in range(200):
-        ids = torch.empty(8, 512, dtype=torch.long, device="cuda")
-        ids[:, 0] = used[torch.randint(0, 64, (8,), device="cuda", generator=g)]
-        choice = torch.randint(0, 2, (8, 512), device="cuda", generator=g)
-        for t in range(1, 512):
-            ids[:, t] = table[ids[:, t - 1], choice[:, t]]
-        batches.append(ids)
+    from util import load_script
 
-    def train(patch: bool, jitter: bool = False):
-        import warnings
-
-        jg = torch.Generator(device="cuda").manual_seed(11)
-        m = copy.deepcopy(init)
-        if patch:
-            codetta.apply_codetta(m, autocast="cast")
-        opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
-        losses = []
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for ids in batches:
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-                    loss = m(input_ids=ids, labels=ids, use_cache=False).loss
-                loss.backward()
-                if jitter:  # each gradient element moved by about one bf16 rounding, every step
-                    with torch.no_grad():
-                        for p in m.parameters():
-                            noise = torch.randn(p.grad.shape, device="cuda", generator=jg)
-                            p.grad.mul_(1 + 2**-9 * noise)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses.append(loss.item())
-        assert not [w for w in caught if "runs its own forward" in str(w.message)], "the fused path fell back"
-        return torch.tensor(losses)
-
-    base, again, ours, jittered = train(False), train(False), train(True), train(False, jitter=True)
-    # the unpatched model's run-to-run noise, three ways: the same weights again (only its
-    # nondeterministic kernels differ), every step's gradients moved by about one bf16
-    # rounding (what any other correct kernel's rounding does to a step: under autocast the
-    # float32 weights add no rounding noise of their own, and the first two runs differ
-    # per step by almost nothing; run 204), and the weights moved by about one bf16
-    # rounding at the start (training amplifies it)
-    g = torch.Generator(device="cuda").manual_seed(9)
-    with torch.no_grad():
-        for p in init.parameters():
-            p.copy_((p.float() * (1 + 2**-8 * torch.randn(p.shape, device="cuda", generator=g))).to(p.dtype))
-    moved = train(False)
+    lc = load_script("loss_curve")
+    init, batches = lc.setup(amp, 200)
+    runs = {name: lc.train(init, batches, name, amp) for name in ("unpatched", *lc.NOISE, "codetta")}
     window = 20  # compare smoothed curves: single steps are noisy in bf16
-    smooth = lambda x: x.unfold(0, window, window).mean(1)  # noqa: E731
-    runs = {"unpatched": base, "again": again, "jittered": jittered, "moved": moved, "codetta": ours}
     for name, run in runs.items():
-        print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in smooth(run)))
-    gap = (smooth(ours) - smooth(base)).abs()
-    spread = torch.stack([(smooth(x) - smooth(base)).abs() for x in (again, jittered, moved)]).amax(0)
-    final_ours, final_base = ours[-window:].mean(), base[-window:].mean()
-    final_spread = max(abs(x[-window:].mean() - final_base) for x in (again, jittered, moved))
-    print(f"smoothed gaps: codetta {gap.max():.4f}, unpatched noise {spread.max():.4f}; "
+        print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in lc.smooth(run, window)))
+    res = lc.compare(runs, window)
+    (gap, final_ours), (spread, final_spread) = res["codetta"], res["noise"]
+    base = runs["unpatched"]
+    final_base = base[-window:].mean().item()
+    print(f"smoothed gaps: codetta {gap:.4f}, unpatched noise {spread:.4f}; "
           f"final {final_ours:.4f} vs {final_base:.4f} (noise {final_spread:.4f})")  # fmt: skip
     assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
-    assert gap.max() <= 2 * spread.max() + 0.01
+    assert gap <= 2 * spread + 0.01
     assert abs(final_ours - final_base) <= 0.01 * final_base
+
+
+def test_loss_curve_script_on_cpu():
+    """scripts/loss_curve.py (the GPU test above and its diagnostic runs) on a tiny model
+    and stream on the CPU: every run trains, the noise runs differ from the unpatched one
+    (the jitter and the moved weights took effect), the codetta runs ran the fused path
+    (it raises on a fallback), and the comparison reports each."""
+    from util import load_script
+
+    from codetta.kernels.settings import override
+
+    lc = load_script("loss_curve")
+    size = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=64)  # fmt: skip
+    init, batches = lc.setup(True, 6, batch=(2, 16), device="cpu", size=size)
+    with override(force_reference=True):  # (the operators' PyTorch references: fast on the CPU)
+        runs = {
+            n: lc.train(init, batches, n, True)
+            for n in ("unpatched", *lc.NOISE, "codetta", "codetta:reference")
+        }
+    assert all(r.shape == (6,) and torch.isfinite(r).all() for r in runs.values())
+    assert not torch.equal(runs["jittered"], runs["unpatched"]) and not torch.equal(
+        runs["moved"], runs["unpatched"]
+    )
+    res = lc.compare(runs, 2)
+    assert set(res) == {"noise", "codetta", "codetta:reference"}
+    assert all(0 <= gap < 0.1 for gap, _ in res.values())
 
 
 @pytest.mark.gpu

@@ -1,0 +1,141 @@
+"""Loss curves of a small Llama on a learnable synthetic token stream, patched against
+unpatched, with the unpatched model's own run-to-run noise beside them
+(``tests/test_hf.py::test_loss_curve_tracks_unpatched_on_gpu`` uses it; NOTES.md, runs 204+).
+
+The stream: a fixed random bigram table over 64 of the vocabulary's tokens, two successors
+each, sampled (the loss's floor is ln 2, reached well before 200 steps at the test's size).
+Runs, each from the same initial weights and batches unless said:
+  unpatched   the model's own forward
+  again       the same again (only nondeterministic kernels differ)
+  jittered    every gradient element moved by 2^-9 (about one bf16 rounding) every step:
+              the per-step difference any other correct kernel makes
+  moved       the initial weights moved by 2^-8 (about one bf16 rounding)
+  codetta     the patched model (under ``--amp`` its cast mode)
+  codetta:pingpong-off   the same with the ping-pong mainloop left out (CODETTA_PINGPONG=0)
+  codetta:reference      the same with every codetta operator on its PyTorch reference
+                         (``force_reference``: the math without the kernels)
+
+Usage (repo root, GPU): python3 scripts/loss_curve.py [--amp] [--steps 200] [--runs NAME ...]
+prints each run's 20-step means, then each codetta run's largest gap to the unpatched
+curve against the noise runs' largest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import warnings
+
+import torch
+import transformers
+
+import codetta
+from codetta.kernels.settings import override
+
+NOISE = ("again", "jittered", "moved")
+# (the test's size: d 1024, 8 layers, V 32000, 8 x 512 tokens a step)
+GPU_SIZE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                max_position_embeddings=1024)  # fmt: skip
+
+
+def setup(amp: bool, steps: int, batch=(8, 512), device="cuda", size=None):
+    """(initial model, batches): the Llama (float32 under ``amp``, else bf16) and the stream."""
+    cfg = transformers.LlamaConfig(tie_word_embeddings=False, attn_implementation="sdpa", rms_norm_eps=1e-5,
+                                   **(size or GPU_SIZE))  # fmt: skip
+    torch.manual_seed(0)
+    init = transformers.LlamaForCausalLM(cfg).to(device, torch.float32 if amp else torch.bfloat16)
+    g = torch.Generator(device=device).manual_seed(5)
+    used = torch.randperm(cfg.vocab_size, device=device, generator=g)[:64]
+    table = used[torch.randint(0, 64, (cfg.vocab_size, 2), device=device, generator=g)]
+    rows, length = batch
+    batches = []
+    for _ in range(steps):
+        ids = torch.empty(rows, length, dtype=torch.long, device=device)
+        ids[:, 0] = used[torch.randint(0, 64, (rows,), device=device, generator=g)]
+        choice = torch.randint(0, 2, (rows, length), device=device, generator=g)
+        for t in range(1, length):
+            ids[:, t] = table[ids[:, t - 1], choice[:, t]]
+        batches.append(ids)
+    return init, batches
+
+
+def moved(init, device="cuda"):
+    """A copy of the initial weights, each moved by 2^-8 of itself (about one bf16 rounding)."""
+    m = copy.deepcopy(init)
+    g = torch.Generator(device=device).manual_seed(9)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_((p.float() * (1 + 2**-8 * torch.randn(p.shape, device=device, generator=g))).to(p.dtype))
+    return m
+
+
+def train(init, batches, name: str, amp: bool, lr=3e-4) -> torch.Tensor:
+    """One run (module docstring) from ``init``: its loss at every step."""
+    device = next(init.parameters()).device
+    m = moved(init, device.type) if name == "moved" else copy.deepcopy(init)
+    patched = name.startswith("codetta")
+    if patched:
+        codetta.apply_codetta(m, autocast="cast")
+    settings = {"codetta:pingpong-off": {"pingpong": False}, "codetta:reference": {"force_reference": True}}
+    jg = torch.Generator(device=device.type).manual_seed(11)
+    opt = torch.optim.AdamW(m.parameters(), lr=lr, fused=device.type == "cuda")
+    losses = []
+    with warnings.catch_warnings(record=True) as caught, override(**settings.get(name, {})):
+        warnings.simplefilter("always")
+        for ids in batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            if name == "jittered":
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.grad.mul_(1 + 2**-9 * torch.randn(p.grad.shape, device=device, generator=jg))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    if patched and [w for w in caught if "runs its own forward" in str(w.message)]:
+        raise RuntimeError(f"{name}: the fused path fell back")
+    return torch.tensor(losses)
+
+
+def smooth(x: torch.Tensor, window: int) -> torch.Tensor:
+    return x.unfold(0, window, window).mean(1)
+
+
+def compare(runs: dict, window: int) -> dict:
+    """Per codetta run: (largest smoothed gap to the unpatched curve, final-window mean);
+    and "noise": the noise runs' largest gap and final-window spread."""
+    base = smooth(runs["unpatched"], window)
+    final = runs["unpatched"][-window:].mean()
+    noise = [n for n in NOISE if n in runs]
+    out = {}
+    if noise:
+        spread = torch.stack([(smooth(runs[n], window) - base).abs() for n in noise]).amax(0)
+        out["noise"] = (spread.max().item(), max(abs(runs[n][-window:].mean() - final).item() for n in noise))
+    for name, run in runs.items():
+        if name.startswith("codetta"):
+            out[name] = ((smooth(run, window) - base).abs().max().item(), run[-window:].mean().item())
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--amp", action="store_true", help="float32 weights, bf16 autocast, the cast mode")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
+    args = p.parse_args(argv)
+    init, batches = setup(args.amp, args.steps)
+    runs = {name: train(init, batches, name, args.amp) for name in dict.fromkeys(["unpatched", *args.runs])}
+    window = max(1, args.steps // 10)
+    for name, run in runs.items():
+        print(f"{name:>22}: " + " ".join(f"{v:.3f}" for v in smooth(run, window)), flush=True)
+    res = compare(runs, window)
+    print(f"unpatched final {runs['unpatched'][-window:].mean():.4f}")
+    for name, (gap, final) in res.items():
+        what = "largest gap, final spread" if name == "noise" else "largest gap, final"
+        print(f"{name:>22}: {what} {gap:.4f} {final:.4f}")
+
+
+if __name__ == "__main__":
+    main()
