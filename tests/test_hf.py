@@ -834,7 +834,7 @@ def test_loss_curve_script_on_cpu():
     with override(force_reference=True):  # (the operators' PyTorch references: fast on the CPU)
         runs = {
             n: lc.train(init, batches, n, True)
-            for n in ("unpatched", *lc.NOISE, "codetta", "codetta:reference")
+            for n in ("unpatched", *lc.NOISE, "codetta", "codetta:reference", "float32")
         }
     assert all(r.shape == (6,) and torch.isfinite(r).all() for r in runs.values())
     assert not torch.equal(runs["jittered"], runs["unpatched"]) and not torch.equal(
