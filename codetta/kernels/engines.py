@@ -402,19 +402,27 @@ class PingPongEngine:
         return min(2, cfg.epi_split)
 
     @staticmethod
-    def ring_fits(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
-        """Whether the A/B stages and the two consumers' epilogue rings fit in shared memory
-        (an estimate, as ``prefetches``'s). A float32 ring of whole tiles (two tile outputs:
-        ``RESIDUAL_RMS_F32``) leaves room for 3 stages at 128x128, where a streamed seed's
-        two slots (``ACCUMULATE_F32``) leave room for 5."""
+    def shared_bytes(program: Program, cfg: Config, dtype: torch.dtype, prefetch: int = 0) -> int:
+        """Estimated shared memory of a launch (the sm_90a check in CI holds it to the
+        compiled kernel's size): the A/B stages, the two consumers' epilogue rings
+        (``ring_slots`` sub-tiles each) and ``prefetch`` more sub-tiles per consumer (the
+        tile inputs' prefetch buffers), plus barriers and alignment."""
         ring = PingPongEngine.ring_dtype(program, dtype).itemsize
         b_rows = cfg.block_n * (2 if program.pair_slot >= 0 else 1)
-        shared = (
+        slots = PingPongEngine.ring_slots(program, cfg, dtype) + prefetch
+        return (
             cfg.num_stages * (cfg.block_m + b_rows) * cfg.block_k * dtype.itemsize
-            + 2 * PingPongEngine.ring_slots(program, cfg, dtype) * cfg.block_m * cfg.sub_n * ring
+            + 2 * slots * cfg.block_m * cfg.sub_n * ring
             + 1024
         )
-        return shared <= configs.SMEM_LIMIT
+
+    @staticmethod
+    def ring_fits(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
+        """Whether the A/B stages and the epilogue rings fit in shared memory. A float32
+        ring of whole tiles (two tile outputs: ``RESIDUAL_RMS_F32``) leaves room for 3
+        stages at 128x128, where a streamed seed's two slots (``ACCUMULATE_F32``) leave
+        room for 5."""
+        return PingPongEngine.shared_bytes(program, cfg, dtype) <= configs.SMEM_LIMIT
 
     @staticmethod
     def prefetches(program: Program, cfg: Config, dtype: torch.dtype) -> bool:
@@ -424,15 +432,8 @@ class PingPongEngine:
         n_in = len(_in_tiles(program))
         if not n_in:
             return False
-        ring = PingPongEngine.ring_dtype(program, dtype).itemsize
-        b_rows = cfg.block_n * (2 if program.pair_slot >= 0 else 1)
-        shared = (
-            cfg.num_stages * (cfg.block_m + b_rows) * cfg.block_k * dtype.itemsize  # A/B stages
-            + 2 * cfg.block_m * cfg.block_n * ring  # the two consumers' rings
-            + 2 * n_in * cfg.block_m * cfg.sub_n * ring  # their prefetch buffers
-            + 1024  # barriers, alignment
-        )
-        return shared <= configs.SMEM_LIMIT
+        # (with tile inputs the ring holds whole tiles: ring_slots is the split)
+        return PingPongEngine.shared_bytes(program, cfg, dtype, prefetch=n_in) <= configs.SMEM_LIMIT
 
     def unsupported(self, call: GemmCall) -> str | None:
         """Why this mainloop cannot run the call (None: it can)."""
