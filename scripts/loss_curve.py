@@ -108,12 +108,12 @@ def smooth(x: torch.Tensor, window: int) -> torch.Tensor:
     return x.unfold(0, window, window).mean(1)
 
 
-def compare(runs: dict, window: int) -> dict:
+def compare(runs: dict, window: int, noise=NOISE) -> dict:
     """Per codetta run: (largest smoothed gap to the unpatched curve, final-window mean);
-    and "noise": the noise runs' largest gap and final-window spread."""
+    and "noise": the largest gap and final-window spread of the ``noise`` runs present."""
     base = smooth(runs["unpatched"], window)
     final = runs["unpatched"][-window:].mean()
-    noise = [n for n in NOISE if n in runs]
+    noise = [n for n in noise if n in runs]
     out = {}
     if noise:
         spread = torch.stack([(smooth(runs[n], window) - base).abs() for n in noise]).amax(0)

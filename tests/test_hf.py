@@ -790,23 +790,25 @@ def test_compiled_forward_does_not_guard_on_the_verdict_table():
 def test_loss_curve_tracks_unpatched_on_gpu(amp):
     """200 AdamW steps of a small Llama (d=1024, 8 layers, V=32000, bf16) on a fixed,
     learnable synthetic token stream: the patched loss curve (20-step means) stays within
-    twice the unpatched model's own run-to-run spread plus 0.01 (the spread of three more
+    twice the unpatched model's own run-to-run spread plus 0.01 (the spread of two more
     unpatched runs on the same data: one from the same weights, differing only by
-    nondeterministic kernels; one whose gradients are moved by about one bf16 rounding
-    every step; one from weights moved by about one bf16 rounding), and the final losses
-    agree within 1 %. ``amp``: float32 parameters and AdamW state, each
-    forward under autocast to bf16 (Hugging Face Trainer's bf16=True; the cast mode)."""
+    nondeterministic kernels; one from weights moved by about one bf16 rounding), and the
+    final losses agree within 1 %. (scripts/loss_curve.py has more reference runs, the
+    jittered gradients and the float32 curve, for diagnosis: NOTES.md, run 204.) ``amp``:
+    float32 parameters and AdamW state, each forward under autocast to bf16 (Hugging Face
+    Trainer's bf16=True; the cast mode)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from util import load_script
 
     lc = load_script("loss_curve")
     init, batches = lc.setup(amp, 200)
-    runs = {name: lc.train(init, batches, name, amp) for name in ("unpatched", *lc.NOISE, "codetta")}
+    noise = ("again", "moved")
+    runs = {name: lc.train(init, batches, name, amp) for name in ("unpatched", *noise, "codetta")}
     window = 20  # compare smoothed curves: single steps are noisy in bf16
     for name, run in runs.items():
         print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in lc.smooth(run, window)))
-    res = lc.compare(runs, window)
+    res = lc.compare(runs, window, noise)
     (gap, final_ours), (spread, final_spread) = res["codetta"], res["noise"]
     base = runs["unpatched"]
     final_base = base[-window:].mean().item()
