@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import warnings
 
 import torch
@@ -130,9 +131,14 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0, help="another initial model and stream (0: the test's)")
     p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
+    p.add_argument("--out", help="also write every run's per-step losses to this JSON file")
     args = p.parse_args(argv)
     init, batches = setup(args.amp, args.steps, seed=args.seed)
     runs = {name: train(init, batches, name, args.amp) for name in dict.fromkeys(["unpatched", *args.runs])}
+    if args.out:
+        with open(args.out, "w") as f:
+            losses = {k: v.tolist() for k, v in runs.items()}
+            json.dump({"seed": args.seed, "amp": args.amp, "runs": losses}, f)
     window = max(1, args.steps // 10)
     for name, run in runs.items():
         print(f"{name:>22}: " + " ".join(f"{v:.3f}" for v in smooth(run, window)), flush=True)
