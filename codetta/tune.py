@@ -317,13 +317,14 @@ def _tune_all(args, calls: dict, out) -> int:
         else {}
     )
     picked, sources = {}, {}
-    # cheapest first: a run cut short keeps the most keys (the table is written as it goes)
+    # cheapest first: a run cut short keeps the most keys (the table is written as it goes:
+    # after every key actually tuned, which takes seconds to minutes, and every 10 others)
     order = sorted(calls.items(), key=lambda kv: kv[1].M * kv[1].N * kv[1].K)
     for i, (key, call) in enumerate(_progress(order, "codetta tune"), 1):
         cfg, source = run_call(call, force=args.force, seconds=args.seconds)
         picked[key] = cfg
         sources[source] = sources.get(source, 0) + 1
-        if out is not None and (i % 10 == 0 or i == len(order)):
+        if out is not None and (source == "tuned" or i % 10 == 0 or i == len(order)):
             _write_table(out, picked, old, calls)
     print("configurations: " + ", ".join(f"{n} {s}" for s, n in sorted(sources.items())), file=sys.stderr)
     if out is not None:
