@@ -76,8 +76,9 @@ def moved(init, device="cuda"):
     return m
 
 
-def train(init, batches, name: str, amp: bool, lr=3e-4) -> torch.Tensor:
-    """One run (module docstring) from ``init``: its loss at every step."""
+def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None) -> torch.Tensor:
+    """One run (module docstring) from ``init``: its loss at every step. ``keep``: steps
+    before which the run's state is copied into ``kept[step]`` as (weights, AdamW state)."""
     device = next(init.parameters()).device
     m = moved(init, device.type) if name == "moved" else copy.deepcopy(init)
     patched = name.startswith("codetta")
@@ -89,7 +90,9 @@ def train(init, batches, name: str, amp: bool, lr=3e-4) -> torch.Tensor:
     losses = []
     with warnings.catch_warnings(record=True) as caught, override(**settings.get(name, {})):
         warnings.simplefilter("always")
-        for ids in batches:
+        for step, ids in enumerate(batches):
+            if step in keep:
+                kept[step] = (copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict()))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and name != "float32"):
                 loss = m(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
@@ -107,6 +110,74 @@ def train(init, batches, name: str, amp: bool, lr=3e-4) -> torch.Tensor:
 
 def smooth(x: torch.Tensor, window: int) -> torch.Tensor:
     return x.unfold(0, window, window).mean(1)
+
+
+WAYS = ("autocast", "cast", "cast:reference", "float32")
+
+
+def _loss_and_grads(model, ids, way: str) -> tuple[float, dict]:
+    """(loss, {name: gradient in float64}) of ``model`` (float32 weights) at ``ids`` by ``way``:
+    autocast to bf16, the cast mode (on its PyTorch references), float32, or float64."""
+    m = copy.deepcopy(model)
+    if way == "float64":
+        m.double()
+    if way.startswith("cast"):
+        codetta.apply_codetta(m, autocast="cast")
+    amp = way not in ("float32", "float64")
+    with override(force_reference=way == "cast:reference"):
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+    return loss.item(), {n: p.grad.double() for n, p in m.named_parameters()}
+
+
+def kind(name: str) -> str:
+    """A parameter's kind: its name without the layer index (``self_attn.q_proj.weight``)."""
+    parts = [p for p in name.split(".") if not p.isdigit()]
+    return ".".join(parts[-2:])
+
+
+def step_errors(init, snapshot, ids, nxt, ways=WAYS, lr=3e-4) -> dict:
+    """One training step taken apart at a run's state (``snapshot``: ``train``'s ``kept``
+    entry; ``init`` gives the model's structure): per way, its loss at ``ids``, per parameter
+    kind the relative error (norm) of its gradient and of the AdamW update made with it,
+    each against float64's, and the float64 loss at ``nxt`` after that update."""
+    weights, opt_state = snapshot
+    state = copy.deepcopy(init)
+    state.load_state_dict(weights)
+    before = {n: p.detach().double() for n, p in state.named_parameters()}
+    out = {}
+    for way in ("float64", *ways):
+        loss, g = _loss_and_grads(state, ids, way)
+        m = copy.deepcopy(state)
+        opt = torch.optim.AdamW(m.parameters(), lr=lr, fused=ids.is_cuda)
+        opt.load_state_dict(copy.deepcopy(opt_state))
+        for n, p in m.named_parameters():
+            p.grad = g[n].to(p.dtype)
+        opt.step()
+        with torch.no_grad():
+            after = m.double()(input_ids=nxt, labels=nxt, use_cache=False).loss.item()
+        update = {n: p.detach().double() - before[n] for n, p in m.named_parameters()}
+        out[way] = {"loss": loss, "next": after, "grad": g, "update": update}
+        del m, opt
+    exact = out["float64"]
+    for way in ways:
+        errs = {}
+        for k in sorted({kind(n) for n in exact["grad"]}):
+            names = [n for n in exact["grad"] if kind(n) == k]
+            errs[k] = tuple(
+                (cat(out[way][what], names) - cat(exact[what], names)).norm().item()
+                / cat(exact[what], names).norm().item()
+                for what in ("grad", "update")
+            )
+        out[way]["errors"] = errs
+    for res in out.values():
+        del res["grad"], res["update"]
+    return out
+
+
+def cat(tensors: dict, names) -> torch.Tensor:
+    return torch.cat([tensors[n].flatten() for n in names])
 
 
 def compare(runs: dict, window: int, noise=NOISE) -> dict:

@@ -786,25 +786,22 @@ def test_compiled_forward_does_not_guard_on_the_verdict_table():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("amp", [False, True], ids=["bf16", "amp"])
-def test_loss_curve_tracks_unpatched_on_gpu(amp):
+def test_loss_curve_tracks_unpatched_on_gpu():
     """200 AdamW steps of a small Llama (d=1024, 8 layers, V=32000, bf16) on a fixed,
     learnable synthetic token stream: the patched loss curve (20-step means) stays within
     twice the unpatched model's own run-to-run spread plus 0.01 (the spread of two more
     unpatched runs on the same data: one from the same weights, differing only by
     nondeterministic kernels; one from weights moved by about one bf16 rounding), and the
     final losses agree within 1 %. (scripts/loss_curve.py has more reference runs, the
-    jittered gradients and the float32 curve, for diagnosis: NOTES.md, run 204.) ``amp``:
-    float32 parameters and AdamW state, each forward under autocast to bf16 (Hugging Face
-    Trainer's bf16=True; the cast mode)."""
+    jittered gradients and the float32 curve, for diagnosis: NOTES.md, run 204.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from util import load_script
 
     lc = load_script("loss_curve")
-    init, batches = lc.setup(amp, 200)
+    init, batches = lc.setup(False, 200)
     noise = ("again", "moved")
-    runs = {name: lc.train(init, batches, name, amp) for name in ("unpatched", *noise, "codetta")}
+    runs = {name: lc.train(init, batches, name, False) for name in ("unpatched", *noise, "codetta")}
     window = 20  # compare smoothed curves: single steps are noisy in bf16
     for name, run in runs.items():
         print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in lc.smooth(run, window)))
@@ -816,6 +813,55 @@ def test_loss_curve_tracks_unpatched_on_gpu(amp):
           f"final {final_ours:.4f} vs {final_base:.4f} (noise {final_spread:.4f})")  # fmt: skip
     assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
     assert gap <= 2 * spread + 0.01
+    assert abs(final_ours - final_base) <= 0.01 * final_base
+
+
+@pytest.mark.gpu
+def test_amp_training_steps_within_autocasts_error_on_gpu():
+    """The same model and stream trained 200 steps in float32 parameters and AdamW state,
+    each forward under bf16 autocast, patched in the cast mode (Hugging Face Trainer's
+    bf16=True). At five states along the patched run's own trajectory (in the loss's sharp
+    drop at steps 20 and 23, then 60, 120, 198), that step is taken apart against float64:
+    for every parameter kind, the cast mode's gradient and the AdamW update made with it
+    are within twice autocast's error (relative, in norm; the project's standard applied to
+    trained states, not only to a fresh model); and the final loss is within 1 % of the
+    unpatched autocast run's.
+
+    Why not the bf16 test's curve bar: in the drop the curve is chaotic. At seed 0 the cast
+    mode's curve spiked at step 24 (20-step mean 1.63 against 1.27 unpatched, run 204)
+    while autocast's did not; from the cast mode's own state 20 steps in, float32 training
+    (the exact curve to 0.001) spikes there too, higher (2.378 against the cast mode's
+    2.354, run 206), and at seeds 1 and 2 neither spiked, the cast mode nearer the
+    float32 curve at seed 2 (NOTES.md, runs 205-207). A curve bar would judge which
+    trajectory met the spike, not the steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from util import load_script
+
+    lc = load_script("loss_curve")
+    init, batches = lc.setup(True, 200)
+    base = lc.train(init, batches, "unpatched", True)
+    kept = {}
+    ours = lc.train(init, batches, "codetta", True, keep={20, 23, 60, 120, 198}, kept=kept)
+    window = 20
+    for name, run in (("unpatched", base), ("codetta", ours)):
+        print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in lc.smooth(run, window)))
+    worst = []
+    for step, snap in sorted(kept.items()):
+        res = lc.step_errors(init, snap, batches[step], batches[step + 1], ways=("autocast", "cast"))
+        for k, (g_cast, u_cast) in res["cast"]["errors"].items():
+            g_amp, u_amp = res["autocast"]["errors"][k]
+            worst.append((max(g_cast / g_amp, u_cast / u_amp), step, k, g_cast, g_amp, u_cast, u_amp))
+        losses = " ".join(f"{w} {res[w]['loss']:.4f}" for w in ("float64", "autocast", "cast"))
+        here = max((w[0], w[2]) for w in worst if w[1] == step)
+        print(f"step {step}: loss {losses}; the worst kind {here[0]:.2f}x ({here[1]})")
+    ratio, step, k, *errs = max(worst)
+    print("worst: {:.2f}x at step {} {}: gradient {:.2e} vs {:.2e}, update {:.2e} vs {:.2e}".format(
+        ratio, step, k, *errs))  # fmt: skip
+    final_ours, final_base = ours[-window:].mean().item(), base[-window:].mean().item()
+    print(f"final {final_ours:.4f} vs {final_base:.4f}")
+    assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
+    assert ratio <= 2, f"step {step}, {k}: the cast mode's error {ratio:.2f}x autocast's"
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
@@ -845,6 +891,18 @@ def test_loss_curve_script_on_cpu():
     res = lc.compare(runs, 2)
     assert set(res) == {"noise", "codetta", "codetta:reference"}
     assert all(0 <= gap < 0.1 for gap, _ in res.values())
+    # a step taken apart at a kept state: float32's error is far below autocast's, the
+    # cast mode's is autocast's size (both round the GEMM inputs to bf16)
+    kept = {}
+    with override(force_reference=True):
+        lc.train(init, batches, "codetta", True, keep={3}, kept=kept)
+        res = lc.step_errors(init, kept[3], batches[3], batches[4])
+    assert set(res) == {"float64", *lc.WAYS} and set(kept) == {3}
+    errs = {w: torch.tensor(list(res[w]["errors"].values())) for w in lc.WAYS}
+    assert errs["autocast"].shape == (12, 2) and (errs["autocast"] > 1e-4).all()
+    assert (errs["float32"] < 1e-2 * errs["autocast"]).all()
+    assert (errs["cast"] < 2 * errs["autocast"]).all() and (errs["cast"] > 0.2 * errs["autocast"]).all()
+    assert abs(res["cast"]["next"] - res["float64"]["next"]) < 1e-2
 
 
 @pytest.mark.gpu
