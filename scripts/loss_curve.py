@@ -19,9 +19,11 @@ Runs, each from the same initial weights and batches unless said:
               autocast departed from it by 0.061, 0.204 and 0.018 at steps 20-40 and the cast
               mode by 0.106, 0.007 and 0.023: NOTES.md)
 
-Usage (repo root, GPU): python3 scripts/loss_curve.py [--amp] [--steps 200] [--runs NAME ...]
+Usage (repo root, GPU): python3 scripts/loss_curve.py [--amp] [--steps 200] [--seed N ...]
+[--runs NAME ...] [--out FILE.json]
 prints each run's 20-step means, then each codetta run's largest gap to the unpatched
-curve against the noise runs' largest.
+curve against the noise runs' largest; last a table over the seeds: each run's largest rise
+above its best loss so far (a spike) and its largest gap to the float32 curve.
 """
 
 from __future__ import annotations
@@ -196,21 +198,17 @@ def compare(runs: dict, window: int, noise=NOISE) -> dict:
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--amp", action="store_true", help="float32 weights, bf16 autocast, the cast mode")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0, help="another initial model and stream (0: the test's)")
-    p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
-    p.add_argument("--out", help="also write every run's per-step losses to this JSON file")
-    args = p.parse_args(argv)
-    init, batches = setup(args.amp, args.steps, seed=args.seed)
+def rise(run: torch.Tensor) -> float:
+    """The largest jump of a run's loss above its best so far: a spike's height."""
+    return (run[1:] - run.cummin(0).values[:-1]).max().clamp_min(0).item()
+
+
+def one_seed(args, seed: int) -> dict:
+    """Every run at one seed, its curve and comparisons printed; the runs' losses."""
+    init, batches = setup(args.amp, args.steps, seed=seed)
     runs = {name: train(init, batches, name, args.amp) for name in dict.fromkeys(["unpatched", *args.runs])}
-    if args.out:
-        with open(args.out, "w") as f:
-            losses = {k: v.tolist() for k, v in runs.items()}
-            json.dump({"seed": args.seed, "amp": args.amp, "runs": losses}, f)
     window = max(1, args.steps // 10)
+    print(f"seed {seed}, {window}-step means:")
     for name, run in runs.items():
         print(f"{name:>22}: " + " ".join(f"{v:.3f}" for v in smooth(run, window)), flush=True)
     res = compare(runs, window)
@@ -218,12 +216,37 @@ def main(argv=None) -> None:
     for name, (gap, final) in res.items():
         what = "largest gap, final spread" if name == "noise" else "largest gap, final"
         print(f"{name:>22}: {what} {gap:.4f} {final:.4f}")
-    if "float32" in runs:  # each mixed-precision run's distance from the near-exact curve
-        exact = smooth(runs["float32"], window)
+    return runs
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--amp", action="store_true", help="float32 weights, bf16 autocast, the cast mode")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument(
+        "--seed", type=int, nargs="+", default=[0], help="other initial models and streams (0: the test's)"
+    )
+    p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
+    p.add_argument("--out", help="also write every run's per-step losses to this JSON file")
+    args = p.parse_args(argv)
+    every = {seed: one_seed(args, seed) for seed in args.seed}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"amp": args.amp, "seeds": {s: {k: v.tolist() for k, v in runs.items()}
+                                                  for s, runs in every.items()}}, f)  # fmt: skip
+    window = max(1, args.steps // 10)
+    names = list(every[args.seed[0]])
+    print("per seed: each run's largest rise above its best loss so far (a spike's height)"
+          + (", and its largest gap to the float32 curve" if "float32" in names else ""))  # fmt: skip
+    print(f"{'seed':>6} " + " ".join(f"{n[:22]:>22}" for n in names))
+    for seed, runs in every.items():
+        cells = []
         for name, run in runs.items():
-            if name != "float32":
-                gap = (smooth(run, window) - exact).abs().max().item()
-                print(f"{name:>22}: largest gap to float32 {gap:.4f}")
+            cell = f"{rise(run):.3f}"
+            if "float32" in runs and name != "float32":
+                cell += f" / {(smooth(run, window) - smooth(runs['float32'], window)).abs().max().item():.3f}"
+            cells.append(cell)
+        print(f"{seed:>6} " + " ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":
