@@ -57,7 +57,7 @@ def test_repeat_mode(fuzz_path, capsys):
 
 def test_fuzz_drop_in_autocast_seeds(fuzz_path, capsys, monkeypatch):
     """FUZZ_AUTOCAST=1: float32 models under autocast to fp16, the patched one in the cast
-    mode against autocast's own error: a packed tied Llama and a packed
+    mode (its default) against autocast's own error: a packed tied Llama and a packed
     Qwen3 batch pass (a wiring check: at seeds 0-39, 6 of 34 cases had one gradient's
     largest element past 2x, none past 2x in relative norm; NOTES.md)."""
     mod = importlib.import_module("fuzz_hf")

@@ -340,19 +340,19 @@ def _falls_back(model, kw, why):
 
 def test_autocast_over_float32_parameters():
     """Autocast to bfloat16 over float32 parameters (Hugging Face Trainer's bf16=True): by
-    default the model's own forward runs, with a warning that names the cast mode; asked
-    for (CODETTA_AUTOCAST=cast), the fused path runs (its numbers are held to autocast's
-    by the next test). Out of autocast, or under autocast to the parameters' own dtype,
-    codetta runs."""
+    default the fused path runs (the cast mode: its numbers are held to autocast's by the
+    next test); asked for the model's own forward (CODETTA_AUTOCAST=own-forward), that
+    runs, with a warning that names the setting. Out of autocast, or under autocast to the
+    parameters' own dtype, codetta runs."""
     from codetta.kernels.settings import override
 
     model = _model("llama", False)
     kw = _inputs("padding")
-    with torch.autocast("cpu", dtype=torch.bfloat16), override(autocast="cast"), CountOps() as count:
+    with torch.autocast("cpu", dtype=torch.bfloat16), CountOps() as count:
         codetta.apply_codetta(copy.deepcopy(model))(**kw).loss.backward()
     assert count.calls > 0 and count.losses == 1
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        _falls_back(model, kw, "torch.autocast to bfloat16 over float32 parameters.*autocast='cast'")
+    with torch.autocast("cpu", dtype=torch.bfloat16), override(autocast="own-forward"):
+        _falls_back(model, kw, "torch.autocast to bfloat16 over float32 parameters.*own-forward")
     with CountOps() as count:
         model(**kw).loss.backward()
     assert count.calls > 0 and count.losses == 1
@@ -369,7 +369,7 @@ def test_bf16_model_under_fp16_autocast():
     gradients bf16."""
     model = _model("llama", True, torch.bfloat16)
     kw = _inputs("padding")
-    ours = codetta.apply_codetta(copy.deepcopy(model), autocast="cast")
+    ours = codetta.apply_codetta(copy.deepcopy(model))
     with torch.autocast("cpu", dtype=torch.float16), CountOps() as count:
         loss = ours(**kw).loss
         loss.backward()
@@ -431,7 +431,7 @@ def _within_twice(got, want, same, labels):
 def test_autocast_mode_per_model():
     """``apply_codetta(model, autocast=...)`` sets the mode for that model alone (a
     notebook or a Trainer script need not set CODETTA_AUTOCAST before importing codetta):
-    "cast" under the default "own-forward" and "own-forward" under a global "cast"; a word
+    "cast" under a global "own-forward" and "own-forward" under the default "cast"; a word
     it does not know, or a class-wide patch with it, is refused; revert drops it."""
     from codetta.kernels.settings import override
 
@@ -439,17 +439,13 @@ def test_autocast_mode_per_model():
     cast = codetta.apply_codetta(_model("llama", False), autocast="cast")
     other = codetta.apply_codetta(_model("llama", False), autocast="own-forward")
     with torch.autocast("cpu", dtype=torch.float16):
-        with CountOps() as count:
+        with override(autocast="own-forward"), CountOps() as count:
             cast(**kw)
         assert count.calls == 5
         from codetta.integrations import hf
 
         hf._FALLBACK_WARNED.clear()
-        with (
-            override(autocast="cast"),
-            CountOps() as count,
-            pytest.warns(UserWarning, match="torch.autocast to float16 over float32"),
-        ):
+        with CountOps() as count, pytest.warns(UserWarning, match="torch.autocast to float16 over float32"):
             other(**kw)
         assert count.calls == 0
     with pytest.raises(ValueError, match="autocast must be one of own-forward, cast"):
@@ -494,8 +490,8 @@ def test_autocast_cast_mode_with_checkpointing():
 def test_hf_trainer_bf16(tmp_path, mode):
     """Hugging Face Trainer with ``bf16=True`` (float32 parameters, accelerate's autocast
     around the patched forward), three steps on the CPU: under CODETTA_AUTOCAST=cast every
-    step runs codetta's fused path and the parameters stay float32; by default the model's
-    own forward runs, with the warning. (Wiring:
+    step runs codetta's fused path (the default) and the parameters stay float32; under
+    CODETTA_AUTOCAST=own-forward the model's own forward runs, with the warning. (Wiring:
     the two runs' training losses agree to bf16's precision; the numbers are held to their
     bar by the cast-mode tests above.)"""
     pytest.importorskip("accelerate")

@@ -129,20 +129,20 @@ def test_tune_seconds_setting():
 
 
 def test_autocast_setting():
-    """CODETTA_AUTOCAST: the model's own forward under autocast by default, the cast mode on
+    """CODETTA_AUTOCAST: the cast mode under autocast by default, the model's own forward on
     request; a word it does not know is refused by name, from the environment and from
     ``override`` alike (which used to take any value of a word-valued setting)."""
     from codetta.kernels import settings
 
-    assert settings.Settings.from_env({}).autocast == "own-forward"
-    assert settings.Settings.from_env({"CODETTA_AUTOCAST": "cast"}).autocast == "cast"
+    assert settings.Settings.from_env({}).autocast == "cast"
+    assert settings.Settings.from_env({"CODETTA_AUTOCAST": "own-forward"}).autocast == "own-forward"
     for bad in ("", "1", "Cast"):
         with pytest.raises(ValueError, match="CODETTA_AUTOCAST"):
             settings.Settings.from_env({"CODETTA_AUTOCAST": bad})
     for name in ("autocast", "tune_method", "pingpong_policy"):
         with pytest.raises(ValueError, match=f"{name} must be one of"), settings.override(**{name: "bogus"}):
             pass
-    assert settings.SETTINGS.autocast == "own-forward"
+    assert settings.SETTINGS.autocast == "cast"
 
 
 def test_tune_method_setting(monkeypatch):

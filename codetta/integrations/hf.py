@@ -28,10 +28,10 @@ path does not apply: a KV cache in use (generation), ``use_cache=True``, request
 hidden states or attentions, ``logits_to_keep``, a ``loss_function`` other than Hugging
 Face's causal-LM cross-entropy (training with labels), FSDP1 wrapping the decoder layers
 (FSDP2's ``fully_shard`` is served), float32 parameters on the GPU outside autocast,
-``torch.autocast`` to another dtype than the parameters' (AMP over float32 parameters, as
-Hugging Face Trainer's ``bf16=True`` runs) unless ``autocast="cast"`` or
-``CODETTA_AUTOCAST=cast`` asks for the fused path there (the projections cast to
-autocast's dtype over a float32 residual stream, as autocast itself keeps it),
+``torch.autocast`` to another dtype than the parameters' when asked for
+(``autocast="own-forward"`` or ``CODETTA_AUTOCAST=own-forward``; by default the fused path
+runs there on the projections cast to autocast's dtype over a float32 residual stream,
+as autocast itself keeps it),
 and under class-wide patching a model with projection biases, widths that are not
 multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
@@ -349,8 +349,8 @@ def _precision_reason(model) -> str | None:
     one, in the mixed-precision policy's dtype; a still-sharded DTensor is left to the
     kernels' own checks). Autocast over float32 parameters (Hugging Face Trainer's
     ``bf16=True``) keeps the residual stream in float32 and casts each projection's
-    operands: the cast mode (``CODETTA_AUTOCAST=cast``) does the same
-    (``_autocast_dtype``); by default (``own-forward``) the model's own forward runs."""
+    operands: the cast mode (``CODETTA_AUTOCAST=cast``, the default) does the same
+    (``_autocast_dtype``); ``own-forward`` runs the model's own forward instead."""
     weight = model.lm_head.weight
     if not _plain(weight):
         return None  # (DTensor and other subclasses)
@@ -360,15 +360,15 @@ def _precision_reason(model) -> str | None:
         why = f"torch.autocast to {to} over {of} parameters"
         if _autocast_mode(model) != "cast":
             return (
-                f"{why}: codetta.apply_codetta(model, autocast='cast') or CODETTA_AUTOCAST=cast runs "
-                f"codetta there, on the projections cast to {to} over a float32 residual stream as "
-                f"autocast does (README); or cast the model, or use FSDP2's MixedPrecisionPolicy"
+                f"{why}, and autocast='own-forward' (apply_codetta's, or CODETTA_AUTOCAST) asks for "
+                f"the model's own forward there; the default, 'cast', runs codetta on the projections "
+                f"cast to {to} over a float32 residual stream, as autocast does: README)"
             )
         if to not in ("bfloat16", "float16"):
-            return f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast) runs bf16 or fp16 only"
+            return f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) runs bf16 or fp16 only"
         if not all(_plain(p) for p in model.parameters()):
             return (
-                f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast) takes unsharded "
+                f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) takes unsharded "
                 "parameters only (under FSDP2, give fully_shard a MixedPrecisionPolicy instead)"
             )
         return None

@@ -57,15 +57,13 @@
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
-| ``CODETTA_AUTOCAST`` | own-forward | what the Hugging Face drop-in does under ``torch.autocast`` to |
+| ``CODETTA_AUTOCAST`` | cast | what the Hugging Face drop-in does under ``torch.autocast`` to |
 |  |  | another dtype than the parameters' (AMP over float32 parameters: Hugging Face |
-|  |  | Trainer's ``bf16=True``): ``own-forward`` runs the model's own forward (autocast |
-|  |  | itself, no codetta; warns once); ``cast`` runs the fused path on the projections' |
-|  |  | weights cast to autocast's dtype for the forward (as autocast casts them; gradients |
-|  |  | reach the float32 parameters) over a float32 residual stream, as autocast keeps it |
-|  |  | (a step's loss and gradients within 2x autocast's own error against float64; a |
-|  |  | 200-step GPU loss curve lagged autocast's beyond its run-to-run noise once: opt-in |
-|  |  | until that is understood, NOTES.md) |
+|  |  | Trainer's ``bf16=True``): ``cast`` runs the fused path on the projections' weights |
+|  |  | cast to autocast's dtype for the forward (as autocast casts them; gradients reach |
+|  |  | the float32 parameters) over a float32 residual stream, as autocast keeps it (its |
+|  |  | loss and gradients within 2x autocast's own error against float64: NOTES.md); |
+|  |  | ``own-forward`` runs the model's own forward (autocast itself, no codetta; warns once) |
 | ``CODETTA_COMPILE_WORKERS`` | 0 | child processes compiling kernels at once (``precompile``, the |
 |  |  | tuner; ``compile_pool.py``): 0, one per CPU core; 1, none (every compile in |
 |  |  | this process, one by one: for hosts where forking is unsafe, e.g. RDMA |
@@ -120,7 +118,7 @@ class Settings:
     ce_dx_f32: bool = False
     # under torch.autocast to another dtype than the parameters': "own-forward" or "cast"
     # (integrations/hf.py)
-    autocast: str = "own-forward"
+    autocast: str = "cast"
     compile_workers: int = 0
     direct_launch: bool = True
     cache_dir: Path = Path("~/.cache/codetta")
@@ -171,7 +169,7 @@ class Settings:
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
             ce_dx_f32=flag("CODETTA_CE_DX_F32", False),
-            autocast=_choice("CODETTA_AUTOCAST", env.get("CODETTA_AUTOCAST", "own-forward"), AUTOCAST_MODES),
+            autocast=_choice("CODETTA_AUTOCAST", env.get("CODETTA_AUTOCAST", "cast"), AUTOCAST_MODES),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             direct_launch=flag("CODETTA_DIRECT_LAUNCH", True),
             cache_dir=Path(cache),
