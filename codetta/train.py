@@ -7,7 +7,10 @@ logs the loss and tokens/s per GPU, and writes every step's numbers as JSON.
 
 Precision: FSDP2 keeps float32 parameters and optimizer state, computes in ``--dtype``
 and reduces gradients in float32 (``MixedPrecisionPolicy``); DDP and one process
-(``--parallel none``) keep the parameters in ``--dtype`` (as the benchmark does).
+(``--parallel none``) keep the parameters in ``--dtype`` (as the benchmark does), or with
+``--amp`` in float32, each forward under ``torch.autocast`` to ``--dtype`` (Hugging Face
+Trainer's ``bf16=True``; fp16 with a ``GradScaler``, as its ``fp16=True``), which codetta
+runs in its cast mode (README, "Mixed precision").
 
 Data: a synthetic stream with a learnable rule (``--data synthetic``: over 64 tokens
 in a fixed random order, each token is followed by the next or the one after, at
@@ -67,6 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="steps of linear learning-rate warmup")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="float32 parameters and AdamW state, each forward under torch.autocast to --dtype "
+        "(fp16: with a GradScaler), as Hugging Face Trainer's bf16=True / fp16=True; --parallel "
+        "none or ddp (FSDP2's mixed precision is its MixedPrecisionPolicy, always on)",
+    )
     p.add_argument("--parallel", choices=["none", "fsdp", "ddp"], default="fsdp")
     p.add_argument(
         "--device",
@@ -228,7 +238,7 @@ def build(args, device, world: int):
     torch.manual_seed(args.seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
-    if args.parallel != "fsdp":
+    if args.parallel != "fsdp" and not args.amp:
         model.to(dtype)
     if args.perturb:
         _perturb(model, args.seed)
@@ -280,15 +290,35 @@ def _precompile(model, args, stream, rank: int, per: int, device) -> None:
 
     ids = stream.sequences(rank * args.accum * per, per).to(device)
     t0 = time.perf_counter()
+
+    def step():
+        with _autocast(args, device):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+
     with _sync_context(model, args.parallel, True):
-        n = codetta.precompile(lambda: model(input_ids=ids, labels=ids).loss.backward(), model)
+        n = codetta.precompile(step, model)
     if rank == 0:
         print(f"codetta train: precompiled {n} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def _autocast(args, device):
+    """The forward's context: autocast to ``--dtype`` under ``--amp``, else none."""
+    if not args.amp:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=_DTYPES[args.dtype])
 
 
 def train(args) -> dict:
     import torch.distributed as dist
 
+    if args.amp and args.dtype == "fp32":
+        raise SystemExit("codetta train: --amp computes in --dtype bf16 or fp16 (fp32 is no mixed precision)")
+    if args.amp and args.parallel == "fsdp":
+        raise SystemExit(
+            "codetta train: --amp is for --parallel none or ddp; under FSDP2 the parameters are "
+            "float32 and the compute in --dtype already (its MixedPrecisionPolicy)"
+        )
     if args.codetta and args.dtype == "fp32" and args.device != "cpu" and torch.cuda.is_available():
         raise SystemExit(
             "codetta train: --dtype fp32 on the GPU would run the model's own forward (codetta's "
@@ -302,6 +332,8 @@ def train(args) -> dict:
             f"x {args.accum} micro-batches"
         )
     model, opt, cfg = build(args, device, world)
+    # fp16 autocast: the loss scaled so that small gradients survive fp16 (Trainer's fp16=True)
+    scaler = torch.amp.GradScaler(device.type) if args.amp and args.dtype == "fp16" else None
     stream = Stream(args.data, args.data_dtype, args.seq_len, cfg.vocab_size, args.seed)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
     cuda = device.type == "cuda"
@@ -326,10 +358,15 @@ def train(args) -> dict:
         for micro, ids in enumerate(batches):
             ids = ids.to(device, non_blocking=True)
             with _sync_context(model, args.parallel, micro == args.accum - 1):
-                loss = model(input_ids=ids, labels=ids).loss / args.accum
-                loss.backward()
+                with _autocast(args, device):
+                    loss = model(input_ids=ids, labels=ids).loss / args.accum
+                (loss if scaler is None else scaler.scale(loss)).backward()
             total += loss.detach().float()
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)  # (skipped when a gradient overflowed; the scale then halves)
+            scaler.update()
         sched.step()
         opt.zero_grad(set_to_none=True)
         if world > 1:
@@ -354,9 +391,9 @@ def train(args) -> dict:
     result = {
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
         "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
-        "perturb": args.perturb, "dtype": args.dtype, "batch": args.batch, "seq_len": args.seq_len,
-        "accum": args.accum, "steps": args.steps, "time_from": args.time_from, "lr": args.lr,
-        "data": args.data,
+        "perturb": args.perturb, "dtype": args.dtype, "amp": args.amp, "batch": args.batch,
+        "seq_len": args.seq_len, "accum": args.accum, "steps": args.steps, "time_from": args.time_from,
+        "lr": args.lr, "data": args.data,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__, "commit": os.environ.get("CODETTA_COMMIT", "unknown"),
         "losses": losses, "step_ms": step_ms, "host_ms": host_ms,

@@ -106,6 +106,51 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
         assert res["losses"] == pytest.approx(one["losses"], rel=TOL)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_train_amp(tmp_path, dtype, monkeypatch):
+    """``codetta train --amp``: float32 parameters, each forward under autocast to --dtype
+    (fp16 with a GradScaler), codetta in its cast mode: the fused path runs (no fallback
+    warning), the trained weights stay float32, and the losses follow the unpatched model's
+    under the same autocast (to bf16/fp16 rounding: the runs differ only there). --amp
+    with fp32 or FSDP2 is refused with the reason."""
+    import warnings
+
+    from codetta.kernels.settings import override
+    from codetta.train import add_arguments, train
+
+    config = _config(tmp_path, "llama")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plain = ["--model", str(config), *COMMON[:-4], "--device", "cpu", "--parallel", "none"]
+    common = [*plain, "--dtype", dtype, "--amp"]
+    scaled = []  # (fp16: every step through the GradScaler)
+    step = torch.amp.GradScaler.step
+    monkeypatch.setattr(torch.amp.GradScaler, "step", lambda self, opt: scaled.append(1) or step(self, opt))
+    res, weights = {}, {}
+    for tag in ("codetta", "no-codetta", "float32"):
+        argv = [*plain, "--dtype", "fp32", "--no-codetta"] if tag == "float32" else [*common, f"--{tag}"]
+        out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
+        args = parser.parse_args([*argv, "--out", str(out), "--save", str(save)])
+        with override(force_reference=True), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(args)
+        assert not [w for w in caught if "runs its own forward" in str(w.message)], tag
+        res[tag], weights[tag] = json.loads(out.read_text()), torch.load(save)
+    assert res["codetta"]["amp"] and res["codetta"]["codetta"] and not res["no-codetta"]["codetta"]
+    assert len(scaled) == (2 * len(res["codetta"]["losses"]) if dtype == "fp16" else 0)
+    assert all(v.dtype == torch.float32 for v in weights["codetta"].values())
+    ours, base = res["codetta"]["losses"], res["no-codetta"]["losses"]
+    assert base[-1] < base[0], "training did not lower the loss: the comparison says little"
+    assert ours == pytest.approx(base, rel=2e-2)
+    # (and both computed in --dtype: float32 training's losses differ by more than its own noise)
+    exact = res["float32"]["losses"]
+    print("losses", ours, base, exact)
+    assert min(max(abs(a - b) for a, b in zip(run, exact)) for run in (ours, base)) > 3e-5
+    for bad, why in ((["--dtype", "fp32"], "bf16 or fp16"), (["--parallel", "fsdp"], "MixedPrecisionPolicy")):
+        with pytest.raises(SystemExit, match=why):
+            train(parser.parse_args([*common, *bad]))
+
+
 def test_token_streams(tmp_path):
     """train's data: a token file gives sequence g = tokens[g*T:(g+1)*T] (wrapping around);
     the synthetic stream follows its rule (each token is followed by the next or the one
