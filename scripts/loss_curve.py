@@ -219,6 +219,52 @@ def one_seed(args, seed: int) -> dict:
     return runs
 
 
+def load(path: str) -> dict:
+    """{seed: {run: losses}} from an ``--out`` file (one seed's older form too)."""
+    with open(path) as f:
+        data = json.load(f)
+    seeds = data["seeds"] if "seeds" in data else {data["seed"]: data["runs"]}
+    return {int(s): {k: torch.tensor(v) for k, v in runs.items()} for s, runs in seeds.items()}
+
+
+def plot(every: dict, png: str, first_steps: int = 80) -> None:
+    """Left: the first seed's per-step losses over the first steps; right: per seed, each
+    mixed-precision run's largest gap to the float32 curve (10 windows), autocast's across."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    seed, runs = next(iter(every.items()))
+    for name, run in runs.items():
+        style = "k-" if name == "float32" else ("-" if name.startswith("codetta") else "--")
+        left.plot(run[:first_steps].numpy(), style, label=name, lw=1.6 if name.startswith("codetta") else 1)
+    left.set(xlabel="step", ylabel="loss", yscale="log", title=f"seed {seed}: the first {first_steps} steps")
+    left.legend(fontsize=8)
+    for name in sorted({n for r in every.values() for n in r} - {"unpatched", "float32"}):
+        pts = []
+        for runs in every.values():
+            if "float32" in runs and name in runs:
+                window = max(1, len(runs["float32"]) // 10)
+                exact = smooth(runs["float32"], window)
+                pts.append(
+                    [(smooth(runs[n], window) - exact).abs().max().item() for n in ("unpatched", name)]
+                )
+        if pts:
+            xy = torch.tensor(pts)
+            right.scatter(xy[:, 0], xy[:, 1], label=name, s=25)
+    top = right.get_xlim()[1]
+    right.plot([0, top], [0, top], "k:", lw=1, label="equal")
+    right.plot([0, top / 2], [0, top], "k--", lw=0.8, label="twice autocast's")
+    right.set(xlabel="autocast's largest gap to float32", ylabel="the run's largest gap to float32",
+              title=f"{len(every)} seeds: distance from the float32 curve")  # fmt: skip
+    right.legend(fontsize=8, loc="center right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--amp", action="store_true", help="float32 weights, bf16 autocast, the cast mode")
@@ -228,8 +274,19 @@ def main(argv=None) -> None:
     )
     p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
     p.add_argument("--out", help="also write every run's per-step losses to this JSON file")
+    p.add_argument("--replot", nargs="+", metavar="JSON", help="train nothing: read runs from --out files")
+    p.add_argument("--plot", metavar="PNG", help="the first seed's curves and every seed's gaps (matplotlib)")
     args = p.parse_args(argv)
+    if args.replot:
+        every = {}
+        for path in args.replot:
+            every.update(load(path))
+        if args.plot:
+            plot(every, args.plot)
+        return
     every = {seed: one_seed(args, seed) for seed in args.seed}
+    if args.plot:
+        plot(every, args.plot)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"amp": args.amp, "seeds": {s: {k: v.tolist() for k, v in runs.items()}

@@ -868,7 +868,7 @@ def test_amp_training_steps_within_autocasts_error_on_gpu():
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
-def test_loss_curve_script_on_cpu():
+def test_loss_curve_script_on_cpu(tmp_path):
     """scripts/loss_curve.py (the GPU test above and its diagnostic runs) on a tiny model
     and stream on the CPU: every run trains, the noise runs differ from the unpatched one
     (the jitter and the moved weights took effect), the codetta runs ran the fused path
@@ -894,6 +894,17 @@ def test_loss_curve_script_on_cpu():
     res = lc.compare(runs, 2)
     assert set(res) == {"noise", "codetta", "codetta:reference"}
     assert all(0 <= gap < 0.1 for gap, _ in res.values())
+    # --out's file read back (--replot), and its plot
+    import json
+
+    (tmp_path / "runs.json").write_text(
+        json.dumps({"amp": True, "seeds": {"0": {k: v.tolist() for k, v in runs.items()}}})
+    )
+    back = lc.load(str(tmp_path / "runs.json"))
+    assert list(back) == [0] and all(torch.equal(back[0][k], v) for k, v in runs.items())
+    pytest.importorskip("matplotlib")
+    lc.main(["--replot", str(tmp_path / "runs.json"), "--plot", str(tmp_path / "runs.png")])
+    assert (tmp_path / "runs.png").stat().st_size > 10_000
     # a step taken apart at a kept state: float32's error is far below autocast's, the
     # cast mode's is autocast's size (both round the GEMM inputs to bf16)
     kept = {}
