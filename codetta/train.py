@@ -240,6 +240,8 @@ def build(args, device, world: int):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     if args.parallel != "fsdp" and not args.amp:
         model.to(dtype)
+    else:  # float32 parameters (a config may name another dtype: from_config then builds in it)
+        model.float()
     if args.perturb:
         _perturb(model, args.seed)
     if args.grad_checkpointing:
@@ -364,10 +366,13 @@ def train(args) -> dict:
             total += loss.detach().float()
         if scaler is None:
             opt.step()
+            sched.step()
         else:
-            scaler.step(opt)  # (skipped when a gradient overflowed; the scale then halves)
+            scale = scaler.get_scale()
+            scaler.step(opt)  # (skipped when a gradient overflowed; the scale then shrinks)
             scaler.update()
-        sched.step()
+            if scaler.get_scale() >= scale:  # (a skipped step leaves the schedule, as Trainer does)
+                sched.step()
         opt.zero_grad(set_to_none=True)
         if world > 1:
             dist.all_reduce(total)  # (SUM: gloo has no AVG)
@@ -391,7 +396,8 @@ def train(args) -> dict:
     result = {
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
         "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
-        "perturb": args.perturb, "dtype": args.dtype, "amp": args.amp, "batch": args.batch,
+        "perturb": args.perturb, "dtype": args.dtype, "amp": args.amp,
+        "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "batch": args.batch,
         "seq_len": args.seq_len, "accum": args.accum, "steps": args.steps, "time_from": args.time_from,
         "lr": args.lr, "data": args.data,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",

@@ -22,13 +22,15 @@ Runs, each from the same initial weights and batches unless said:
 Usage (repo root, GPU): python3 scripts/loss_curve.py [--amp] [--steps 200] [--seed N ...]
 [--runs NAME ...] [--out FILE.json]
 prints each run's 20-step means, then each codetta run's largest gap to the unpatched
-curve against the noise runs' largest; last a table over the seeds: each run's largest rise
-above its best loss so far (a spike) and its largest gap to the float32 curve.
+curve against the noise runs' largest; last a table over the seeds: each run's largest gap
+to the float32 curve. ``--replot FILE.json ...`` reads ``--out`` files instead of training,
+``--plot FILE.png`` draws the first seed's curves and every seed's gaps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import warnings
@@ -37,6 +39,7 @@ import torch
 import transformers
 
 import codetta
+from codetta.integrations import hf
 from codetta.kernels.settings import override
 
 NOISE = ("again", "jittered", "moved")
@@ -90,8 +93,7 @@ def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None) -> t
     jg = torch.Generator(device=device.type).manual_seed(11)
     opt = torch.optim.AdamW(m.parameters(), lr=lr, fused=device.type == "cuda")
     losses = []
-    with warnings.catch_warnings(record=True) as caught, override(**settings.get(name, {})):
-        warnings.simplefilter("always")
+    with fused_guard(name if patched else None), override(**settings.get(name, {})):
         for step, ids in enumerate(batches):
             if step in keep:
                 kept[step] = (copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict()))
@@ -105,9 +107,20 @@ def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None) -> t
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-    if patched and [w for w in caught if "runs its own forward" in str(w.message)]:
-        raise RuntimeError(f"{name}: the fused path fell back")
     return torch.tensor(losses)
+
+
+@contextlib.contextmanager
+def fused_guard(name: str | None):
+    """Raises when the patched model ``name`` fell back to its own forward inside (the
+    drop-in warns once per reason and process: its memory of warnings is cleared first,
+    so a fallback shows whatever ran before); ``None``: no check."""
+    hf._FALLBACK_WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    if name is not None and [w for w in caught if "runs its own forward" in str(w.message)]:
+        raise RuntimeError(f"{name}: the fused path fell back")
 
 
 def smooth(x: torch.Tensor, window: int) -> torch.Tensor:
@@ -119,14 +132,16 @@ WAYS = ("autocast", "cast", "cast:reference", "float32")
 
 def _loss_and_grads(model, ids, way: str) -> tuple[float, dict]:
     """(loss, {name: gradient in float64}) of ``model`` (float32 weights) at ``ids`` by ``way``:
-    autocast to bf16, the cast mode (on its PyTorch references), float32, or float64."""
+    autocast to bf16, the cast mode, the cast mode on its operators' PyTorch references,
+    float32, or float64."""
     m = copy.deepcopy(model)
     if way == "float64":
         m.double()
     if way.startswith("cast"):
         codetta.apply_codetta(m, autocast="cast")
     amp = way not in ("float32", "float64")
-    with override(force_reference=way == "cast:reference"):
+    reference = override(force_reference=True) if way == "cast:reference" else contextlib.nullcontext()
+    with fused_guard(way if way.startswith("cast") else None), reference:
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=amp):
             loss = m(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
@@ -139,11 +154,14 @@ def kind(name: str) -> str:
     return ".".join(parts[-2:])
 
 
-def step_errors(init, snapshot, ids, nxt, ways=WAYS, lr=3e-4) -> dict:
+def step_errors(init, snapshot, ids, nxt, ways=WAYS) -> dict:
     """One training step taken apart at a run's state (``snapshot``: ``train``'s ``kept``
     entry; ``init`` gives the model's structure): per way, its loss at ``ids``, per parameter
     kind the relative error (norm) of its gradient and of the AdamW update made with it,
-    each against float64's, and the float64 loss at ``nxt`` after that update."""
+    each against float64's, and the float64 loss at ``nxt`` after that update. The update
+    is taken in float64 from the saved AdamW state (its learning rate and betas too), so
+    that only the gradients differ: a float32 step would round each update to the
+    weight's float32 grid, ~2e-4 of an update on a norm weight near 1, for every way."""
     weights, opt_state = snapshot
     state = copy.deepcopy(init)
     state.load_state_dict(weights)
@@ -151,15 +169,17 @@ def step_errors(init, snapshot, ids, nxt, ways=WAYS, lr=3e-4) -> dict:
     out = {}
     for way in ("float64", *ways):
         loss, g = _loss_and_grads(state, ids, way)
-        m = copy.deepcopy(state)
-        opt = torch.optim.AdamW(m.parameters(), lr=lr, fused=ids.is_cuda)
-        opt.load_state_dict(copy.deepcopy(opt_state))
+        m = copy.deepcopy(state).double()
+        opt = torch.optim.AdamW(m.parameters())
+        opt.load_state_dict(copy.deepcopy(opt_state))  # (its state cast to float64 as it loads)
+        for group in opt.param_groups:  # (the saved groups say fused: the plain loop, in float64)
+            group.update(fused=False, foreach=False)
         for n, p in m.named_parameters():
-            p.grad = g[n].to(p.dtype)
+            p.grad = g[n]
         opt.step()
         with torch.no_grad():
-            after = m.double()(input_ids=nxt, labels=nxt, use_cache=False).loss.item()
-        update = {n: p.detach().double() - before[n] for n, p in m.named_parameters()}
+            after = m(input_ids=nxt, labels=nxt, use_cache=False).loss.item()
+        update = {n: p.detach() - before[n] for n, p in m.named_parameters()}
         out[way] = {"loss": loss, "next": after, "grad": g, "update": update}
         del m, opt
     exact = out["float64"]
@@ -196,11 +216,6 @@ def compare(runs: dict, window: int, noise=NOISE) -> dict:
         if name.startswith("codetta"):
             out[name] = ((smooth(run, window) - base).abs().max().item(), run[-window:].mean().item())
     return out
-
-
-def rise(run: torch.Tensor) -> float:
-    """The largest jump of a run's loss above its best so far: a spike's height."""
-    return (run[1:] - run.cummin(0).values[:-1]).max().clamp_min(0).item()
 
 
 def one_seed(args, seed: int) -> dict:
@@ -281,28 +296,34 @@ def main(argv=None) -> None:
         every = {}
         for path in args.replot:
             every.update(load(path))
-        if args.plot:
-            plot(every, args.plot)
-        return
-    every = {seed: one_seed(args, seed) for seed in args.seed}
-    if args.plot:
-        plot(every, args.plot)
-    if args.out:
+    else:
+        every = {seed: one_seed(args, seed) for seed in args.seed}
+    if args.out and not args.replot:
         with open(args.out, "w") as f:
             json.dump({"amp": args.amp, "seeds": {s: {k: v.tolist() for k, v in runs.items()}
                                                   for s, runs in every.items()}}, f)  # fmt: skip
-    window = max(1, args.steps // 10)
-    names = list(every[args.seed[0]])
-    print("per seed: each run's largest rise above its best loss so far (a spike's height)"
-          + (", and its largest gap to the float32 curve" if "float32" in names else ""))  # fmt: skip
+    if args.plot:
+        plot(every, args.plot)
+    gaps(every)
+
+
+def gaps(every: dict) -> None:
+    """Per seed, each run's largest gap to the float32 curve (its 10-window means): the
+    table over seeds (seeds without a float32 run left out)."""
+    every = {s: runs for s, runs in every.items() if "float32" in runs}
+    if not every:
+        return
+    names = sorted(
+        {n for runs in every.values() for n in runs} - {"float32"}, key=lambda n: (n != "unpatched", n)
+    )
+    print("per seed: each run's largest gap to the float32 curve (10-window means)")
     print(f"{'seed':>6} " + " ".join(f"{n[:22]:>22}" for n in names))
     for seed, runs in every.items():
-        cells = []
-        for name, run in runs.items():
-            cell = f"{rise(run):.3f}"
-            if "float32" in runs and name != "float32":
-                cell += f" / {(smooth(run, window) - smooth(runs['float32'], window)).abs().max().item():.3f}"
-            cells.append(cell)
+        window = max(1, len(runs["float32"]) // 10)
+        exact = smooth(runs["float32"], window)
+        cells = [
+            f"{(smooth(runs[n], window) - exact).abs().max().item():.4f}" if n in runs else "-" for n in names
+        ]
         print(f"{seed:>6} " + " ".join(f"{c:>22}" for c in cells))
 
 

@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     print(f"{'loss at the step':>31} " + " ".join(f"{res[w]['loss']:15.5f}" for w in lc.WAYS))
     print(f"{'next batch after the step':>31} " + " ".join(f"{res[w]['next']:15.5f}" for w in lc.WAYS)
           + f"  (float64's step: {res['float64']['next']:.5f})")  # fmt: skip
-    print(f"{args.follow} more steps from the state, each way (losses):")
+    print(f"from the state, each way: the loss at its step and {args.follow} more")
     for w in lc.WAYS:
         out = follow(init, kept[args.at], batches[args.at : args.at + args.follow + 1], w)
         print(f"  {w:>15}: " + " ".join(f"{v:.3f}" for v in out))

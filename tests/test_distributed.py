@@ -109,16 +109,20 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_train_amp(tmp_path, dtype, monkeypatch):
     """``codetta train --amp``: float32 parameters, each forward under autocast to --dtype
-    (fp16 with a GradScaler), codetta in its cast mode: the fused path runs (no fallback
-    warning), the trained weights stay float32, and the losses follow the unpatched model's
-    under the same autocast (to bf16/fp16 rounding: the runs differ only there). --amp
-    with fp32 or FSDP2 is refused with the reason."""
+    (fp16 with a GradScaler), codetta in its cast mode, from a config that names bf16: the
+    fused path runs (no fallback warning; with --precompile), the trained weights are
+    float32, and the losses follow the unpatched model's under the same autocast (to
+    bf16/fp16 rounding: the runs differ only there); bf16 under DDP on two processes gives
+    one process's losses. --amp with fp32 or FSDP2 is refused with the reason."""
     import warnings
 
     from codetta.kernels.settings import override
     from codetta.train import add_arguments, train
 
     config = _config(tmp_path, "llama")
+    # a config naming bf16 (as the hub's do): from_config builds in it; --amp must not train there
+    cfg = json.loads(config.read_text())
+    config.write_text(json.dumps({**cfg, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     plain = ["--model", str(config), *COMMON[:-4], "--device", "cpu", "--parallel", "none"]
@@ -129,8 +133,12 @@ def test_train_amp(tmp_path, dtype, monkeypatch):
     res, weights = {}, {}
     for tag in ("codetta", "no-codetta", "float32"):
         argv = [*plain, "--dtype", "fp32", "--no-codetta"] if tag == "float32" else [*common, f"--{tag}"]
+        argv += ["--precompile"] if tag == "codetta" else []
         out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
         args = parser.parse_args([*argv, "--out", str(out), "--save", str(save)])
+        from codetta.integrations import hf
+
+        hf._FALLBACK_WARNED.clear()  # (it warns once per reason and process)
         with override(force_reference=True), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             train(args)
@@ -138,7 +146,7 @@ def test_train_amp(tmp_path, dtype, monkeypatch):
         res[tag], weights[tag] = json.loads(out.read_text()), torch.load(save)
     assert res["codetta"]["amp"] and res["codetta"]["codetta"] and not res["no-codetta"]["codetta"]
     assert len(scaled) == (2 * len(res["codetta"]["losses"]) if dtype == "fp16" else 0)
-    assert all(v.dtype == torch.float32 for v in weights["codetta"].values())
+    assert res["codetta"]["param_dtype"] == res["no-codetta"]["param_dtype"] == "float32"
     ours, base = res["codetta"]["losses"], res["no-codetta"]["losses"]
     assert base[-1] < base[0], "training did not lower the loss: the comparison says little"
     assert ours == pytest.approx(base, rel=2e-2)
@@ -146,6 +154,9 @@ def test_train_amp(tmp_path, dtype, monkeypatch):
     exact = res["float32"]["losses"]
     print("losses", ours, base, exact)
     assert min(max(abs(a - b) for a, b in zip(run, exact)) for run in (ours, base)) > 3e-5
+    if dtype == "bf16":  # DDP on two processes: the same losses as one process, to bf16 rounding
+        ddp, _ = _train(tmp_path, config, "ddp-amp", 2, "--parallel", "ddp", "--dtype", dtype, "--amp")
+        assert ddp["world"] == 2 and ddp["amp"] and ddp["losses"] == pytest.approx(ours, rel=2e-3)
     for bad, why in ((["--dtype", "fp32"], "bf16 or fp16"), (["--parallel", "fsdp"], "MixedPrecisionPolicy")):
         with pytest.raises(SystemExit, match=why):
             train(parser.parse_args([*common, *bad]))

@@ -817,15 +817,16 @@ def test_amp_training_steps_within_autocasts_error_on_gpu():
     """The same model and stream trained 200 steps in float32 parameters and AdamW state,
     each forward under bf16 autocast, patched in the cast mode (Hugging Face Trainer's
     bf16=True). At five states along the patched run's own trajectory (in the loss's sharp
-    drop at steps 20 and 23, then 60, 120, 198), that step is taken apart against float64:
+    drop at steps 20 and 23, then 60, 120, 198), that step is taken apart against float64
+    (the AdamW update taken in float64 from the saved state, so only the gradients differ):
     for every parameter kind, the cast mode's gradient and the AdamW update made with it
-    have errors (relative, in norm), summed over the five states, within twice autocast's
-    (the project's standard applied to trained states, not only to a fresh model); and the
-    final loss is within 1 % of the unpatched autocast run's. Summed, because at a state in
-    the drop either way's error can swing by 3-4x: at step 20 the v-projection's gradient
-    error was the cast mode's 0.27x autocast's in run 206 and 3.0x in run 207 (two runs of
-    the same trajectory that nondeterministic kernels had moved apart); elsewhere within
-    0.9-1.2x.
+    have errors (relative, in norm) within twice autocast's (the project's standard applied
+    to trained states, not only to a fresh model), at each of the three later states alone
+    and, in the drop, summed over its two states; the final loss is within 1 % of the
+    unpatched autocast run's. Summed in the drop because there either way's error swings by
+    3-4x: at step 20 the v-projection's gradient error was the cast mode's 0.27x autocast's
+    in run 206 and 3.0x in run 207 (two runs of the same trajectory that nondeterministic
+    kernels had moved apart); at the later states 0.9-1.2x.
 
     Why not the bf16 test's curve bar: in the drop the curve is chaotic. At seed 0 the cast
     mode's curve spiked at step 24 (20-step mean 1.63 against 1.27 unpatched, run 204)
@@ -846,25 +847,27 @@ def test_amp_training_steps_within_autocasts_error_on_gpu():
     window = 20
     for name, run in (("unpatched", base), ("codetta", ours)):
         print(f"{name:>9}: " + " ".join(f"{v:.3f}" for v in lc.smooth(run, window)))
-    errs = {}  # way -> kind -> [gradient, update] errors summed over the states
+    drop, worst = {}, []  # the drop's errors summed per way and kind; (ratio, where, kind)
     for step, snap in sorted(kept.items()):
         res = lc.step_errors(init, snap, batches[step], batches[step + 1], ways=("autocast", "cast"))
-        for way in ("autocast", "cast"):
-            for k, e in res[way]["errors"].items():
-                errs.setdefault(way, {}).setdefault(k, torch.zeros(2)).add_(torch.tensor(e))
-        here = {k: max(c / a for c, a in zip(res["cast"]["errors"][k], res["autocast"]["errors"][k]))
-                for k in res["cast"]["errors"]}  # fmt: skip
+        here = {}
+        for k, e in res["cast"]["errors"].items():
+            a = res["autocast"]["errors"][k]
+            here[k] = max(c / x for c, x in zip(e, a))
+            if step < 60:
+                drop.setdefault(k, torch.zeros(2, 2)).add_(torch.tensor([e, a]))
+            else:
+                worst.append((here[k], f"step {step}", k))
         k = max(here, key=here.get)
         losses = " ".join(f"{w} {res[w]['loss']:.4f}" for w in ("float64", "autocast", "cast"))
-        print(f"step {step}: loss {losses}; at this state the worst kind {here[k]:.2f}x ({k})")
-    ratios = {k: (errs["cast"][k] / errs["autocast"][k]).max().item() for k in errs["cast"]}
-    k = max(ratios, key=ratios.get)
-    print(f"summed over the states, the worst kind {k}: {ratios[k]:.2f}x autocast's; "
-          + ", ".join(f"{n} {r:.2f}" for n, r in sorted(ratios.items())))  # fmt: skip
+        print(f"step {step}: loss {losses}; the worst kind {here[k]:.2f}x ({k})")
+    worst += [((e[0] / e[1]).max().item(), "steps 20 + 23", k) for k, e in drop.items()]
+    ratio, where, k = max(worst)
+    print(f"the worst: {ratio:.2f}x autocast's error at {where}, {k}")
     final_ours, final_base = ours[-window:].mean().item(), base[-window:].mean().item()
     print(f"final {final_ours:.4f} vs {final_base:.4f}")
     assert base[-window:].mean() < base[:window].mean() * 0.8, "the stream was not learned: a useless test"
-    assert ratios[k] <= 2, f"{k}: the cast mode's error {ratios[k]:.2f}x autocast's"
+    assert ratio <= 2, f"{where}, {k}: the cast mode's error {ratio:.2f}x autocast's"
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
