@@ -922,6 +922,18 @@ def test_loss_curve_script_on_cpu(tmp_path):
     assert abs(res["cast"]["next"] - res["float64"]["next"]) < 1e-2
 
 
+def test_spike_check_script_on_cpu(capsys):
+    """scripts/spike_check.py --small (a tiny model on the CPU): the cast mode's run to a
+    state, each way's gradient and update errors per parameter kind, the next batch's loss
+    after each way's step, and each way's further steps are printed."""
+    from util import load_script
+
+    load_script("spike_check").main(["--small", "--at", "3", "--follow", "1"])
+    out = capsys.readouterr().out
+    assert "state after 3 steps" in out and out.count("q_proj.weight") == 2
+    assert "next batch after the step" in out and out.count("cast:reference:") == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_patched_step_never_waits(family):

@@ -311,3 +311,21 @@ def test_every_shipped_entry_is_used():
                 if not tune.entry_usable(programs[k.partition("|")[0]], configs.config_from_dict(v),
                                          not k.endswith("|no-pingpong"))]  # fmt: skip
         assert not dead, f"{path.name}: {len(dead)} entries no default candidate matches, e.g. {dead[:3]}"
+
+
+def test_tune_writes_after_every_tuned_key(monkeypatch, tmp_path):
+    """``tune`` writes its table after every key it actually tunes (seconds to minutes
+    each: a run cut short by its time limit keeps every key it tuned), after every 10
+    others (found in the shipped table or a cache), and at the end."""
+    from types import SimpleNamespace
+
+    calls = {f"k{i}": SimpleNamespace(M=i + 1, N=1, K=1) for i in range(23)}
+    tuned = {"k3", "k4", "k17"}
+    monkeypatch.setattr(
+        tune, "run_call", lambda call, **kw: (None, "tuned" if f"k{call.M - 1}" in tuned else "shipped")
+    )
+    writes = []
+    monkeypatch.setattr(tune, "_write_table", lambda out, picked, old, requested: writes.append(len(picked)))
+    args = SimpleNamespace(merge=False, force=False, seconds=0.1)
+    assert tune._tune_all(args, calls, tmp_path / "t.json") == 0
+    assert writes == [4, 5, 10, 18, 20, 23]
