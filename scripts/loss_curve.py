@@ -44,6 +44,9 @@ from codetta.kernels.settings import override
 
 NOISE = ("again", "jittered", "moved")
 # (the test's size: d 1024, 8 layers, V 32000, 8 x 512 tokens a step)
+CPU_SIZE = dict(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                max_position_embeddings=256)  # fmt: skip
 GPU_SIZE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                 num_attention_heads=16, num_key_value_heads=4, head_dim=64,
                 max_position_embeddings=1024)  # fmt: skip
@@ -220,8 +223,15 @@ def compare(runs: dict, window: int, noise=NOISE) -> dict:
 
 def one_seed(args, seed: int) -> dict:
     """Every run at one seed, its curve and comparisons printed; the runs' losses."""
-    init, batches = setup(args.amp, args.steps, seed=seed)
-    runs = {name: train(init, batches, name, args.amp) for name in dict.fromkeys(["unpatched", *args.runs])}
+    if args.cpu:
+        init, batches = setup(args.amp, args.steps, batch=(8, 64), device="cpu", size=CPU_SIZE, seed=seed)
+    else:
+        init, batches = setup(args.amp, args.steps, seed=seed)
+    reference = override(force_reference=True) if args.cpu else contextlib.nullcontext()
+    with reference:
+        runs = {
+            n: train(init, batches, n, args.amp, lr=args.lr) for n in dict.fromkeys(["unpatched", *args.runs])
+        }
     window = max(1, args.steps // 10)
     print(f"seed {seed}, {window}-step means:")
     for name, run in runs.items():
@@ -288,6 +298,13 @@ def main(argv=None) -> None:
         "--seed", type=int, nargs="+", default=[0], help="other initial models and streams (0: the test's)"
     )
     p.add_argument("--runs", nargs="+", default=["unpatched", *NOISE, "codetta"])
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="a d-128 4-layer model on the CPU, 8 x 64 tokens a step, the operators on their PyTorch "
+        "references (which round where the kernels do): many seeds in minutes",
+    )
     p.add_argument("--out", help="also write every run's per-step losses to this JSON file")
     p.add_argument("--replot", nargs="+", metavar="JSON", help="train nothing: read runs from --out files")
     p.add_argument("--plot", metavar="PNG", help="the first seed's curves and every seed's gaps (matplotlib)")
@@ -319,12 +336,21 @@ def gaps(every: dict) -> None:
     print("per seed: each run's largest gap to the float32 curve (10-window means)")
     print(f"{'seed':>6} " + " ".join(f"{n[:22]:>22}" for n in names))
     for seed, runs in every.items():
-        window = max(1, len(runs["float32"]) // 10)
-        exact = smooth(runs["float32"], window)
-        cells = [
-            f"{(smooth(runs[n], window) - exact).abs().max().item():.4f}" if n in runs else "-" for n in names
-        ]
+        cells = [f"{gap(runs, n):.4f}" if n in runs else "-" for n in names]
         print(f"{seed:>6} " + " ".join(f"{c:>22}" for c in cells))
+    pairs = [[gap(runs, n) for n in ("unpatched", "codetta")] for runs in every.values() if "codetta" in runs]
+    if len(pairs) > 1:
+        farther = sum(c > a for a, c in pairs)
+        auto, cast = (sorted(x) for x in zip(*pairs))
+        print(f"the cast mode farther from float32 than autocast at {farther} of {len(pairs)} seeds; summed "
+              f"{sum(cast):.3f} against {sum(auto):.3f}, median {cast[len(cast) // 2]:.4f} against "
+              f"{auto[len(auto) // 2]:.4f}")  # fmt: skip
+
+
+def gap(runs: dict, name: str) -> float:
+    """``name``'s largest gap to the float32 curve (10-window means)."""
+    window = max(1, len(runs["float32"]) // 10)
+    return (smooth(runs[name], window) - smooth(runs["float32"], window)).abs().max().item()
 
 
 if __name__ == "__main__":
