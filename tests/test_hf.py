@@ -871,7 +871,7 @@ def test_amp_training_steps_within_autocasts_error_on_gpu():
     assert abs(final_ours - final_base) <= 0.01 * final_base
 
 
-def test_loss_curve_script_on_cpu(tmp_path):
+def test_loss_curve_script_on_cpu(tmp_path, capsys):
     """scripts/loss_curve.py (the GPU test above and its diagnostic runs) on a tiny model
     and stream on the CPU: every run trains, the noise runs differ from the unpatched one
     (the jitter and the moved weights took effect), the codetta runs ran the fused path
@@ -908,6 +908,10 @@ def test_loss_curve_script_on_cpu(tmp_path):
     pytest.importorskip("matplotlib")
     lc.main(["--replot", str(tmp_path / "runs.json"), "--plot", str(tmp_path / "runs.png")])
     assert (tmp_path / "runs.png").stat().st_size > 10_000
+    # --cpu over two seeds: the table of gaps to float32 and the count of the pairs
+    lc.main(["--cpu", "--amp", "--steps", "3", "--seed", "0", "1", "--runs", "codetta", "float32"])
+    out = capsys.readouterr().out
+    assert "seed 1, 1-step means" in out and "farther from float32 than autocast at" in out
     # a step taken apart at a kept state: float32's error is far below autocast's, the
     # cast mode's is autocast's size (both round the GEMM inputs to bf16)
     kept = {}
