@@ -84,17 +84,22 @@ def moved(init, device="cuda"):
     return m
 
 
-def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None) -> torch.Tensor:
+def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None, start=None) -> torch.Tensor:
     """One run (module docstring) from ``init``: its loss at every step. ``keep``: steps
-    before which the run's state is copied into ``kept[step]`` as (weights, AdamW state)."""
+    before which the run's state is copied into ``kept[step]`` as (weights, AdamW state);
+    ``start``: such a state to run from instead (``init`` then gives the structure)."""
     device = next(init.parameters()).device
     m = moved(init, device.type) if name == "moved" else copy.deepcopy(init)
+    if start is not None:
+        m.load_state_dict(start[0])
     patched = name.startswith("codetta")
     if patched:
         codetta.apply_codetta(m, autocast="cast")
     settings = {"codetta:pingpong-off": {"pingpong": False}, "codetta:reference": {"force_reference": True}}
     jg = torch.Generator(device=device.type).manual_seed(11)
     opt = torch.optim.AdamW(m.parameters(), lr=lr, fused=device.type == "cuda")
+    if start is not None:
+        opt.load_state_dict(copy.deepcopy(start[1]))
     losses = []
     with fused_guard(name if patched else None), override(**settings.get(name, {})):
         for step, ids in enumerate(batches):
@@ -271,11 +276,7 @@ def plot(every: dict, png: str, first_steps: int = 80) -> None:
         pts = []
         for runs in every.values():
             if "float32" in runs and name in runs:
-                window = max(1, len(runs["float32"]) // 10)
-                exact = smooth(runs["float32"], window)
-                pts.append(
-                    [(smooth(runs[n], window) - exact).abs().max().item() for n in ("unpatched", name)]
-                )
+                pts.append([gap(runs, n) for n in ("unpatched", name)])
         if pts:
             xy = torch.tensor(pts)
             right.scatter(xy[:, 0], xy[:, 1], label=name, s=25)
