@@ -36,17 +36,17 @@ def _stub_gemm(a, w, *, epilogue=None, out=None, **operands):
 def stub_kernels() -> None:
     """Replace the operator module's kernels by output allocations."""
     rr.gemm = _stub_gemm
-    rr.gamma_sumsq = lambda x, g: (torch.empty_like(x), torch.empty(x.shape[0]))
-    rr.unrotate_half_rows = lambda d, pos, half, scaling, pairs=False: torch.empty_like(d)
-    rr.unrotate_two_rows = lambda q, k, pos, half, scaling, pairs=False: (
+    rr.gamma_sumsq = lambda x, g, dtype=None: (torch.empty_like(x, dtype=dtype), torch.empty(x.shape[0]))
+    rr.unrotate_half_rows = lambda d, pos, half, scaling, pairs=False, **kw: torch.empty_like(d)
+    rr.unrotate_two_rows = lambda q, k, pos, half, scaling, pairs=False, **kw: (
         torch.empty_like(q), torch.empty_like(k)
     )  # fmt: skip
     nb.gemm = _stub_gemm
-    nb.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None: (
+    nb.rms_backward_rows = lambda h, x, dx, sumsq, gamma, eps, dx_out=None, low_out=None: (
         h, torch.empty_like(x), torch.empty(4, x.shape[1])
     )  # fmt: skip
     nb.col_sum = lambda parts, dtype=None: torch.empty(parts.shape[1], dtype=dtype)
-    nb.rms_backward_finish = lambda dn, x, dx, sumsq, zeta, gamma, eps, dx_out=None: (dn, torch.empty_like(x))
+    nb.rms_backward_finish = lambda dn, x, dx, sumsq, zeta, gamma, eps, dx_out=None, **kw: (dn, torch.empty_like(x))
     for mod in (rr, nb):  # every kernel the operator's modules call is stubbed, or this times it
         missed = [n for n in ("gemm", "rms_backward_rows", "col_sum", "rms_backward_finish")
                   if hasattr(mod, n) and getattr(mod, n).__module__ not in (__name__,)]  # fmt: skip

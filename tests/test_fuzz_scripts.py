@@ -40,6 +40,31 @@ def test_fuzz_drop_in_seed(fuzz_path, capsys):
     assert "seed 2" in out and "CHECK" not in out and "EXC" not in out, out
 
 
+def test_fuzz_drop_in_zero_gradients_judged_against_float64(fuzz_path, capsys, monkeypatch):
+    """Seed 3514 (right padding leaves each row's one loss token a query that sees one key:
+    its q and k gradients are zero in exact arithmetic, ~1e-9 of rounding noise on both
+    sides, 1.5 apart relatively): judged against float64 it passes; the same case with
+    the patched model's q_proj gradient moved by 1e-5 (still tiny next to the loss's
+    other gradients) fails."""
+    mod = importlib.import_module("fuzz_hf")
+    mod.main(3514, 1)
+    out = capsys.readouterr().out
+    assert "float64: within 2x" in out and "CHECK" not in out and "EXC" not in out, out
+    step, calls = mod.step, []
+
+    def moved(m, kw):
+        loss, grads = step(m, kw)
+        calls.append(1)
+        if len(calls) == 2:  # (the patched model: the base one steps first)
+            grads["model.layers.1.self_attn.q_proj.weight"] += 1e-5
+        return loss, grads
+
+    monkeypatch.setattr(mod, "step", moved)
+    mod.main(3514, 1)
+    out = capsys.readouterr().out
+    assert "float64: past 2x" in out and "CHECK" in out, out
+
+
 def test_repeat_mode(fuzz_path, capsys):
     """A case's shapes with several data sets: one line per result with its median and
     largest error ratio, each draw's data different (the ratios differ) and the shapes the

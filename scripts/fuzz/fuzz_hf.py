@@ -3,8 +3,10 @@ Llama / Qwen3 / Mistral models (sliding window 4), one training step each, fp32 
 the interpreter; right padding, packed sequences (position_ids), ignored labels.
 
 Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz_hf.py START COUNT
-(a line a seed: the two losses, the largest relative gradient difference, "<-- CHECK"
-past 1e-3 or on a missing gradient; a 1-token batch has no loss token: nan for both).
+(a line a seed: the two losses, the largest relative gradient difference; a gradient past
+1e-3 is judged against float64, within twice the unpatched model's error, for gradients
+that are zero in exact arithmetic and rounding noise on both sides; "<-- CHECK" past that
+or on a missing gradient; a 1-token batch has no loss token: nan for both).
 
 On a GPU (FUZZ_DEVICE=cuda FUZZ_DTYPE=bfloat16): wider models and longer batches in that
 dtype, and each patched result (each token's loss, every parameter's gradient) is held to
@@ -181,8 +183,17 @@ def main(start: int, count: int) -> None:
         worst = max(rel.items(), key=lambda kv: kv[1]) if rel else ("-", 0.0)
         same_loss = bool(torch.isnan(l0) and torch.isnan(l1)) or abs(l0 - l1) <= 1e-4 * max(1, abs(l0))
         ok = same_loss and worst[1] < 1e-3 and set(g0) == set(g1)
-        print("seed", seed, desc, f"loss {l0.item():.5f} {l1.item():.5f}", worst, "" if ok else "<-- CHECK",
-              flush=True)  # fmt: skip
+        note = ""
+        if same_loss and set(g0) == set(g1) and not ok:
+            # a gradient that is zero in exact arithmetic (a query that sees one key: its q and
+            # k gradients) is float32 rounding noise on both sides, ~1e-9, and their relative
+            # difference means nothing: those past 1e-3 are judged against float64 instead
+            _, g64 = step(copy.deepcopy(base).double(), kw)
+            far = [n for n in g0 if rel[n] >= 1e-3]
+            bad = compare(far, [g1[n] for n in far], [g64[n] for n in far], [g0[n] for n in far])
+            ok, note = not bad, f"float64: {'within' if not bad else 'past'} 2x PyTorch's error for {len(far)}"
+        print("seed", seed, desc, f"loss {l0.item():.5f} {l1.item():.5f}", worst, note,
+              "" if ok else "<-- CHECK", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
