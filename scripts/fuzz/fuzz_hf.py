@@ -191,7 +191,8 @@ def main(start: int, count: int) -> None:
             _, g64 = step(copy.deepcopy(base).double(), kw)
             far = [n for n in g0 if rel[n] >= 1e-3]
             bad = compare(far, [g1[n] for n in far], [g64[n] for n in far], [g0[n] for n in far])
-            ok, note = not bad, f"float64: {'within' if not bad else 'past'} 2x PyTorch's error for {len(far)}"
+            ok = not bad
+            note = f"float64: {'within' if ok else 'past'} 2x PyTorch's error for {len(far)}"
         print("seed", seed, desc, f"loss {l0.item():.5f} {l1.item():.5f}", worst, note,
               "" if ok else "<-- CHECK", flush=True)  # fmt: skip
 
