@@ -23,6 +23,7 @@ from .kernels.program import (  # noqa: E402
     Scalar,
     Tile,
     with_k_parts,
+    with_n_parts,
 )
 
 
@@ -89,6 +90,7 @@ __all__ = [
     "PairedWeight",
     "KPart",
     "with_k_parts",
+    "with_n_parts",
     "RowSum",
     "RowLogSumExp",
     "RowPick",
