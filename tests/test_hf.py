@@ -650,6 +650,116 @@ def test_wrapped_or_hooked_projections_are_not_skipped_in_silence():
         patched(**kw)
 
 
+def _halved_mlp(model):
+    """A LlamaMLP subclass with other math (its output halved)."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    class HalvedMLP(LlamaMLP):
+        def forward(self, x):
+            return super().forward(x) / 2
+
+    return HalvedMLP(model.config)
+
+
+def _scaled_rotary(model):
+    """A rotary embedding subclass whose cos/sin differ from its inv_freq's."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    class ScaledRotary(LlamaRotaryEmbedding):
+        def forward(self, x, position_ids):
+            cos, sin = super().forward(x, position_ids)
+            return cos * 0.9, sin * 0.9
+
+    return ScaledRotary(model.config)
+
+
+def test_swapped_modules_and_late_hooks_are_not_skipped_in_silence():
+    """The fused forward computes the family's MLP, norms and RoPE itself, never calling
+    those modules: one of another class there (a subclass with other math, torch's own
+    RMSNorm, a rotary embedding whose output is not its inv_freq's) or a forward replaced
+    on the instance is refused when the model is patched. A hook added after patching
+    (PyTorch's count of hook handles moved) makes the model run its own forward, saying
+    why, until it is removed; a global module hook too. An activation module swapped in
+    where the config says silu runs as a module (the SwiGLU epilogue is for SiLU alone)."""
+    from codetta.integrations import hf
+
+    kw = _inputs("none")
+    swaps = (("layers.0.mlp", _halved_mlp), ("norm", lambda m: torch.nn.RMSNorm(64, eps=1e-5)),
+             ("rotary_emb", _scaled_rotary))  # fmt: skip
+    for where, make in swaps:
+        model = _model("llama", False)
+        parent, _, name = where.rpartition(".")
+        setattr(model.model.get_submodule(parent), name, make(model))
+        with pytest.raises(ValueError, match=rf"model.{where} is a .*, not transformers' Llama"):
+            codetta.apply_codetta(model)
+    model = _model("llama", False)
+    model.model.layers[1].input_layernorm.forward = lambda x: x
+    with pytest.raises(ValueError, match="model.layers.1.input_layernorm has its forward replaced"):
+        codetta.apply_codetta(model)
+    model = _model("llama", False)
+    for layer in model.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    want = copy.deepcopy(model)(**kw).loss
+    codetta.apply_codetta(model)
+    with CountOps() as count:
+        got = model(**kw).loss
+    assert count.calls > 0 and got.item() == pytest.approx(want.item(), rel=1e-5)
+    assert abs(want.item() - _model("llama", False)(**kw).loss.item()) > 1e-4  # (GELU: another loss)
+    model = codetta.apply_codetta(_model("llama", False))
+    want = model(**kw).loss
+    seen = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: seen.append(1))
+    hf._FALLBACK_WARNED.clear()
+    with CountOps() as count, pytest.warns(UserWarning, match=r"model.layers.0.mlp has hooks \(forward\)"):
+        assert torch.allclose(model(**kw).loss, want, rtol=1e-5)
+    assert count.calls == 0 and seen == [1]
+    handle.remove()
+    with CountOps() as count:
+        model(**kw)
+    assert count.calls > 0
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        with CountOps() as count, pytest.warns(UserWarning, match="global module hooks"):
+            model(**kw)
+        assert count.calls == 0
+    finally:
+        handle.remove()
+
+
+def test_config_flags_and_dtypes_are_honoured():
+    """Flags set on the config rather than passed: output_hidden_states makes the model
+    run its own forward (the hidden states come back); in eval mode config.use_cache
+    (True by default) asks for a KV cache, which the model's own forward returns, while
+    use_cache=False, and training, run the fused forward. float64 parameters run the
+    model's own forward; a projection weight that is a transposed view is refused."""
+    from codetta.integrations import hf
+
+    model = codetta.apply_codetta(_model("llama", False))
+    ids = _inputs("none")["input_ids"]
+    hf._FALLBACK_WARNED.clear()
+    model.config.output_hidden_states = True
+    with pytest.warns(UserWarning, match=r"config.output_hidden_states"):
+        assert len(model(input_ids=ids, use_cache=False).hidden_states) == 3
+    model.config.output_hidden_states = False
+    model.eval()
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="config.use_cache=True in eval mode"):
+            assert model(input_ids=ids).past_key_values is not None
+        with CountOps() as count:
+            assert model(input_ids=ids, use_cache=False).past_key_values is None
+        assert count.calls > 0
+    model.train()
+    with CountOps() as count:
+        model(input_ids=ids, labels=ids)
+    assert count.calls > 0 and count.losses == 1
+    _falls_back(_model("llama", False, torch.float64), _inputs("none"), "float64 parameters")
+    model = _model("llama", False)
+    q = model.model.layers[0].self_attn.q_proj
+    q.weight = torch.nn.Parameter(q.weight.detach().t().contiguous().t())
+    with pytest.raises(ValueError, match="q_proj is a non-contiguous weight"):
+        codetta.apply_codetta(model)
+
+
 def _enable_hf_checkpointing(model):
     # (transformers 5.x: one flag on the base model and one per layer)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
@@ -685,7 +795,8 @@ def _check_checkpointing(base) -> dict:
 @pytest.mark.parametrize("how", ["checkpoint_wrapper", "composable"])
 def test_activation_checkpointing_wrappers_raise(how):
     """torch.distributed's per-block checkpoint wrappers (which the fused forward would
-    silently bypass) raise a clear error."""
+    silently bypass) raise a clear error; the composable ``checkpoint``, which hooks the
+    layer, makes the model run its own forward (which it checkpoints), saying why."""
     model = codetta.apply_codetta(_model("llama", False))
     if how == "checkpoint_wrapper":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -696,7 +807,14 @@ def test_activation_checkpointing_wrappers_raise(how):
     else:
         from torch.distributed._composable import checkpoint
 
+        from codetta.integrations import hf
+
         checkpoint(model.model.layers[1])
+        model.train()
+        hf._FALLBACK_WARNED.clear()
+        with pytest.warns(UserWarning, match=r"own forward here \(model.layers.1 has hooks"):
+            assert model(**_inputs("none")).loss.isfinite()
+        return
     model.train()
     with pytest.raises(RuntimeError, match="per-block wrappers is not supported"):
         model(**_inputs("none"))

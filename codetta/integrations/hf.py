@@ -24,10 +24,12 @@ the table's whole gradient is formed in one pass, and an untied one through
 SiLU run the gate/up GEMMs on codetta and the product in PyTorch.
 
 Falls back to the model's own forward (same results, no codetta) where the fused
-path does not apply: a KV cache in use (generation), ``use_cache=True``, requested
-hidden states or attentions, ``logits_to_keep``, a ``loss_function`` other than Hugging
+path does not apply: a KV cache in use (generation), ``use_cache=True`` (or, in eval
+mode, not passed while ``config.use_cache`` is on), requested hidden states or
+attentions (passed, or on the config), ``logits_to_keep``, a ``loss_function`` other than Hugging
 Face's causal-LM cross-entropy (training with labels), FSDP1 wrapping the decoder layers
 (FSDP2's ``fully_shard`` is served), float32 parameters on the GPU outside autocast,
+float64 parameters, hooks added after the model was patched (``unsupported``),
 ``torch.autocast`` to another dtype than the parameters' when asked for
 (``autocast="own-forward"`` or ``CODETTA_AUTOCAST=own-forward``; by default the fused path
 runs there on the projections cast to autocast's dtype over a float32 residual stream,
@@ -35,8 +37,12 @@ as autocast itself keeps it),
 and under class-wide patching a model with projection biases, widths that are not
 multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
-forwards) or hooks other than FSDP2's on the base model, the final norm or a decoder
-layer's modules (they would not run).
+forwards), non-contiguous projection weights, modules whose math the fused forward
+computes itself (decoder layers, attention, MLP, norms, the rotary embedding) of
+another class than the family's or with a forward replaced on the instance, or hooks
+other than FSDP2's on the base model, the final norm, the rotary embedding or a decoder
+layer's modules (they would not run). An activation module other than SiLU runs as a
+module on codetta's gate and up projections.
 Patching such an instance raises, naming why; a projection replaced or hooked after the
 model was patched stops the fused forward with the reason. The vocabulary may be any size: the loss pads its
 logits rows, and without labels an odd vocabulary's LM head runs in PyTorch after
@@ -52,7 +58,9 @@ the original forward.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import types
 import warnings
 import weakref
@@ -90,7 +98,8 @@ FAMILIES = {
 _ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
 _HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
 _FALLBACK_WARNED: set = set()
-_UNSUPPORTED = weakref.WeakKeyDictionary()  # model -> why the fused forward cannot run it (or None)
+# model -> [parameter dtype, static verdict, watched modules, hook count, verdict] (``unsupported``)
+_UNSUPPORTED = weakref.WeakKeyDictionary()
 
 
 def _causal_lm_class(family: str):
@@ -192,45 +201,63 @@ def revert(model=None):
 
 
 def unsupported(model) -> str | None:
-    """Why the fused forward cannot run this model (None: it can). Looked at once per
-    model (every forward asks): the projections' shapes and biases do not change. Under
-    torch.compile the verdict is worked out from the model's shapes in the traced frame
-    (its guards are on those shapes, which the compiled forward guards on anyway), never
+    """Why the fused forward cannot run this model (None: it can). Worked out once per
+    model and parameter dtype (every forward asks; a model may be cast after it is
+    patched), and again whenever a hook has been registered anywhere since (PyTorch's
+    count of hook handles moved): the modules' hooks alone are then looked at again,
+    from a list made with the verdict, and at every call while some are in the way (a
+    removal moves no count). Modules swapped into a model after it was patched
+    are not looked at again (say ``codetta.revert`` and patch again). Under
+    torch.compile the verdict is worked out from the model in the traced frame (its
+    guards are on what it reads, which the compiled forward guards on anyway), never
     looked up in the weak table: traced, that lookup guarded on the table's size, which
     changed when the garbage collector dropped a dead model during the compile ("Guard
     failed on the same frame it was created", a CI run of 2026-12-04). (Marking this
     function ``torch.compiler.assume_constant_result`` instead passed on torch 2.13 and
     failed on 2.11, which takes only constant arguments there: run 187, NOTES.md.)"""
     if torch.compiler.is_compiling():
-        return _unsupported(model)
-    if model not in _UNSUPPORTED:
-        _UNSUPPORTED[model] = _unsupported(model)
-    return _UNSUPPORTED[model]
+        static, watched = _static_problem(model)
+        return static or _hook_problem(model, watched)
+    dtype, hooks = model.lm_head.weight.dtype, _hook_count()
+    entry = _UNSUPPORTED.get(model)
+    if entry is None or entry[0] != dtype:
+        static, watched = _static_problem(model)
+        entry = _UNSUPPORTED[model] = [dtype, static, watched, None, static]
+    if entry[1] is None and entry[3] != hooks:
+        problem = _hook_problem(model, entry[2])
+        # (while hooks are in the way, look again at every call: removing one moves no count)
+        entry[3], entry[4] = (hooks if problem is None else None), problem
+    return entry[4]
 
 
-def _unsupported(model) -> str | None:
+def _hook_count() -> int:
+    """How many hook handles PyTorch has made (module and tensor hooks, global ones too):
+    while it stays, no hook was added anywhere."""
+    return torch.utils.hooks.RemovableHandle.next_id
+
+
+def _static_problem(model) -> tuple[str | None, list]:
+    """What does not change without a cast or a module swap: the projections, biases,
+    widths and module classes; and the modules whose hooks matter (for ``_hook_problem``)."""
     base = model.model
     layers = base.layers[: model.config.num_hidden_layers]
     linears = [model.lm_head]
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
         linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    # (the base model's and the final norm's forwards are never called either; the
+    # embeddings are, as a module, where they run in PyTorch; the rotary embedding is, but
+    # the fused RoPE reads its frequencies, not its output)
+    watched = [base, base.norm, base.rotary_emb, *(m for layer in layers for m in layer.modules())]
     for lin in linears:
         problem = _projection_problem(lin)
         if problem:
-            return f"{_module_name(model, lin)} is {problem}"
-    # (the base model's and the final norm's forwards are never called either; the
-    # embeddings and the rotary embedding are, as modules, where they run in PyTorch)
-    for module in (base, base.norm, *(m for layer in layers for m in layer.modules())):
-        hooks = _foreign_hooks(module)
-        if hooks:
-            return (
-                f"{_module_name(model, module)} has hooks ({hooks}): the fused "
-                "forward never calls the base model's, its decoder layers' or the final norm's "
-                "forwards, so they would not run"
-            )
+            return f"{_module_name(model, lin)} is {problem}", watched
+    problem = _class_problem(model, base, layers)
+    if problem:
+        return problem, watched
     if any(lin.bias is not None for lin in linears):
-        return "projections with biases (attention_bias / mlp_bias)"
+        return "projections with biases (attention_bias / mlp_bias)", watched
     unit = _row_unit(model.lm_head.weight)
     # (the vocabulary, the LM head's rows, may be any size: the loss pads its logits rows
     # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an
@@ -238,9 +265,74 @@ def _unsupported(model) -> str | None:
     widths = {lin.weight.shape[0] for lin in linears[1:]} | {lin.weight.shape[1] for lin in linears}
     bad = sorted(w for w in widths if w % unit)
     if bad:
-        return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)"
+        return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)", watched
     if not layers:
-        return "no layers"
+        return "no layers", watched
+    return None, watched
+
+
+def _hook_problem(model, watched) -> str | None:
+    """Hooks the fused forward would skip: on the base model, the final norm, the rotary
+    embedding or a decoder layer's modules (other than FSDP2's), or global module hooks."""
+    if _global_module_hooks():
+        return (
+            "global module hooks (torch.nn.modules.module.register_module_forward_hook and the like, "
+            "as FlopCounterMode and memory trackers use): the fused forward never calls most of "
+            "the modules they would see"
+        )
+    for module in watched:
+        hooks = _foreign_hooks(module)
+        if hooks:
+            return (
+                f"{_module_name(model, module)} has hooks ({hooks}): the fused forward never "
+                "calls the base model's, its decoder layers' or the final norm's forwards, nor "
+                "uses the rotary embedding's output where RoPE is fused, so they would not run"
+            )
+    return None
+
+
+def _family_classes(model):
+    """``suffix -> class`` of the model's family in transformers ("DecoderLayer" ->
+    LlamaDecoderLayer, ...), from the first of the model's classes that a family names."""
+    for cls in type(model).__mro__:
+        for module_name, name in FAMILIES.values():
+            if cls.__module__ == module_name and cls.__name__ == name:
+                # (the model's class comes from it: imported; sys.modules, as torch.compile traces it)
+                mod, prefix = sys.modules[module_name], name.removesuffix("ForCausalLM")
+                return lambda suffix: getattr(mod, prefix + suffix, None)
+    return lambda suffix: None
+
+
+def _own_type(module) -> type:
+    """``module``'s class, under the classes torch.distributed swaps in (FSDP2's
+    ``FSDP<Name>``, a subclass of it)."""
+    return next(c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed"))
+
+
+def _class_problem(model, base, layers) -> str | None:
+    """A module whose math the fused forward computes itself (never calling its forward)
+    that is not the family's own class, or whose forward was replaced on the instance: a
+    subclass or a replacement with other math would be skipped in silence."""
+    family = _family_classes(model)
+    wanted = [(base, "Model"), (base.norm, "RMSNorm"), (base.rotary_emb, "RotaryEmbedding")]
+    for layer in layers:
+        attn = layer.self_attn
+        wanted += [(layer, "DecoderLayer"), (attn, "Attention"), (layer.mlp, "MLP")]
+        wanted += [(layer.input_layernorm, "RMSNorm"), (layer.post_attention_layernorm, "RMSNorm")]
+        wanted += [(getattr(attn, n), "RMSNorm") for n in ("q_norm", "k_norm") if hasattr(attn, n)]
+    for module, suffix in wanted:
+        cls = family(suffix)
+        if cls is not None and _own_type(module) is not cls:
+            kind = f"{type(module).__module__}.{type(module).__qualname__}"
+            return (
+                f"{_module_name(model, module)} is a {kind}, not transformers' {cls.__name__}: the "
+                f"fused forward computes {cls.__name__}'s math without calling the module"
+            )
+        if "forward" in vars(module):
+            return (
+                f"{_module_name(model, module)} has its forward replaced on the instance: the fused "
+                "forward never calls it"
+            )
     return None
 
 
@@ -252,26 +344,45 @@ def _projection_problem(lin) -> str | None:
     if type(lin) is not torch.nn.Linear:
         kind = f"{type(lin).__module__}.{type(lin).__qualname__}"
         return f"a {kind}, not a plain nn.Linear (LoRA adapters, quantized layers)"
-    if lin._forward_hooks or lin._forward_pre_hooks:
+    if lin._forward_hooks or lin._forward_pre_hooks or "forward" in vars(lin):
         return "hooked (forward hooks on a projection: the fused path never calls its forward)"
+    if not lin.weight.is_contiguous():
+        return (
+            "a non-contiguous weight (a transposed or strided view): the fused GEMMs read each "
+            "projection's weight as a row-major [out, in] matrix; make it contiguous"
+        )
     return None
 
 
 def _foreign_hooks(module) -> str | None:
     """The kinds of hook on ``module`` other than FSDP2's (whose gathering the fused
-    forward does itself, ``fsdp.Spans``), or None: forward, backward and accelerate's
-    ``_hf_hook`` (device placement by replacing the forward)."""
+    forward does itself, ``fsdp.Spans``) and transformers' output-capturing ones (installed
+    the first time hidden states or attentions are asked for, and left in place, inert
+    but while a forward asks for them, which then runs the model's own), or None:
+    forward, backward and accelerate's ``_hf_hook`` (device placement by replacing the
+    forward)."""
+    if not (
+        module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
+        or module._backward_hooks or module.__dict__.get("_hf_hook") is not None
+    ):  # fmt: skip
+        return None  # (the common case, first: a model's modules are walked often)
     kinds = [
         kind
         for kind, hooks in (
             ("forward", [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]),
             ("backward", [*module._backward_pre_hooks.values(), *module._backward_hooks.values()]),
         )
-        if any(not getattr(h, "__qualname__", "").startswith("FSDPState.") for h in hooks)
+        if any(not _served_hook(h) for h in hooks)
     ]
     if getattr(module, "_hf_hook", None) is not None:
         kinds.append("accelerate's _hf_hook")
     return ", ".join(kinds) or None
+
+
+def _served_hook(hook) -> bool:
+    return getattr(hook, "__qualname__", "").startswith("FSDPState.") or (
+        getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+    )
 
 
 def _module_name(model, module) -> str:
@@ -304,6 +415,14 @@ def _fallback_reason(model, kwargs) -> str | None:
         return "use_cache=True"
     if kwargs.get("output_hidden_states") or kwargs.get("output_attentions"):
         return "hidden states or attentions requested"
+    config = model.config
+    for name in ("output_hidden_states", "output_attentions"):
+        if kwargs.get(name) is None and getattr(config, name, False):
+            return f"hidden states or attentions requested (config.{name})"
+    if kwargs.get("use_cache") is None and not model.training and getattr(config, "use_cache", False):
+        # (as the model's own forward would, in eval mode this returns the KV cache that
+        # config.use_cache asks for; in training the fused path returns none)
+        return "config.use_cache=True in eval mode (pass use_cache=False for the fused forward)"
     keep = kwargs.get("logits_to_keep", 0)
     if not (isinstance(keep, int) and keep == 0):
         return "logits_to_keep"
@@ -374,6 +493,9 @@ def _precision_reason(model) -> str | None:
         return None
     if weight.device.type == "cuda" and weight.dtype == torch.float32:
         return "float32 parameters on the GPU: codetta's kernels serve bfloat16 and float16"
+    if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        kind = str(weight.dtype).removeprefix("torch.")
+        return f"{kind} parameters: codetta's kernels serve bfloat16 and float16"
     return None
 
 
@@ -521,7 +643,6 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     position_embeddings = base.rotary_emb(h, position_ids)
 
     loss = logits = None
-    silu = _is_silu(self.config)
     rope0 = _fused_rope(base, layers[0].self_attn, position_ids)  # frequencies: once per forward
     (h,) = spans.open(0, h)
     first, norm = layers[0], layers[0].input_layernorm
@@ -542,7 +663,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
         post = layer.post_attention_layernorm
         gate_up = (_w(mlp.gate_proj), _w(mlp.up_proj))
-        if silu:
+        if _silu(mlp):
             # the gate and up projections as one GEMM whose epilogue forms SwiGLU; y carries
             # g and u, so the down projection's backward forms their gradients in its epilogue
             # (over g and u: nothing else here reads them)
@@ -643,8 +764,21 @@ def _wrapped_for_checkpointing(layers) -> bool:
     return False
 
 
-def _is_silu(config) -> bool:
-    return getattr(config, "hidden_act", None) in ("silu", "swish")
+@functools.cache
+def _silu_types() -> tuple:
+    from transformers import activations
+
+    return (torch.nn.SiLU, *[c for c in (getattr(activations, "SiLUActivation", None),) if c is not None])
+
+
+def _silu(mlp) -> bool:
+    """The MLP's activation is SiLU (the module itself, not the config's ``hidden_act``: a
+    model may have another module swapped in), with nothing hooked on it: the fused SwiGLU
+    epilogue computes it. Any other activation module runs as a module, on codetta's g."""
+    act = mlp.act_fn
+    return type(act) in _silu_types() and not (
+        act._forward_hooks or act._forward_pre_hooks or "forward" in vars(act)
+    )
 
 
 def _causal_lm_loss(n, head_weight, labels, kwargs: dict, tied=None):

@@ -172,3 +172,23 @@ def derived_tables(src: torch.Tensor) -> dict | None:
     if entry is None or entry[0]() is not src or entry[1] != src._version:
         return None
     return entry[2]
+
+
+def saved_tensors(ctx, op: str) -> tuple:
+    """``ctx.saved_tensors``, with autograd's in-place error on a second backward through
+    the same graph (``retain_graph=True``) said in codetta's terms: a SwiGLU's backward
+    writes dg and du over its saved g and u (``CODETTA_OVERWRITE_SAVED=1``, the default;
+    ops/swiglu.py), so a second pass would read gradients as activations and autograd
+    refuses it."""
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as exc:
+        if "modified by an inplace operation" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"codetta ({op}): a second backward through the same graph (retain_graph=True) is not "
+            "supported by default: the first one wrote the SwiGLU gradients over the saved gate and up "
+            "activations (CODETTA_OVERWRITE_SAVED=1, as Liger does: two [tokens, f] tensors less). "
+            "Set CODETTA_OVERWRITE_SAVED=0 (and, for an untied LM head, CODETTA_CE_FINISH=0) to "
+            "backward twice"
+        ) from exc

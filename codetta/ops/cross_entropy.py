@@ -377,7 +377,8 @@ def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
                 "codetta.linear_cross_entropy: a second backward through the same loss is not supported: "
                 "the first one returned its saved gradients themselves, scaled in place (with "
                 "CODETTA_CE_FINISH=0 they are kept for a retain_graph=True backward: a float32 dW, "
-                "one more pass)"
+                "one more pass; a Hugging Face model patched by codetta also needs "
+                "CODETTA_OVERWRITE_SAVED=0 for its SwiGLU backwards)"
             )
         dx, dw, db, gained = ctx.saved_tensors
         if not ctx.grads_in_forward:

@@ -53,7 +53,7 @@ from ..programs.rope import (
     unrotate_two_rows,
 )
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
-from ._eager import FastOp, derived
+from ._eager import FastOp, derived, saved_tensors
 from .norm_backward import BACKWARDS, norm_backward
 from .norm_checks import check_args, mixed
 from .rope import RoPE, column_freq, rope_operands
@@ -352,7 +352,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
-    y, w_o, gamma, x, z, sumsq, w_gamma, *rest = ctx.saved_tensors
+    y, w_o, gamma, x, z, sumsq, w_gamma, *rest = saved_tensors(ctx, "residual_rmsnorm_linear")
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
     pres = rest[ctx.n_ws + ctx.n_gate_up : ctx.n_ws + ctx.n_gate_up + ctx.n_pres]
     if dx is not None and dx.shape == x.shape:

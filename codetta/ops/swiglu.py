@@ -17,9 +17,10 @@ dW_down, an [M, f] activation less for an [M, f] write more. In eager
 mode the dSwiGLU epilogue writes dg and du over g and u (each element read, then written,
 by the same tile; nothing else holds them): the backward's peak has two [M, f] tensors
 fewer. Their version counters are bumped, so a second backward through the same graph
-(``retain_graph=True``) raises autograd's in-place error instead of reading gradients as
-activations. Registered as torch.library custom ops, so torch.compile(fullgraph=True)
-traces them (the traced backward writes new tensors: its schema mutates nothing).
+(``retain_graph=True``) raises (autograd's in-place error, naming the setting that allows
+it: ``_eager.saved_tensors``) instead of reading gradients as activations. Registered
+as torch.library custom ops, so torch.compile(fullgraph=True) traces them (the traced
+backward writes new tensors: its schema mutates nothing).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import ACCUMULATE, DSWIGLU, DSWIGLU_Y, STORE_K2, SWIGLU
-from ._eager import FastOp
+from ._eager import FastOp, saved_tensors
 
 
 def _forward_impl(
@@ -127,7 +128,7 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dout, dg, du, dy):
     # g, u and y are internal outputs (the public function returns only out): no gradient
-    x, w_gate, w_up, w_down, g, u, y = ctx.saved_tensors
+    x, w_gate, w_up, w_down, g, u, y = saved_tensors(ctx, "swiglu_mlp")
     if dout is None:
         return None, None, None, None, None, None
     dout = dout.contiguous()
