@@ -58,7 +58,6 @@ the original forward.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import types
@@ -764,11 +763,8 @@ def _wrapped_for_checkpointing(layers) -> bool:
     return False
 
 
-@functools.cache
-def _silu_types() -> tuple:
-    from transformers import activations
-
-    return (torch.nn.SiLU, *[c for c in (getattr(activations, "SiLUActivation", None),) if c is not None])
+# the SiLU modules, by (module, name): no import while torch.compile traces (2.11 refuses it)
+_SILU = {("torch.nn.modules.activation", "SiLU"), ("transformers.activations", "SiLUActivation")}
 
 
 def _silu(mlp) -> bool:
@@ -776,7 +772,8 @@ def _silu(mlp) -> bool:
     model may have another module swapped in), with nothing hooked on it: the fused SwiGLU
     epilogue computes it. Any other activation module runs as a module, on codetta's g."""
     act = mlp.act_fn
-    return type(act) in _silu_types() and not (
+    kind = type(act)
+    return (kind.__module__, kind.__name__) in _SILU and not (
         act._forward_hooks or act._forward_pre_hooks or "forward" in vars(act)
     )
 
