@@ -135,6 +135,16 @@ class RMSNormQKVRoPE(nn.Module):
         new.rotary_emb = rotary_emb
         return new
 
+    def _apply(self, fn, recurse=True):
+        # inv_freq stays float32 at its own precision under .half() / .to(dtype) (a device
+        # move moves it), as Hugging Face's rotary embeddings keep theirs
+        inv = self._buffers.get("inv_freq")
+        out = super()._apply(fn, recurse)
+        moved = self._buffers.get("inv_freq")
+        if inv is not None and moved is not None and moved.dtype != torch.float32:
+            self._buffers["inv_freq"] = inv.to(device=moved.device)
+        return out
+
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
         if x.dim() != 3:
             raise ValueError(f"x must be [batch, seq, hidden], got shape {tuple(x.shape)}")

@@ -26,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels.persistent import kept
+from ..kernels.settings import SETTINGS
 
 _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 # argument types that are never tensors: skipped without an isinstance test (the
@@ -96,7 +97,13 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *flat_grads):
+        if torch.is_grad_enabled():  # (in a backward: create_graph=True)
+            raise RuntimeError(
+                "codetta's operators have no double backward: a backward with create_graph=True (a "
+                "gradient penalty, a Hessian-vector product) through them is not supported"
+            )
         grads = ctx.op.backward(ctx, *_unflatten(flat_grads, ctx.out_lens))
+        ctx.codetta_backward_ran = True  # (a later error at unpacking: a second backward)
         flat = []
         for g, n in zip(grads, ctx.in_lens):
             if n is None:
@@ -149,7 +156,10 @@ def _forget(key: int, ref) -> None:
 
 def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     """``make()``, a table derived from ``src`` alone, kept with ``src`` (weakly, keyed by
-    ``key`` and ``src``'s version counter, so an in-place change of ``src`` remakes it);
+    ``key``, ``src``'s version counter and its storage address, so an in-place change of
+    ``src`` or a new ``.data`` remakes it; a change made through ``src.data`` in place
+    bumps no counter and is not seen: change such a tensor in place under
+    ``torch.no_grad()``, as Hugging Face's rotary embeddings do);
     made afresh while tracing, under a dispatch mode, for a tensor subclass, a tensor
     that requires grad or an inference tensor (no version counter). A kept table is made
     outside any CUDA graph's memory pool; one not yet made when a CUDA stream capture
@@ -162,14 +172,14 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
         ident = id(src)
         ref = weakref.ref(src, lambda r, ident=ident: _forget(ident, r))
         tables = {}
-        _DERIVED[ident] = (ref, src._version, tables)
+        _DERIVED[ident] = (ref, src._version, tables, src.data_ptr())
     return kept(tables, key, make, src.device)  # (a table made before serves a capture too)
 
 
 def derived_tables(src: torch.Tensor) -> dict | None:
     """The tables kept with ``src`` for its current version (by key), or None."""
     entry = _DERIVED.get(id(src))
-    if entry is None or entry[0]() is not src or entry[1] != src._version:
+    if entry is None or entry[0]() is not src or entry[1] != src._version or entry[3] != src.data_ptr():
         return None
     return entry[2]
 
@@ -183,7 +193,10 @@ def saved_tensors(ctx, op: str) -> tuple:
     try:
         return ctx.saved_tensors
     except RuntimeError as exc:
-        if "modified by an inplace operation" not in str(exc):
+        # (before any backward ran, or with the setting off, the change was the caller's:
+        # autograd's own message names the tensor)
+        ran = getattr(ctx, "codetta_backward_ran", False)
+        if "modified by an inplace operation" not in str(exc) or not ran or not SETTINGS.overwrite_saved:
             raise
         raise RuntimeError(
             f"codetta ({op}): a second backward through the same graph (retain_graph=True) is not "

@@ -357,8 +357,14 @@ def _scaled_dx(dx: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return rescale_(dx, scale) if dx.dtype == dtype else scale_cast(dx, scale, dtype)
 
 
-def _autograd_backward(ctx, dloss, _dlse, _ddx, _ddw, _ddb, _dgain):
+def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain):
     rest = (None,) * 11  # (the inputs after x, w, target and the bias: no gradient)
+    if dlse is not None:
+        raise RuntimeError(
+            "codetta.linear_cross_entropy: a gradient reached the returned lse (return_lse=True), "
+            "whose gradient is not formed (only the loss's is); for a z-loss pass z_loss=, or use "
+            "lse.detach() where it only reports"
+        )
     if dloss is None:
         return (None, None, None, None) + rest
     if ctx.vocab_chunk:

@@ -247,8 +247,9 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
                 dqk.append(dw.to(qk_ws[i].dtype))
         elif n_rope == 2:  # q's and k's gradients in one launch
             dzs[0], dzs[1] = unrotate_two_rows(dzs[0], dzs[1], pos, half, rope_scaling, pairs=rope_pairs)
-        else:
-            dzs[0] = unrotate_half_rows(dzs[0], pos, half, rope_scaling, pairs=rope_pairs)
+        else:  # (one rotated output, or three and more: each its own pass)
+            for i in range(n_rope):
+                dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling, pairs=rope_pairs)
     # (dx_low: dx_total in the GEMMs' dtype, a copy over a float32 stream)
     dx_total, dws, dgamma, dx_low = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode,
                                                   fold_gamma)  # fmt: skip

@@ -1,0 +1,113 @@
+"""The operators' public API at its edges (an audit's finds, NOTES.md): a gradient that
+reaches the loss's returned log-sum-exp, a backward with create_graph=True, a caller's
+in-place change before the first backward, the q/k/v module cast to half precision,
+SwiGLUMLP over Hugging Face's own MLP, a rotary table whose source got a new ``.data``.
+Each either works or says what is not supported; none is silently wrong."""
+
+import pytest
+import torch
+from conftest import ON_GPU
+from util import rand
+
+from codetta.nn import RMSNormQKVRoPE, SwiGLUMLP
+from codetta.ops import RoPE, linear_cross_entropy, rmsnorm_linear, swiglu_mlp
+
+DT = torch.float16 if ON_GPU else torch.float32
+
+
+def _loss_inputs(device):
+    x = rand(16, 32, dtype=DT, device=device).requires_grad_()
+    w = rand(40, 32, dtype=DT, device=device, scale=0.2).requires_grad_()
+    return x, w, torch.randint(0, 40, (16,), device=device)
+
+
+def _mlp_leaves(device):
+    shapes = ((8, 32, 1.0), (48, 32, 0.2), (48, 32, 0.2), (32, 48, 0.2))
+    return [rand(*s[:2], dtype=DT, device=device, scale=s[2]).requires_grad_() for s in shapes]
+
+
+def test_gradient_reaching_the_returned_lse_raises(device):
+    """return_lse's lse carries no gradient of its own: a loss that uses it (a hand-made
+    z-loss) raises instead of leaving its term out of the gradients."""
+    x, w, t = _loss_inputs(device)
+    loss, lse = linear_cross_entropy(x, w, t, return_lse=True)
+    with pytest.raises(RuntimeError, match="a gradient reached the returned lse"):
+        (loss + 0.1 * lse.pow(2).mean()).backward()
+    x, w, t = _loss_inputs(device)
+    loss, lse = linear_cross_entropy(x, w, t, return_lse=True)
+    (loss + 0.1 * lse.detach().pow(2).mean()).backward()  # (a reported lse: fine)
+    assert x.grad is not None and w.grad is not None
+
+
+def test_double_backward_raises(device):
+    """A gradient penalty (create_graph=True) through the operators raises by name: none has
+    a double backward (before, the loss's gradient came back unconnected and the penalty
+    added nothing, in silence)."""
+    x, w, t = _loss_inputs(device)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(linear_cross_entropy(x, w, t) * 1.5, x, create_graph=True)
+    leaves = _mlp_leaves(device)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(swiglu_mlp(*leaves).sum(), leaves[0], create_graph=True)
+
+
+def test_callers_inplace_change_keeps_autograds_message(device):
+    """A weight changed in place between the forward and the first backward: autograd's own
+    error (it names the tensor), not the second-backward advice meant for retain_graph."""
+    leaves = _mlp_leaves(device)
+    out = swiglu_mlp(*leaves)
+    with torch.no_grad():
+        leaves[3].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+        out.sum().backward()
+    assert "CODETTA_OVERWRITE_SAVED" not in str(info.value)
+
+
+def test_qkv_module_keeps_float32_frequencies_when_cast(device):
+    """RMSNormQKVRoPE.half() / .to(dtype) casts the weights and keeps inv_freq float32 at its
+    own precision (it crashed on a float16 inv_freq); the rotation is the float32 module's."""
+    torch.manual_seed(0)
+    mod = RMSNormQKVRoPE(64, 4, 2, 16, device=device)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    x = rand(2, 5, 64, dtype=torch.float16, device=device)
+    want = [t.half() for t in mod.float()(x.float())]
+    inv = mod.inv_freq.clone()
+    half = mod.half()
+    assert half.inv_freq.dtype == torch.float32 and torch.equal(half.inv_freq, inv)
+    if not ON_GPU:
+        return  # (float16 GEMMs through the interpreter: slow; the GPU runs the cast module)
+    for got, ref in zip(half(x), want):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_swiglu_module_from_hugging_faces_mlp():
+    """SwiGLUMLP.from_mlp takes a stock LlamaMLP (its act_fn is transformers' SiLUActivation,
+    not nn.SiLU) and shares its weights."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, hidden_act="silu")
+    mlp = LlamaMLP(cfg)
+    mod = SwiGLUMLP.from_mlp(mlp)
+    assert mod.gate_proj is mlp.gate_proj and mod.down_proj is mlp.down_proj
+    cfg.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="SwiGLUMLP computes silu"):
+        SwiGLUMLP.from_mlp(LlamaMLP(cfg))
+
+
+def test_rotary_table_follows_a_new_data(device):
+    """The RoPE tables kept with an inv_freq tensor are remade when it gets a new ``.data``
+    (same tensor object, version counter unchanged, another storage)."""
+    hd, d = 16, 32
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
+    x = rand(5, d, dtype=DT, device=device)
+    g = torch.ones(d, device=device)
+    ws = [rand(hd, d, dtype=DT, device=device, scale=0.2) for _ in range(2)]
+    pos = torch.arange(5, device=device)
+    rmsnorm_linear(x, g, ws, 1e-6, rope=RoPE(pos, inv))  # (tables made)
+    inv.data = inv.data * 0.25
+    q = rmsnorm_linear(x, g, ws, 1e-6, rope=RoPE(pos, inv))[0]
+    fresh = rmsnorm_linear(x, g, ws, 1e-6, rope=RoPE(pos, inv.clone()))[0]
+    assert torch.equal(q, fresh)
