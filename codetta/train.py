@@ -149,8 +149,17 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
                   attn_implementation="sdpa", **_FULL[name])  # fmt: skip
     else:
         path = Path(spec)
-        source = str(path.parent) if path.is_file() else spec
-        cfg = transformers.AutoConfig.from_pretrained(source)
+        looks_local = path.suffix == ".json" or os.sep in spec and not path.exists()
+        if looks_local and not path.exists():
+            raise SystemExit(f"codetta train: --model {spec}: no such file (known names: {', '.join(KNOWN)})")
+        try:  # (a config.json read as it is, whatever its name; a folder's config.json; a hub name)
+            cfg = transformers.AutoConfig.from_pretrained(spec)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SystemExit(
+                f"codetta train: --model {spec}: not a known name ({', '.join(KNOWN)}), nor a config "
+                f"file or folder here, nor a hub config that could be read ({first})"
+            ) from None
         cfg._attn_implementation = "sdpa"
         cfg.max_position_embeddings = max(cfg.max_position_embeddings, seq_len)
     if layers is not None:
@@ -174,13 +183,20 @@ class Stream:
             self.used = torch.randperm(vocab, generator=order)[: min(vocab, SYNTHETIC_TOKENS)]
         else:
             dtype = getattr(torch, data_dtype)
+            if not os.path.isfile(data):
+                raise SystemExit(f"codetta train: --data {data}: no such file (a flat file of token ids)")
             n = os.path.getsize(data) // torch.empty((), dtype=dtype).element_size()
             if n < seq_len:
-                raise ValueError(f"{data} holds {n} tokens, fewer than one sequence ({seq_len})")
+                raise SystemExit(f"codetta train: --data {data} holds {n} tokens, fewer than one sequence "
+                                 f"({seq_len}) as {data_dtype}")  # fmt: skip
             self.tokens = torch.from_file(data, shared=False, size=n, dtype=dtype)
-            top = int(self.tokens.max())
-            if top >= vocab:
-                raise ValueError(f"{data} holds token id {top}, outside the vocabulary ({vocab})")
+            low, top = _id_range(self.tokens)
+            if low < 0 or top >= vocab:
+                raise SystemExit(
+                    f"codetta train: --data {data} holds token id {low if low < 0 else top}, outside the "
+                    f"vocabulary [0, {vocab}) (read as {data_dtype}: --data-dtype says how the file "
+                    "stores them)"
+                )
 
     def sequences(self, first: int, count: int) -> torch.Tensor:
         T = self.seq_len
@@ -197,6 +213,71 @@ class Stream:
             hops[0] = 0
             out[row] = self.used[(start + hops.cumsum(0)) % k]
         return out
+
+
+def _id_range(tokens: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest id, a chunk at a time in int64 (uint16 has no min/max on the
+    CPU, and a whole large file in int64 would take 4x its size)."""
+    low, top, step = 0, 0, 1 << 24
+    for i in range(0, tokens.numel(), step):
+        chunk = tokens[i : i + step].to(torch.int64)
+        low, top = min(low, int(chunk.min())), max(top, int(chunk.max()))
+    return low, top
+
+
+def check_arguments(args) -> None:
+    """Refuse, in one line each, what would crash later or train nothing: counts below one,
+    a non-finite or negative learning rate, fp16 parameters with AdamW (no --amp), FSDP2
+    wrapping the base model apart from tied embeddings, a --profile window past the run,
+    and --out / --save paths that cannot be written (found before training, not after)."""
+    for name in ("batch", "accum", "steps", "log_every"):
+        if getattr(args, name) < 1:
+            raise SystemExit(
+                f"codetta train: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+            )
+    for name in ("warmup", "time_from", "profile", "host_profile"):
+        if getattr(args, name) < 0:
+            raise SystemExit(
+                f"codetta train: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+            )
+    if args.seq_len < 2:
+        raise SystemExit(f"codetta train: --seq-len must be >= 2 (a token and the next), got {args.seq_len}")
+    for name, least in (("layers", 1), ("vocab", 2)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            raise SystemExit(f"codetta train: --{name} must be >= {least}, got {getattr(args, name)}")
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        raise SystemExit(f"codetta train: --lr must be a finite number >= 0, got {args.lr}")
+    if args.dtype == "fp16" and not args.amp and args.parallel != "fsdp":
+        raise SystemExit(
+            "codetta train: --dtype fp16 without --amp keeps the parameters and AdamW's state in fp16, "
+            "which overflows within a few steps; pass --amp (fp16 autocast with a GradScaler, float32 "
+            "parameters) or --dtype bf16"
+        )
+    for flag, steps in (("--profile", args.profile), ("--host-profile", args.host_profile)):
+        if steps and args.time_from + steps > args.steps:
+            raise SystemExit(
+                f"codetta train: {flag} {steps} after --time-from {args.time_from} runs past --steps "
+                f"{args.steps}"
+            )
+    for flag, path in (("--out", args.out), ("--save", args.save)):
+        if path is None or int(os.environ.get("RANK", "0")) != 0:
+            continue  # (rank 0 writes them: it alone tries)
+        target = Path(path)
+        if target.is_dir():
+            raise SystemExit(f"codetta train: {flag} {path} is a folder; give a file name")
+        try:  # (the folder made now, as it would be after training)
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"codetta train: {flag} {path}: its folder cannot be made ({exc})") from None
+        try:  # (a file made and removed: what can be written, whatever the permissions say)
+            if target.exists():
+                with open(target, "ab"):
+                    pass
+            else:
+                target.touch()
+                target.unlink()
+        except OSError as exc:
+            raise SystemExit(f"codetta train: {flag} {path} cannot be written ({exc})") from None
 
 
 def _perturb(model, seed: int) -> None:
@@ -264,6 +345,11 @@ def build(args, device, world: int):
                   mesh=init_device_mesh(device.type, (world,)))  # fmt: skip
         for layer in model.model.layers:
             fully_shard(layer, **kw)
+        if args.wrap_base and getattr(cfg, "tie_word_embeddings", False):
+            raise SystemExit(
+                "codetta train: --wrap-base with tied embeddings: FSDP2 cannot shard the base model "
+                "apart from the LM head that shares its table; leave out --wrap-base"
+            )
         if args.wrap_base:
             fully_shard(model.model, **kw)
         fully_shard(model, **kw)
@@ -314,6 +400,7 @@ def _autocast(args, device):
 def train(args) -> dict:
     import torch.distributed as dist
 
+    check_arguments(args)
     if args.amp and args.dtype == "fp32":
         raise SystemExit("codetta train: --amp computes in --dtype bf16 or fp16 (fp32 is no mixed precision)")
     if args.amp and args.parallel == "fsdp":
@@ -339,6 +426,7 @@ def train(args) -> dict:
     stream = Stream(args.data, args.data_dtype, args.seq_len, cfg.vocab_size, args.seed)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
     cuda = device.type == "cuda"
+    unit = "GPU" if cuda else "process"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     losses, step_ms, host_ms = [], [], []
@@ -386,20 +474,26 @@ def train(args) -> dict:
             raise SystemExit(f"codetta train: loss {value} at step {step}")
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"step {step:5d}  loss {value:.4f}  {step_ms[-1]:8.1f} ms (host {host_ms[-1]:6.1f})  "
-                  f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/GPU", flush=True)  # fmt: skip
+                  f"{tokens_per_gpu / step_ms[-1] * 1e3:10.0f} tokens/s/{unit}", flush=True)  # fmt: skip
     if profiler is not None:
         _profile(profiler, args, step_ms)
     if host_profiler is not None:
         _host_profile(host_profiler, args)
-    timed = step_ms[args.time_from :] or step_ms or [math.nan]
-    timed_host = host_ms[args.time_from :] or host_ms or [math.nan]
+    # (--time-from past the run: every step is timed, and the result says so)
+    timed_from = args.time_from if args.time_from < len(step_ms) else 0
+    if timed_from != args.time_from and rank == 0:
+        print(f"codetta train: --time-from {args.time_from} >= --steps {args.steps}: every step is timed, "
+              "the first ones with their warm-up", flush=True)  # fmt: skip
+    timed, timed_host = step_ms[timed_from:], host_ms[timed_from:]
     result = {
         "model": args.model, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
         "parallel": args.parallel, "world": world, "codetta": args.codetta, "compile": args.compile,
         "perturb": args.perturb, "dtype": args.dtype, "amp": args.amp,
         "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "batch": args.batch,
         "seq_len": args.seq_len, "accum": args.accum, "steps": args.steps, "time_from": args.time_from,
-        "lr": args.lr, "data": args.data,
+        "timed_from": timed_from, "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "data": args.data,
+        "data_dtype": args.data_dtype, "grad_checkpointing": args.grad_checkpointing,
+        "wrap_base": args.wrap_base, "precompile": args.precompile,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__, "commit": os.environ.get("CODETTA_COMMIT", "unknown"),
         "losses": losses, "step_ms": step_ms, "host_ms": host_ms,
@@ -411,7 +505,7 @@ def train(args) -> dict:
         print(
             f"done: {world} process(es), median {result['median_step_ms']:.1f} ms/step "
             f"(host {result['median_host_ms']:.1f} ms to issue it), "
-            f"{result['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, final loss {(losses or [math.nan])[-1]:.4f}",
+            f"{result['tokens_per_s_per_gpu']:.0f} tokens/s/{unit}, final loss {losses[-1]:.4f}",
             flush=True,
         )
         if args.out:

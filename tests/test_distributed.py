@@ -175,14 +175,53 @@ def test_token_streams(tmp_path):
     got = file.sequences(3, 9)
     assert got.dtype == torch.int64 and got.shape == (9, 8)
     assert torch.equal(got[0], tokens[24:32].long()) and torch.equal(got[7], tokens[0:8].long())  # 10 % 10
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(SystemExit, match="outside the vocabulary"):
         Stream(str(path), "int32", 8, 500, 0)
+    # uint16, the default (no max on the CPU: read a chunk at a time), and negative ids
+    small = tmp_path / "u16.bin"
+    small.write_bytes(tokens.to(torch.int16).numpy().tobytes())
+    assert torch.equal(Stream(str(small), "uint16", 8, 1000, 0).sequences(0, 1)[0], tokens[:8].long())
+    (tmp_path / "neg.bin").write_bytes(
+        torch.cat([tokens, torch.tensor([-3], dtype=torch.int32)]).numpy().tobytes()
+    )
+    with pytest.raises(SystemExit, match="token id -"):
+        Stream(str(tmp_path / "neg.bin"), "int32", 8, 1000, 0)
+    for bad, why in ((str(tmp_path / "none.bin"), "no such file"), (str(tmp_path), "no such file")):
+        with pytest.raises(SystemExit, match=why):
+            Stream(bad, "int32", 8, 1000, 0)
     synth = Stream("synthetic", "int32", 256, 32000, 0)
     seqs = synth.sequences(5, 4)
     assert torch.equal(seqs[1:], synth.sequences(6, 3))
     where = {int(t): i for i, t in enumerate(synth.used)}
     steps = torch.tensor([[where[int(b)] - where[int(a)] for a, b in zip(s[:-1], s[1:])] for s in seqs]) % 64
     assert set(steps.unique().tolist()) == {1, 2}
+
+
+def test_train_refuses_bad_arguments_before_training(tmp_path):
+    """``codetta train`` says in one line what would crash later, train nothing or be lost
+    after the run: counts below one, a non-finite learning rate, fp16 parameters with AdamW
+    and no --amp, a profile window past the run, --out / --save that cannot be written, a
+    config file that is not there; and it reads a config file by its own name (a folder's
+    config.json beside it once came instead)."""
+    from codetta.train import add_arguments, hf_config, train
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = _config(tmp_path, "llama")
+    base = ["--model", str(config), *COMMON, "--parallel", "none"]
+    for extra, why in (
+        (["--accum", "-1"], "--accum must be >= 1"), (["--steps", "0"], "--steps must be >= 1"),
+        (["--lr", "nan"], "--lr must be a finite number"), (["--seq-len", "1"], "--seq-len must be >= 2"),
+        (["--dtype", "fp16"], "fp16 without --amp"), (["--profile", "3", "--time-from", "2"], "runs past"),
+        (["--out", str(tmp_path)], "is a folder"), (["--save", "/proc/codetta/w.pt"], "cannot be"),
+        (["--model", str(tmp_path / "missing.json")], "no such file"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit, match=why):
+            train(parser.parse_args([*base, *extra]))
+    other = json.loads(config.read_text())
+    (config.parent / "other.json").write_text(json.dumps({**other, "num_hidden_layers": 1}))
+    assert hf_config(str(config.parent / "other.json"), None, None, 16).num_hidden_layers == 1
+    assert hf_config(str(config), None, None, 16).num_hidden_layers == 3
 
 
 def test_spans_skip_the_module_walk_without_a_process_group(monkeypatch):
