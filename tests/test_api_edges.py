@@ -111,3 +111,30 @@ def test_rotary_table_follows_a_new_data(device):
     q = rmsnorm_linear(x, g, ws, 1e-6, rope=RoPE(pos, inv))[0]
     fresh = rmsnorm_linear(x, g, ws, 1e-6, rope=RoPE(pos, inv.clone()))[0]
     assert torch.equal(q, fresh)
+
+
+def test_layout_errors_name_the_callers_argument(device):
+    """Layouts a GEMM cannot read (a strided weight, gate and up laid out differently, a
+    strided gamma, data off a 16-byte boundary) are refused naming the caller's argument,
+    not an internal operand, and a valid call before does not hide them (the remembered
+    checks key on strides and alignment too)."""
+    from codetta.ops import residual_rmsnorm_linear
+
+    y, res = rand(8, 32, dtype=DT, device=device), rand(8, 32, dtype=DT, device=device)
+    w_o, w = rand(32, 32, dtype=DT, device=device), rand(16, 32, dtype=DT, device=device)
+    g = torch.rand(32, device=device) + 0.5
+    residual_rmsnorm_linear(y, w_o, res, g, w, 1e-6)  # (remembered as valid)
+    wide = rand(32, 64, dtype=DT, device=device)
+    for args, why in (
+        ((y, wide[:, ::2], res, g, w), "w_o must have unit stride"),
+        ((y, w_o, res, torch.rand(64, device=device)[::2], w), "gamma must be contiguous"),
+        ((rand(8 * 32 + 1, dtype=DT, device=device)[1:].view(8, 32), w_o, res, g, w), "y's data must start"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            residual_rmsnorm_linear(*args, 1e-6)
+    x, wg, wu, wd = (t.detach() for t in _mlp_leaves(device))
+    with pytest.raises(ValueError, match="w_gate, w_up must be laid out alike.*w_gate is a transposed view"):
+        swiglu_mlp(x, wg.t().contiguous().t(), wu, wd)
+    xl, wl, t = _loss_inputs(device)
+    with pytest.raises(ValueError, match="linear_weight must have unit stride"):
+        linear_cross_entropy(xl.detach(), rand(40, 64, dtype=DT, device=device)[:, ::2], t)

@@ -71,6 +71,7 @@ from .ce_rows import (
     target_rows,
 )
 from .ce_sliced import sliced_backward, sliced_forward
+from .norm_checks import check_layouts
 from .tied_embedding import TiedLink
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -496,6 +497,7 @@ def linear_cross_entropy(
         )
     if target.shape != input.shape[:-1]:
         raise ValueError(f"target must have shape {tuple(input.shape[:-1])}, got {tuple(target.shape)}")
+    check_layouts({"linear_weight": linear_weight})  # (input: made contiguous where it is not)
     V = linear_weight.shape[0]
     if linear_bias is not None:
         if linear_bias.shape != (V,):
@@ -507,6 +509,8 @@ def linear_cross_entropy(
             raise ValueError(f"weight must have shape ({V},) (one per class), got {tuple(weight.shape)}")
         if not weight.is_floating_point():
             raise TypeError(f"weight must be a floating-point tensor, got {weight.dtype}")
+        if weight.requires_grad:  # (as PyTorch's cross-entropy: class weights take no gradient)
+            raise ValueError("weight (the class weights) must not require grad: no gradient is formed for it")
         weight = weight.detach().float().contiguous()
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")

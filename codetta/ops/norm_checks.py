@@ -29,7 +29,45 @@ _MAX_CHECKED = 1024
 
 
 def _meta(t) -> tuple:
-    return type(t), t.shape, t.dtype, t.device
+    # (strides and 16-byte alignment too: the layout checks read them)
+    return type(t), t.shape, t.dtype, t.device, t.stride(), _aligned(t)
+
+
+def _aligned(t) -> bool:
+    """Data on a 16-byte boundary (while torch.compile traces, a fake tensor has no address:
+    the kernel's own check sees the real one)."""
+    return torch.compiler.is_compiling() or not t.numel() or t.data_ptr() % 16 == 0
+
+
+def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
+    """The matrices of ``named`` (a GEMM reads them as they are) each with unit stride in
+    one dimension (contiguous or a transposed view) and their data on a 16-byte boundary,
+    those named in ``alike`` laid out alike (the GEMM reads them as parts of one operand);
+    the vectors named in ``vectors`` contiguous. Errors name the caller's argument."""
+    for name, t in named.items():
+        if name in vectors:
+            if not t.is_contiguous():
+                raise ValueError(
+                    f"{name} must be contiguous, got strides {tuple(t.stride())}; call .contiguous()"
+                )
+            continue
+        if t.numel() and not (t.is_contiguous() or t.t().is_contiguous()):
+            raise ValueError(
+                f"{name} must have unit stride in one dimension (contiguous or a transposed view), got "
+                f"strides {tuple(t.stride())}; call .contiguous()"
+            )
+        if not _aligned(t):
+            raise ValueError(
+                f"{name}'s data must start on a 16-byte boundary (a slice at an odd offset); call .clone()"
+            )
+    kinds = {name: named[name].is_contiguous() for name in alike if named[name].numel()}
+    if len(set(kinds.values())) > 1:
+        odd = [n for n, c in kinds.items() if not c]
+        raise ValueError(
+            f"{', '.join(kinds)} must be laid out alike (each contiguous or each a transposed view); "
+            f"{', '.join(odd)} {'is a transposed view' if len(odd) == 1 else 'are transposed views'}: "
+            "call .contiguous()"
+        )
 
 
 def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
@@ -90,6 +128,10 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
     for name, w in zip(w_names, ws):
         if w.shape[1] != d:
             raise ValueError(f"{name} must be [N, {d}], got {tuple(w.shape)}")
+    # (y and the residual are made contiguous where they are not: only their start matters)
+    layouts = {"w_o": w_o, **dict(zip(w_names, ws)), "gamma": gamma}
+    layouts.update({n: t for n, t in (("y", y), ("residual", residual)) if t.is_contiguous()})
+    check_layouts(layouts, alike=tuple(w_names), vectors=("gamma",))
     unit = 16 // y.element_size()
     sizes = [("y's features K", w_o.shape[1]), ("the hidden size d", d)]
     sizes += [(f"{name}'s N", w.shape[0]) for name, w in zip(w_names, ws)]

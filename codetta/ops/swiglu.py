@@ -32,6 +32,7 @@ from ..kernels.operands import check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import ACCUMULATE, DSWIGLU, DSWIGLU_Y, STORE_K2, SWIGLU
 from ._eager import FastOp, saved_tensors
+from .norm_checks import check_layouts
 
 
 def _forward_impl(
@@ -197,6 +198,12 @@ def swiglu_mlp(
         raise ValueError(f"w_down must be [d={d}, f={f}], got {tuple(w_down.shape)}")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
+    # (x and the residual are made contiguous where they are not: only their start matters)
+    layouts = {gate_name: w_gate, up_name: w_up, "w_down": w_down}
+    layouts.update(
+        {n: t for n, t in (("x", x), ("residual", residual)) if t is not None and t.is_contiguous()}
+    )
+    check_layouts(layouts, alike=(gate_name, up_name))
     unit = 16 // x.element_size()
     for what, size in (("the hidden size d", d), ("the intermediate size f", f)):
         if size % unit:
