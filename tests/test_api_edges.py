@@ -138,3 +138,18 @@ def test_layout_errors_name_the_callers_argument(device):
     xl, wl, t = _loss_inputs(device)
     with pytest.raises(ValueError, match="linear_weight must have unit stride"):
         linear_cross_entropy(xl.detach(), rand(40, 64, dtype=DT, device=device)[:, ::2], t)
+
+
+def test_negative_padding_idx_and_the_loss_modules_repr(device):
+    """embedding's padding_idx counts from the end when negative, as F.embedding's does (the
+    padded row gets no gradient); LinearCrossEntropyLoss's repr shows return_lse."""
+    from codetta.nn import LinearCrossEntropyLoss
+    from codetta.ops import embedding
+
+    w = rand(12, 16, dtype=DT, device=device).requires_grad_()
+    ids = torch.tensor([[1, 11, 3, 11]], device=device)
+    embedding(ids, w, padding_idx=-1).float().sum().backward()
+    assert w.grad[11].abs().max() == 0 and w.grad[1].abs().max() > 0
+    with pytest.raises(ValueError, match="padding_idx must be None or in"):
+        embedding(ids, w, padding_idx=-13)
+    assert "return_lse=True" in repr(LinearCrossEntropyLoss(return_lse=True))

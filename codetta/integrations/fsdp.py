@@ -27,6 +27,8 @@ not wrapped by ``fully_shard`` (no FSDP, DDP, one GPU) make every call here a no
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -91,9 +93,9 @@ class Spans:
             state._pre_forward(module, (), {})
 
     def close_outer(self, outputs):
-        for module, state in reversed(self._outer):
-            outputs = state._post_forward(module, (), outputs)
-        return outputs
+        if not self._outer:
+            return outputs
+        return _quiet_views(self._post_forwards, reversed(self._outer), outputs)
 
     def open(self, j: int, *tensors: torch.Tensor):
         """Span j starts; ``tensors`` are its inputs (use the returned ones: FSDP2 hooks the
@@ -105,6 +107,25 @@ class Spans:
     def close(self, j: int, outputs):
         """Span j ends; ``outputs`` are its outputs (FSDP2 gathers the span's parameters
         again when their gradients arrive). Returns them (maybe cast by FSDP2)."""
-        for module, state in reversed(self._states[j]):
+        if not self._states[j]:  # (no FSDP2 here: nothing to do, every layer of every forward)
+            return outputs
+        return _quiet_views(self._post_forwards, reversed(self._states[j]), outputs)
+
+    @staticmethod
+    def _post_forwards(states, outputs):
+        for module, state in states:
             outputs = state._post_forward(module, (), outputs)
         return outputs
+
+
+def _quiet_views(fn, *args):
+    """``fn(*args)`` without FSDP2's warning (torch 2.13) that a span's output is a view (an
+    in-place op on it would drop the hook that gathers the span's parameters for its
+    backward): the fused forward's spans end in views (the residual stream and q, k, v
+    reshaped to [batch, seq, ...]) that nothing changes in place, so on every forward it
+    would be a false alarm. (Traced by torch.compile: as it is.)"""
+    if torch.compiler.is_compiling():
+        return fn(*args)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        return fn(*args)

@@ -33,4 +33,5 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}"
             + (f", vocab_chunk={self.vocab_chunk}" if self.vocab_chunk else "")
+            + (", return_lse=True" if self.return_lse else "")
         )

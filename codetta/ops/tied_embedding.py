@@ -106,7 +106,8 @@ def tied_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | N
                    link: TiedLink) -> torch.Tensor:  # fmt: skip
     """``F.embedding(ids, weight, padding_idx)``, tied through ``link`` to a
     ``linear_cross_entropy(..., tied=link)`` over the same ``weight`` (module docstring).
-    ``padding_idx``: None or in [0, V), as ``nn.Embedding`` stores it."""
+    ``padding_idx``: None or in [-V, V) (a negative one counted from the end, as
+    ``F.embedding`` takes it)."""
     if not isinstance(link, TiedLink):
         raise TypeError(f"link must be a codetta.ops.TiedLink, got {type(link).__name__}")
     return _lookup(ids, weight, padding_idx, link)
@@ -123,8 +124,11 @@ def _lookup(ids, weight, padding_idx, link):
         raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
     if weight.dim() != 2:
         raise ValueError(f"weight must be [V, d], got {tuple(weight.shape)}")
-    if padding_idx is not None and not 0 <= padding_idx < weight.shape[0]:
-        raise ValueError(f"padding_idx must be None or in [0, {weight.shape[0]}), got {padding_idx}")
+    V = weight.shape[0]
+    if padding_idx is not None and not -V <= padding_idx < V:
+        raise ValueError(f"padding_idx must be None or in [-{V}, {V}), got {padding_idx}")
+    if padding_idx is not None and padding_idx < 0:  # (as F.embedding: counted from the end)
+        padding_idx += V
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and weight.requires_grad):
         return F.embedding(ids, weight, padding_idx)
     out = _Lookup.apply(weight, ids, padding_idx, link)
