@@ -149,15 +149,21 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
                   attn_implementation="sdpa", **_FULL[name])  # fmt: skip
     else:
         path = Path(spec)
-        looks_local = path.suffix == ".json" or os.sep in spec and not path.exists()
-        if looks_local and not path.exists():
-            raise SystemExit(f"codetta train: --model {spec}: no such file (known names: {', '.join(KNOWN)})")
+        known = ", ".join(KNOWN)
+        if not path.exists():
+            # (a hub name is org/name; a file or folder named here must be there; anything
+            # else is a mistyped known name: said now, not after transformers' retries)
+            if path.suffix == ".json" or spec.startswith((".", "/", "~")):
+                raise SystemExit(f"codetta train: --model {spec}: no such file (known names: {known})")
+            if spec.count("/") != 1:
+                raise SystemExit(f"codetta train: --model {spec}: not a known name ({known}), a config "
+                                 "file or folder, nor a hub name (org/name)")  # fmt: skip
         try:  # (a config.json read as it is, whatever its name; a folder's config.json; a hub name)
             cfg = transformers.AutoConfig.from_pretrained(spec)
         except (OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SystemExit(
-                f"codetta train: --model {spec}: not a known name ({', '.join(KNOWN)}), nor a config "
+                f"codetta train: --model {spec}: not a known name ({known}), nor a config "
                 f"file or folder here, nor a hub config that could be read ({first})"
             ) from None
         cfg._attn_implementation = "sdpa"

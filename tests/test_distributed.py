@@ -215,6 +215,7 @@ def test_train_refuses_bad_arguments_before_training(tmp_path):
         (["--dtype", "fp16"], "fp16 without --amp"), (["--profile", "3", "--time-from", "2"], "runs past"),
         (["--out", str(tmp_path)], "is a folder"), (["--save", "/proc/codetta/w.pt"], "cannot be"),
         (["--model", str(tmp_path / "missing.json")], "no such file"),
+        (["--model", "llama3-xyz"], "not a known name"),  # (at once: no hub retries for a typo)
     ):  # fmt: skip
         with pytest.raises(SystemExit, match=why):
             train(parser.parse_args([*base, *extra]))
