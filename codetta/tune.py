@@ -250,7 +250,14 @@ def main(args) -> int:
         specs += list(KNOWN)
     if args.widths:
         d, f, h, kv, hd, v = args.widths
+        if min(args.widths) < 1 or h % kv:
+            print(f"--widths {' '.join(map(str, args.widths))}: every width must be >= 1 and heads a "
+                  "multiple of kv_heads", file=sys.stderr)  # fmt: skip
+            return 2
         specs.append(Widths("custom", d, f, h, kv, hd, v))
+    if min(args.tokens) < 1:
+        print(f"--tokens must be >= 1 each, got {args.tokens}", file=sys.stderr)
+        return 2
     if not specs:
         print(
             "name a model (--model), --all-known, or --widths d f heads kv_heads head_dim vocab",

@@ -329,3 +329,15 @@ def test_tune_writes_after_every_tuned_key(monkeypatch, tmp_path):
     args = SimpleNamespace(merge=False, force=False, seconds=0.1)
     assert tune._tune_all(args, calls, tmp_path / "t.json") == 0
     assert writes == [4, 5, 10, 18, 20, 23]
+
+
+def test_tune_refuses_bad_widths_and_tokens(capsys):
+    """``codetta tune --widths`` with a zero width or heads not a multiple of kv_heads, and
+    ``--tokens 0``, say so (they made a traceback, or keys for 2 tokens)."""
+    from codetta.__main__ import main
+
+    for args, why in ((["--widths", "0", "0", "0", "0", "0", "0"], "every width must be >= 1"),
+                      (["--widths", "64", "96", "4", "3", "16", "128"], "a multiple of kv_heads"),
+                      (["--model", "llama3-1b", "--tokens", "0"], "--tokens must be >= 1")):  # fmt: skip
+        assert main(["tune", *args, "--list"]) == 2
+        assert why in capsys.readouterr().err
