@@ -153,3 +153,15 @@ def test_negative_padding_idx_and_the_loss_modules_repr(device):
     with pytest.raises(ValueError, match="padding_idx must be None or in"):
         embedding(ids, w, padding_idx=-13)
     assert "return_lse=True" in repr(LinearCrossEntropyLoss(return_lse=True))
+
+
+def test_class_weights_that_require_grad(device):
+    """Class weights that require grad: refused where a gradient would be asked for (none
+    is formed for them; PyTorch's cross-entropy refuses at the backward), taken under
+    no_grad (an evaluation pass with learned class weights)."""
+    x, w, t = _loss_inputs(device)
+    cw = torch.rand(40, device=device).requires_grad_()
+    with pytest.raises(RuntimeError, match="must not require grad"):
+        linear_cross_entropy(x, w, t, weight=cw)
+    with torch.no_grad():
+        assert torch.isfinite(linear_cross_entropy(x, w, t, weight=cw))

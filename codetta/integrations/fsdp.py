@@ -86,6 +86,8 @@ class Spans:
                         f"({type(module).__name__}); use torch 2.11 or newer, or codetta.revert(model)"
                     )
         self.active = any(self._states) or bool(self._outer)
+        if self.active:
+            _quiet_view_warnings()
 
     def open_outer(self) -> None:
         """The outer modules' forward starts (before anything reads their parameters)."""
@@ -93,9 +95,9 @@ class Spans:
             state._pre_forward(module, (), {})
 
     def close_outer(self, outputs):
-        if not self._outer:
-            return outputs
-        return _quiet_views(self._post_forwards, reversed(self._outer), outputs)
+        for module, state in reversed(self._outer):
+            outputs = state._post_forward(module, (), outputs)
+        return outputs
 
     def open(self, j: int, *tensors: torch.Tensor):
         """Span j starts; ``tensors`` are its inputs (use the returned ones: FSDP2 hooks the
@@ -107,25 +109,26 @@ class Spans:
     def close(self, j: int, outputs):
         """Span j ends; ``outputs`` are its outputs (FSDP2 gathers the span's parameters
         again when their gradients arrive). Returns them (maybe cast by FSDP2)."""
-        if not self._states[j]:  # (no FSDP2 here: nothing to do, every layer of every forward)
-            return outputs
-        return _quiet_views(self._post_forwards, reversed(self._states[j]), outputs)
-
-    @staticmethod
-    def _post_forwards(states, outputs):
-        for module, state in states:
+        for module, state in reversed(self._states[j]):
             outputs = state._post_forward(module, (), outputs)
         return outputs
 
 
-def _quiet_views(fn, *args):
-    """``fn(*args)`` without FSDP2's warning (torch 2.13) that a span's output is a view (an
-    in-place op on it would drop the hook that gathers the span's parameters for its
-    backward): the fused forward's spans end in views (the residual stream and q, k, v
-    reshaped to [batch, seq, ...]) that nothing changes in place, so on every forward it
-    would be a false alarm. (Traced by torch.compile: as it is.)"""
-    if torch.compiler.is_compiling():
-        return fn(*args)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-        return fn(*args)
+_VIEWS_QUIET = [False]
+
+
+def _quiet_view_warnings() -> None:
+    """Once per process: no FSDP2 warning (torch 2.13) that a Llama / Qwen3 / Mistral module
+    returned a view (an in-place op on it would drop the hook that gathers its parameters
+    for the backward). The fused forward's spans end in views (the residual stream and q,
+    k, v reshaped to [batch, seq, ...]) that nothing changes in place, so it was a false
+    alarm on every layer class; one filter, installed once (a ``catch_warnings`` around
+    each span reset the process's record of warnings shown, so every other warning came
+    again on every forward). The same families' modules run unpatched in the process are
+    not warned either."""
+    if _VIEWS_QUIET[0] or torch.compiler.is_compiling():
+        return
+    _VIEWS_QUIET[0] = True
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(FSDP(Llama|Qwen3|Mistral)\w*\) returned a view tensor"
+    )

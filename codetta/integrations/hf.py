@@ -39,7 +39,7 @@ multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
 forwards), non-contiguous projection weights, modules whose math the fused forward
 computes itself (decoder layers, attention, MLP, norms, the rotary embedding) of
-another class than the family's or with a forward replaced on the instance, or hooks
+another class than the family's, or hooks
 other than FSDP2's on the base model, the final norm, the rotary embedding or a decoder
 layer's modules (they would not run). An activation module other than SiLU runs as a
 module on codetta's gate and up projections.
@@ -202,11 +202,13 @@ def revert(model=None):
 def unsupported(model) -> str | None:
     """Why the fused forward cannot run this model (None: it can). Worked out once per
     model and parameter dtype (every forward asks; a model may be cast after it is
-    patched), and again whenever a hook has been registered anywhere since (PyTorch's
-    count of hook handles moved): the modules' hooks alone are then looked at again,
-    from a list made with the verdict, and at every call while some are in the way (a
-    removal moves no count). Modules swapped into a model after it was patched
-    are not looked at again (say ``codetta.revert`` and patch again). Under
+    patched); the modules' hooks are looked at again whenever a hook was registered
+    through PyTorch's hook API anywhere since (its count of hook handles moved: under
+    FSDP2 every forward, which registers tensor hooks; ~5 us a layer), from a weakly held
+    list made with the verdict, and at every call while some are in the way (a removal
+    moves no count). Not seen after patching: modules swapped into the model, forwards
+    replaced on an instance (accelerate's ``add_hook_to_module`` does; patch after it, and
+    it is refused). Under
     torch.compile the verdict is worked out from the model in the traced frame (its
     guards are on what it reads, which the compiled forward guards on anyway), never
     looked up in the weak table: traced, that lookup guarded on the table's size, which
@@ -221,6 +223,9 @@ def unsupported(model) -> str | None:
     entry = _UNSUPPORTED.get(model)
     if entry is None or entry[0] != dtype:
         static, watched = _static_problem(model)
+        # (weakly: under FSDP2 the modules' hooks lead back to the model, which the weak
+        # table's entry would then keep alive for good)
+        watched = [weakref.ref(m) for m in watched]
         entry = _UNSUPPORTED[model] = [dtype, static, watched, None, static]
     if entry[1] is None and entry[3] != hooks:
         problem = _hook_problem(model, entry[2])
@@ -280,6 +285,9 @@ def _hook_problem(model, watched) -> str | None:
             "the modules they would see"
         )
     for module in watched:
+        module = module() if isinstance(module, weakref.ref) else module
+        if module is None:
+            continue
         hooks = _foreign_hooks(module)
         if hooks:
             return (
@@ -310,8 +318,10 @@ def _own_type(module) -> type:
 
 def _class_problem(model, base, layers) -> str | None:
     """A module whose math the fused forward computes itself (never calling its forward)
-    that is not the family's own class, or whose forward was replaced on the instance: a
-    subclass or a replacement with other math would be skipped in silence."""
+    that is not the family's own class: a subclass or a replacement with other math
+    would be skipped in silence. (A forward replaced on the instance is taken to compute
+    the class's math: transformers' ``kernelize`` and Liger's instance patch replace the
+    norms' so, with the same math; accelerate's ``_hf_hook`` is refused as a hook.)"""
     family = _family_classes(model)
     wanted = [(base, "Model"), (base.norm, "RMSNorm"), (base.rotary_emb, "RotaryEmbedding")]
     for layer in layers:
@@ -326,11 +336,6 @@ def _class_problem(model, base, layers) -> str | None:
             return (
                 f"{_module_name(model, module)} is a {kind}, not transformers' {cls.__name__}: the "
                 f"fused forward computes {cls.__name__}'s math without calling the module"
-            )
-        if "forward" in vars(module):
-            return (
-                f"{_module_name(model, module)} has its forward replaced on the instance: the fused "
-                "forward never calls it"
             )
     return None
 

@@ -137,7 +137,7 @@ class RMSNormQKVRoPE(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # inv_freq stays float32 at its own precision under .half() / .to(dtype) (a device
-        # move moves it), as Hugging Face's rotary embeddings keep theirs
+        # move moves it): the rotation's angles are formed in float32 from it
         inv = self._buffers.get("inv_freq")
         out = super()._apply(fn, recurse)
         moved = self._buffers.get("inv_freq")

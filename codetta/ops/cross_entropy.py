@@ -509,8 +509,8 @@ def linear_cross_entropy(
             raise ValueError(f"weight must have shape ({V},) (one per class), got {tuple(weight.shape)}")
         if not weight.is_floating_point():
             raise TypeError(f"weight must be a floating-point tensor, got {weight.dtype}")
-        if weight.requires_grad:  # (as PyTorch's cross-entropy: class weights take no gradient)
-            raise ValueError("weight (the class weights) must not require grad: no gradient is formed for it")
+        if weight.requires_grad and torch.is_grad_enabled():  # (PyTorch's refuses too, at the backward)
+            raise RuntimeError("weight (the class weights) must not require grad: none is formed for it")
         weight = weight.detach().float().contiguous()
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")

@@ -29,8 +29,13 @@ _MAX_CHECKED = 1024
 
 
 def _meta(t) -> tuple:
-    # (strides and 16-byte alignment too: the layout checks read them)
-    return type(t), t.shape, t.dtype, t.device, t.stride(), _aligned(t)
+    # (strides and 16-byte alignment too: the layout checks read them; the address is not
+    # asked while torch.compile traces: check_args then keys without it)
+    return type(t), t.shape, t.dtype, t.device, t.stride(), t.data_ptr() % 16 == 0
+
+
+def _meta_traced(t) -> tuple:
+    return type(t), t.shape, t.dtype, t.device, t.stride()
 
 
 def _aligned(t) -> bool:
@@ -73,12 +78,14 @@ def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
 def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, float]:
     """Validate the operator's arguments (naming them as the caller does, ``names``: the
     next weights'); return the weights as a list and eps. What is checked depends on the
-    tensors' types, shapes, dtypes and devices and on eps alone: a set of those found
-    valid before is not checked again (~10 us a call on this project's CPU machine)."""
+    tensors' types, shapes, dtypes, devices, strides and 16-byte alignment and on eps
+    alone: a set of those found valid before is not checked again (~10 us a call on this
+    project's CPU machine)."""
     seq = isinstance(weight, (list, tuple))
     try:
         ws = list(weight) if seq else [] if weight is None else [weight]
-        key = (type(eps), eps, names, type(weight), *map(_meta, (y, w_o, residual, gamma, *ws)))
+        meta = _meta_traced if torch.compiler.is_compiling() else _meta
+        key = (type(eps), eps, names, type(weight), *map(meta, (y, w_o, residual, gamma, *ws)))
         known = _CHECKED.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
         known = key = None
