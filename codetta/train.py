@@ -236,15 +236,12 @@ def check_arguments(args) -> None:
     a non-finite or negative learning rate, fp16 parameters with AdamW (no --amp), FSDP2
     wrapping the base model apart from tied embeddings, a --profile window past the run,
     and --out / --save paths that cannot be written (found before training, not after)."""
-    for name in ("batch", "accum", "steps", "log_every"):
-        if getattr(args, name) < 1:
+    least = dict.fromkeys(("batch", "accum", "steps", "log_every"), 1)
+    least.update(dict.fromkeys(("warmup", "time_from", "profile", "host_profile"), 0))
+    for name, low in least.items():
+        if getattr(args, name) < low:
             raise SystemExit(
-                f"codetta train: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-            )
-    for name in ("warmup", "time_from", "profile", "host_profile"):
-        if getattr(args, name) < 0:
-            raise SystemExit(
-                f"codetta train: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+                f"codetta train: --{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}"
             )
     if args.seq_len < 2:
         raise SystemExit(f"codetta train: --seq-len must be >= 2 (a token and the next), got {args.seq_len}")
@@ -253,6 +250,13 @@ def check_arguments(args) -> None:
             raise SystemExit(f"codetta train: --{name} must be >= {least}, got {getattr(args, name)}")
     if not (math.isfinite(args.lr) and args.lr >= 0):
         raise SystemExit(f"codetta train: --lr must be a finite number >= 0, got {args.lr}")
+    if args.amp and args.dtype == "fp32":
+        raise SystemExit("codetta train: --amp computes in --dtype bf16 or fp16 (fp32 is no mixed precision)")
+    if args.amp and args.parallel == "fsdp":
+        raise SystemExit(
+            "codetta train: --amp is for --parallel none or ddp; under FSDP2 the parameters are "
+            "float32 and the compute in --dtype already (its MixedPrecisionPolicy)"
+        )
     if args.dtype == "fp16" and not args.amp and args.parallel != "fsdp":
         raise SystemExit(
             "codetta train: --dtype fp16 without --amp keeps the parameters and AdamW's state in fp16, "
@@ -349,13 +353,13 @@ def build(args, device, world: int):
         # (FSDP2's default mesh is on the GPU whenever there is one, whatever --device says)
         kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
                   mesh=init_device_mesh(device.type, (world,)))  # fmt: skip
-        for layer in model.model.layers:
-            fully_shard(layer, **kw)
         if args.wrap_base and getattr(cfg, "tie_word_embeddings", False):
             raise SystemExit(
                 "codetta train: --wrap-base with tied embeddings: FSDP2 cannot shard the base model "
                 "apart from the LM head that shares its table; leave out --wrap-base"
             )
+        for layer in model.model.layers:
+            fully_shard(layer, **kw)
         if args.wrap_base:
             fully_shard(model.model, **kw)
         fully_shard(model, **kw)
@@ -407,13 +411,6 @@ def train(args) -> dict:
     import torch.distributed as dist
 
     check_arguments(args)
-    if args.amp and args.dtype == "fp32":
-        raise SystemExit("codetta train: --amp computes in --dtype bf16 or fp16 (fp32 is no mixed precision)")
-    if args.amp and args.parallel == "fsdp":
-        raise SystemExit(
-            "codetta train: --amp is for --parallel none or ddp; under FSDP2 the parameters are "
-            "float32 and the compute in --dtype already (its MixedPrecisionPolicy)"
-        )
     if args.codetta and args.dtype == "fp32" and args.device != "cpu" and torch.cuda.is_available():
         raise SystemExit(
             "codetta train: --dtype fp32 on the GPU would run the model's own forward (codetta's "

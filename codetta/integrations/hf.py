@@ -228,7 +228,7 @@ def unsupported(model) -> str | None:
         watched = [weakref.ref(m) for m in watched]
         entry = _UNSUPPORTED[model] = [dtype, static, watched, None, static]
     if entry[1] is None and entry[3] != hooks:
-        problem = _hook_problem(model, entry[2])
+        problem = _hook_problem(model, [m for m in (ref() for ref in entry[2]) if m is not None])
         # (while hooks are in the way, look again at every call: removing one moves no count)
         entry[3], entry[4] = (hooks if problem is None else None), problem
     return entry[4]
@@ -285,9 +285,6 @@ def _hook_problem(model, watched) -> str | None:
             "the modules they would see"
         )
     for module in watched:
-        module = module() if isinstance(module, weakref.ref) else module
-        if module is None:
-            continue
         hooks = _foreign_hooks(module)
         if hooks:
             return (
@@ -349,7 +346,7 @@ def _projection_problem(lin) -> str | None:
         kind = f"{type(lin).__module__}.{type(lin).__qualname__}"
         return f"a {kind}, not a plain nn.Linear (LoRA adapters, quantized layers)"
     if lin._forward_hooks or lin._forward_pre_hooks or "forward" in vars(lin):
-        return "hooked (forward hooks on a projection: the fused path never calls its forward)"
+        return "hooked (forward hooks, or a forward replaced on it: the fused path never calls its forward)"
     if not lin.weight.is_contiguous():
         return (
             "a non-contiguous weight (a transposed or strided view): the fused GEMMs read each "
@@ -378,7 +375,7 @@ def _foreign_hooks(module) -> str | None:
         )
         if any(not _served_hook(h) for h in hooks)
     ]
-    if getattr(module, "_hf_hook", None) is not None:
+    if module.__dict__.get("_hf_hook") is not None:
         kinds.append("accelerate's _hf_hook")
     return ", ".join(kinds) or None
 

@@ -29,12 +29,7 @@ _MAX_CHECKED = 1024
 
 
 def _meta(t) -> tuple:
-    # (strides and 16-byte alignment too: the layout checks read them; the address is not
-    # asked while torch.compile traces: check_args then keys without it)
-    return type(t), t.shape, t.dtype, t.device, t.stride(), t.data_ptr() % 16 == 0
-
-
-def _meta_traced(t) -> tuple:
+    # (strides too: the layout checks read them; check_args adds the 16-byte alignment)
     return type(t), t.shape, t.dtype, t.device, t.stride()
 
 
@@ -84,8 +79,10 @@ def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, 
     seq = isinstance(weight, (list, tuple))
     try:
         ws = list(weight) if seq else [] if weight is None else [weight]
-        meta = _meta_traced if torch.compiler.is_compiling() else _meta
-        key = (type(eps), eps, names, type(weight), *map(meta, (y, w_o, residual, gamma, *ws)))
+        tensors = (y, w_o, residual, gamma, *ws)
+        key = (type(eps), eps, names, type(weight), *map(_meta, tensors))
+        if not torch.compiler.is_compiling():  # (a fake tensor has no address)
+            key += tuple(t.data_ptr() % 16 == 0 for t in tensors)
         known = _CHECKED.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
         known = key = None
