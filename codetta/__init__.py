@@ -28,7 +28,7 @@ from .kernels.program import (  # noqa: E402
 
 
 def apply_codetta(model, *, autocast: str | None = None):
-    """Run a Hugging Face Llama / Qwen3 / Mistral causal LM's training forward through
+    """Run a Hugging Face Llama / Qwen2 / Qwen3 / Mistral causal LM's training forward through
     codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``).
     ``autocast``: what this model does under ``torch.autocast`` to another dtype than its
     parameters' (Hugging Face Trainer's ``bf16=True``): ``"own-forward"`` or ``"cast"``
@@ -44,6 +44,15 @@ def apply_codetta_to_llama(model=None, *, autocast: str | None = None):
     from .integrations import hf
 
     return hf.apply("llama", model, autocast)
+
+
+def apply_codetta_to_qwen2(model=None, *, autocast: str | None = None):
+    """Patch ``Qwen2ForCausalLM`` (Qwen2 and Qwen2.5: q, k and v biases, added in their
+    GEMMs' epilogues; class-wide when ``model`` is None, else that instance; ``autocast``
+    as in ``apply_codetta``, an instance only)."""
+    from .integrations import hf
+
+    return hf.apply("qwen2", model, autocast)
 
 
 def apply_codetta_to_qwen3(model=None, *, autocast: str | None = None):
@@ -73,6 +82,7 @@ def revert(model=None):
 __all__ = [
     "apply_codetta",
     "apply_codetta_to_llama",
+    "apply_codetta_to_qwen2",
     "apply_codetta_to_qwen3",
     "apply_codetta_to_mistral",
     "revert",

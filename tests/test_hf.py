@@ -1,4 +1,4 @@
-"""The Hugging Face drop-in: tiny Llama / Qwen3 / Mistral causal LMs, patched against
+"""The Hugging Face drop-in: tiny Llama / Qwen2 / Qwen3 / Mistral causal LMs, patched against
 unpatched, through the Triton interpreter on a CPU (fp32 as the issue asks, fp16 where
 errors are large enough for the 2x bound to bite); test_matches_unpatched runs on the
 GPU (bf16 and fp16) where there is one."""
@@ -25,6 +25,8 @@ def _config(family, tied, **over):
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     if family == "qwen3":
         return transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     common.setdefault("sliding_window", 6)
     return transformers.MistralConfig(**common), transformers.MistralForCausalLM
 
@@ -37,6 +39,8 @@ def _model(family, tied, dtype=torch.float32, seed=0, **over):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(torch.rand_like(p) + 0.5)
+            elif name.endswith(".bias"):  # (zeros by default: Qwen2's q, k, v biases)
+                p.copy_(torch.randn_like(p))
     return model
 
 
@@ -97,6 +101,8 @@ CASES = [
     ("qwen3", False, "padding", torch.float16),
     ("qwen3", True, "none", torch.float32),
     ("mistral", False, "none", torch.float16),
+    ("qwen2", False, "packed", torch.float32),
+    ("qwen2", True, "padding", torch.float16),
 ]
 
 

@@ -38,8 +38,9 @@ def _rotate_pairs(x):
     return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).reshape(x.shape)
 
 
-def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt, interleaved=False):
-    """The unfused chain in ``dt``: residual, RMSNorm (fp32 statistics), projections, and
+def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt, interleaved=False, biases=False):
+    """The unfused chain in ``dt``: residual, RMSNorm (fp32 statistics), projections (with
+    ``biases``: the last three of ``qk`` are q's, k's and v's biases, F.linear's), and
     Hugging Face's apply_rotary_pos_emb on [B, H, S, hd] with cos/sin in ``dt`` (as
     LlamaRotaryEmbedding returns them). ``interleaved``: the interleaved-pairs rotation,
     GPT-J's form in ``dt``; in float64 Meta's (complex multiplication), an independent
@@ -54,8 +55,10 @@ def _chain(y, w_o, res, gamma, wq, wk, wv, *qk, pos, inv_freq, hd, dt, interleav
     emb = angle.repeat_interleave(2, dim=-1) if interleaved else torch.cat([angle, angle], dim=-1)
     cos, sin = emb.cos().to(dt)[:, None], emb.sin().to(dt)[:, None]  # [B, 1, S, hd]
     outs = []
+    bs = qk[-3:] if biases else (None, None, None)
+    qk = qk[:-3] if biases else qk
     for i, (w, rotate) in enumerate(((wq, True), (wk, True), (wv, False))):
-        z = n @ w.t()
+        z = torch.nn.functional.linear(n, w, bs[i])
         if rotate:
             z4 = z.view(B, S, -1, hd)
             if qk:
@@ -110,10 +113,11 @@ def test_first_layer_norm_qkv_rope(qk_norm, dtype, device):
 
 
 def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, first_layer=False,
-                         interleaved=False):  # fmt: skip
+                         interleaved=False, biases=False):  # fmt: skip
     """x, q, k, v and every gradient against fp64, within 2x PyTorch's own error in the
     same dtype (Hugging Face's own rotary code in that dtype); with Qwen3's per-head q/k
-    norms before RoPE too (their weights' gradients included)."""
+    norms before RoPE too (their weights' gradients included), or with Qwen2's q, k and v
+    biases (``biases``: theirs included)."""
     K = 0 if first_layer else d  # the first layer: no o-projection (y @ w_o^T = 0)
     y = rand(B, S, K, dtype=dtype, device=device)
     w_o = rand(d, K, dtype=dtype, device=device, scale=max(K, 1) ** -0.5)
@@ -123,6 +127,8 @@ def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, f
     leaves = [y, w_o, res, gamma, *ws]
     if qk_norm:
         leaves += [torch.rand(hd, device=device).to(dtype) + 0.5 for _ in range(2)]
+    if biases:  # (a trained bias is of the outputs' size: Qwen2's reach ~10 on some k columns)
+        leaves += [rand(w.shape[0], dtype=dtype, device=device) for w in ws]
     pos = _positions(B, S, packed, device)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     grads_in = [rand(B, S, d, dtype=dtype, device=device)] + [
@@ -137,23 +143,38 @@ def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, f
         return outs + [t.grad for t in ts]
 
     def ours(y, w_o, res, gamma, wq, wk, wv, *qk):
+        bias = qk[-3:] if biases else None
+        qk = qk[:-3] if biases else qk
         rope = RoPE(pos, inv_freq, qk_norm_weights=tuple(qk), qk_norm_eps=QK_EPS, interleaved=interleaved)
         if first_layer:
-            return res, rmsnorm_linear(res, gamma, [wq, wk, wv], EPS, rope=rope)
-        return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=rope)
+            return res, rmsnorm_linear(res, gamma, [wq, wk, wv], EPS, rope=rope, bias=bias)
+        return residual_rmsnorm_linear(y, w_o, res, gamma, [wq, wk, wv], EPS, rope=rope, bias=bias)
 
     def chain(dt):
-        return lambda *ts: _chain(*ts, pos=pos, inv_freq=inv_freq, hd=hd, dt=dt, interleaved=interleaved)
+        return lambda *ts: _chain(*ts, pos=pos, inv_freq=inv_freq, hd=hd, dt=dt, interleaved=interleaved,
+                                  biases=biases)  # fmt: skip
 
     got = run(ours, leaves)
     ref = run(chain(torch.float64), [t.double() for t in leaves])
     same = run(chain(dtype), leaves)
-    names = ["x", "q", "k", "v", "dy", "dw_o", "dres", "dgamma", "dwq", "dwk", "dwv", "dq_norm", "dk_norm"]
+    names = ["x", "q", "k", "v", "dy", "dw_o", "dres", "dgamma", "dwq", "dwk", "dwv"]
+    names += ["dq_norm", "dk_norm"] * qk_norm + ["dbq", "dbk", "dbv"] * biases
+    assert len(got) == len(names)
     for name, a, b, c in zip(names, got, ref, same):
         if first_layer and name in ("dy", "dw_o"):
             assert a is None or a.numel() == 0
             continue
         assert_within(name, a, b, c)
+
+
+@pytest.mark.parametrize("first_layer,packed", [(False, True), (True, False)])
+def test_qkv_rope_biases(first_layer, packed, dtype, device):
+    """Qwen2's q, k and v biases (``bias=``): added in the GEMMs' epilogues before RoPE
+    (RMS_ROPE_BIAS, RMS_SCALE_BIAS), their gradients the column sums of the outputs'
+    gradients before the rotation; x, q, k, v and every gradient (the biases' too) against
+    fp64 within 2x PyTorch's own error, after an o-projection and as a first layer."""
+    B, S, d, hq, hkv, hd = CASES[1] if ON_GPU or not first_layer else CASES[0]
+    _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, False, dtype, device, first_layer, biases=True)
 
 
 @pytest.mark.parametrize("qk_norm,first_layer", [(False, False), (True, True)] + [(True, False)] * ON_GPU)

@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen3 and Mistral causal LMs on codetta.
+"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen2, Qwen3 and Mistral causal LMs on codetta.
 
 The patched forward moves each RMSNorm to the GEMM that consumes it (docs/design.md,
 "the shifted layer boundary"): the attention output projection adds the residual
@@ -14,8 +14,8 @@ configured implementation (SDPA, FlashAttention, eager), masks (padding, packed
 sequences through ``position_ids``, sliding windows) and rotary embeddings. The
 first layer's input norm has no GEMM before it: one row pass writes its statistics
 (``codetta.ops.rmsnorm_linear``); every layer's q and k come out of their GEMMs
-rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms, also in the
-epilogue) where the head dim has a RoPE program; training with labels, the
+rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms or Qwen2's q/k/v
+biases, also in the epilogue) where the head dim has a RoPE program; training with labels, the
 final norm's output is formed by one pass after K1 and goes to the fused LM head +
 loss (``codetta.ops.linear_cross_entropy``); with tied embeddings (a plain
 ``nn.Embedding``, no FSDP2) the lookup goes through ``codetta.ops.tied_embedding`` so
@@ -34,7 +34,8 @@ float64 parameters, hooks added after the model was patched (``unsupported``),
 (``autocast="own-forward"`` or ``CODETTA_AUTOCAST=own-forward``; by default the fused path
 runs there on the projections cast to autocast's dtype over a float32 residual stream,
 as autocast itself keeps it),
-and under class-wide patching a model with projection biases, widths that are not
+and under class-wide patching a model with biases on projections other than q, k and v
+(``attention_bias`` puts one on o_proj too; ``mlp_bias``), widths that are not
 multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
 forwards), non-contiguous projection weights, modules whose math the fused forward
@@ -91,6 +92,7 @@ except ImportError:  # torch built without distributed
 
 FAMILIES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaForCausalLM"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
 }
@@ -260,8 +262,19 @@ def _static_problem(model) -> tuple[str | None, list]:
     problem = _class_problem(model, base, layers)
     if problem:
         return problem, watched
-    if any(lin.bias is not None for lin in linears):
-        return "projections with biases (attention_bias / mlp_bias)", watched
+    # q, k and v may have biases (Qwen2's), added in their GEMMs' epilogues; no other one
+    qkv = {id(p) for layer in layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                               layer.self_attn.v_proj)}  # fmt: skip
+    biased = [lin for lin in linears if lin.bias is not None and id(lin) not in qkv]
+    if biased:
+        return (
+            f"{_module_name(model, biased[0])} has a bias (attention_bias puts one on o_proj too, "
+            "mlp_bias on the MLP's): codetta adds the q, k and v projections' biases only"
+        ), watched
+    for layer in layers:
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") and _qkv_bias(attn) is not None:
+            return "q, k and v biases with per-head q/k norms", watched
     unit = _row_unit(model.lm_head.weight)
     # (the vocabulary, the LM head's rows, may be any size: the loss pads its logits rows
     # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an
@@ -402,6 +415,13 @@ def _w(lin) -> torch.Tensor:
             "(codetta does not serve LoRA or quantized projections)"
         )
     return lin.weight
+
+
+def _qkv_bias(attn) -> tuple | None:
+    """The q, k and v projections' biases (None for one without), or None where none has
+    one (Qwen2's have them; Llama's with ``attention_bias``, refused, on o_proj too)."""
+    bs = (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
+    return None if all(b is None for b in bs) else bs
 
 
 def _row_unit(weight: torch.Tensor) -> int:
@@ -653,7 +673,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     rope = _layer_rope(rope0, attn)
     qkv = rmsnorm_linear(
         h, norm.weight, (_w(attn.q_proj), _w(attn.k_proj), _w(attn.v_proj)), norm.variance_epsilon,
-        rope=rope,
+        rope=rope, bias=_qkv_bias(attn),
     )  # fmt: skip
     rotated = rope is not None
 
@@ -700,8 +720,9 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
         rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
         h, qkv = residual_rmsnorm_linear(
-            y, _w(layers[i].mlp.down_proj), h, norm.weight, ws, norm.variance_epsilon, rope=rope
-        )
+            y, _w(layers[i].mlp.down_proj), h, norm.weight, ws, norm.variance_epsilon, rope=rope,
+            bias=_qkv_bias(nxt.self_attn),
+        )  # fmt: skip
         # (FSDP2 gathers layer i again when dh arrives; under checkpointing also when dq, dk
         # or dv does, whichever comes first: the unit's recomputation reads layer i's weights.
         # By reasoning: the CPU test passes with h alone hooked too, its order of arrival)

@@ -276,6 +276,8 @@ class Program:
     ``sub_tile_width``: every epilogue sub-tile is exactly this many columns wide
     (and N a multiple of it): a body that works on one group of columns at a time,
     e.g. one attention head for RoPE's rotate-half; other configurations are left out.
+    ``tuned_like``: another program whose tuned configurations stand in for this one's
+    where its own shape is untuned (the nearest entry of that program, same candidates).
     """
 
     name: str
@@ -296,6 +298,9 @@ class Program:
     # K parts: whether their summed K may be split in a tail all the same (the program allowed
     # a tail split before its parts turned it off; used with CODETTA_TAIL_LAUNCH=1)
     k_parts_tail: bool = False
+    # a program whose tuned configurations serve this one's untuned shapes as the nearest
+    # entries (the same tiles and mainloop with a little more epilogue: a bias's variant)
+    tuned_like: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         where = f"program {self.name!r}"

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -393,7 +394,17 @@ class Chooser:
         if SETTINGS.prefer_pingpong and pingpong:
             return pingpong[0]
         index = call.device.index or 0
-        near = nearest(self.key(call, pp), cands, {**self.shipped(index), **self.cache(index).entries})
+        entries = {**self.shipped(index), **self.cache(index).entries}
+        near, dist = _nearest(self.key(call, pp), cands, entries)
+        like = call.program.tuned_like
+        if like is not None:
+            # (a program with a little more epilogue than ``like``: its tuned shapes count
+            # as near as its own, which win a tie)
+            stand_in = types.SimpleNamespace(program=like, dtype=call.dtype, a_t=call.a_t, b_t=call.b_t,
+                                             M=call.M, N=call.N, k_total=call.k_total)  # fmt: skip
+            other, other_dist = _nearest(self.key(stand_in, pp), cands, entries)
+            if other is not None and (near is None or other_dist < dist):
+                near = other
         return near or rule_config(call, cands)
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
@@ -415,6 +426,11 @@ def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
     """The entry of the same program, dtype, layout and mainloop choice whose shape buckets
     are closest to ``key``'s (summed log2 distance over M, N, K), if its config is a
     candidate."""
+    return _nearest(key, cands, entries)[0]
+
+
+def _nearest(key: str, cands: list[Config], entries: dict) -> tuple[Config | None, int | None]:
+    """``nearest``'s entry and its distance (None, None without one)."""
     head, dims, tail = _split_key(key)
     best, best_d = None, None
     for k, cfg in entries.items():
@@ -424,7 +440,7 @@ def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
         dist = sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(dims, ds))
         if best_d is None or dist < best_d:
             best, best_d = cfg, dist
-    return best
+    return best, best_d
 
 
 def _split_key(key: str):

@@ -149,3 +149,40 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     return ws, float(eps)
+
+
+def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
+    """The next GEMMs' biases as a list, one per weight ([] for none): ``bias`` is None, a
+    [N] tensor beside one weight, or a sequence as long as ``weight``'s whose entries are
+    [N_i] tensors or None (zeros: that output gets none). Each in float32 or y's dtype,
+    contiguous, on y's device. Errors name the argument."""
+    if bias is None:
+        return []
+    if weight is None:
+        raise ValueError("bias: there is no next weight to add it to")
+    seq = isinstance(weight, (list, tuple))
+    if seq != isinstance(bias, (list, tuple)):
+        raise TypeError(
+            "bias must be a sequence as long as weight's (one entry per weight, None for none)"
+            if seq
+            else f"bias must be one [N] tensor beside one weight, got {type(bias).__name__}"
+        )
+    bs = list(bias) if seq else [bias]
+    if len(bs) != len(ws):
+        raise ValueError(f"bias has {len(bs)} entries for {len(ws)} weights")
+    if all(b is None for b in bs):
+        return []
+    out = []
+    for i, (b, w) in enumerate(zip(bs, ws)):
+        name = f"bias[{i}]" if seq else "bias"
+        if b is None:
+            out.append(y.new_zeros(w.shape[0]))
+            continue
+        check_tensor(name, b)
+        check_same_device({"y": y, name: b})
+        check_dtype(name, b, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
+        if b.shape != (w.shape[0],):
+            raise ValueError(f"{name} must have shape ({w.shape[0]},) (its weight's N), got {tuple(b.shape)}")
+        check_layouts({name: b}, vectors=(name,))
+        out.append(b)
+    return out

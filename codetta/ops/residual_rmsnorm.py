@@ -40,12 +40,14 @@ from ..programs import (
     RESIDUAL_RMS_F32,
     RESIDUAL_SUMSQ,
     RMS_SCALE,
+    RMS_SCALE_BIAS,
 )
 from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns
 from ..programs.rope import (
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_PAIRS,
     RMS_ROPE,
+    RMS_ROPE_BIAS,
     RMS_ROPE_PAIRS,
     RMS_ROPE_QKV,
     qknorm_backward_rows,
@@ -55,7 +57,7 @@ from ..programs.rope import (
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived, saved_tensors
 from .norm_backward import BACKWARDS, norm_backward
-from .norm_checks import check_args, mixed
+from .norm_checks import bias_args, check_args, mixed
 from .rope import RoPE, column_freq, rope_operands
 from .swiglu import dswiglu_dx
 
@@ -78,6 +80,7 @@ def _forward_impl(
     rope_pairs: bool,
     internal: bool,
     keep_y: bool,
+    biases: list[torch.Tensor],
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor]:
     # rope: [] or [positions [M], frequencies [head_dim], (a q/k norm weight [head_dim]
     # per rotated output)]: the first n_rope outputs (q, k) get RoPE (rotate-half, or with
@@ -97,6 +100,8 @@ def _forward_impl(
     # no o-projection (w_o [d, 0], y [M, 0]; ``rmsnorm_linear``): x is the residual itself,
     # returned as an empty tensor (an output may not alias an input), h and sumsq from one
     # row pass
+    # biases: [] or one [N_i] bias per next weight, added in the epilogues (before RoPE);
+    # only with the default backward, no SwiGLU and no q/k norms (the callers check)
     d = residual.shape[1]
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
@@ -114,7 +119,7 @@ def _forward_impl(
         return k1.x, [z], k1.sumsq, w_gamma
     k1 = _k1(y, w_o, residual, gamma)
     widths = tuple(w.shape[0] for w in ws)
-    one_launch = SETTINGS.qkv_one_launch and not rope_pairs and rope_scaling == 1.0
+    one_launch = SETTINGS.qkv_one_launch and not rope_pairs and rope_scaling == 1.0 and not biases
     if (one_launch and n_rope == 2 and len(ws) == 3 and len(rope) == 2
             and parts_fit(RMS_ROPE_QKV[rope[1].shape[0]], k1.h.device, widths=widths)):  # fmt: skip
         # q, k and v in one GEMM over the three weights (N parts), each into its own tensor:
@@ -128,6 +133,8 @@ def _forward_impl(
     zs, pres = [], []
     for i, w in enumerate(ws):
         norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}
+        if biases:
+            norm["bias"] = biases[i]
         if i < n_rope:
             pos, freq, *qk_ws = rope
             rot = {"pos": pos, "freq": column_freq(freq, w.shape[0]), "scaling": rope_scaling}
@@ -138,10 +145,10 @@ def _forward_impl(
                 zs.append(out.out)
                 pres.append(out.pre)
             else:
-                prog = (RMS_ROPE_PAIRS if rope_pairs else RMS_ROPE)[freq.shape[0]]
+                prog = (RMS_ROPE_BIAS if biases else RMS_ROPE_PAIRS if rope_pairs else RMS_ROPE)[freq.shape[0]]
                 zs.append(gemm(k1.h, w, epilogue=prog, **norm, **rot))
         else:
-            zs.append(gemm(k1.h, w, epilogue=RMS_SCALE, **norm))
+            zs.append(gemm(k1.h, w, epilogue=RMS_SCALE_BIAS if biases else RMS_SCALE, **norm))
     return k1.x, zs + pres, k1.sumsq, ws[0].new_empty(0)
 
 
@@ -184,6 +191,7 @@ def _(
     rope_pairs,
     internal,
     keep_y,
+    biases,
 ):
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
@@ -219,17 +227,19 @@ def _backward_impl(
     rope_pairs: bool,
     pres: list[torch.Tensor],
     overwrite: bool,
+    n_bias: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     # returns (dy, dW_o, dx_total, dgamma, [dW per next weight] + [dg, du] with gate_up;
     # dy is then empty: y's gradient goes to g and u). overwrite: dg, du may be written
     # over gate_up (an internal SwiGLU); the custom op (what torch.compile traces) never
     # does, its schema mutates nothing: only the eager path does (_backward_body)
+    # n_bias: the first n_bias next weights had biases: their gradients (float32) come last
     return _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
-                          rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, False)  # fmt: skip
+                          rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, False, n_bias)  # fmt: skip
 
 
 def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up, rope,
-                   rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite):  # fmt: skip
+                   rope_scaling, n_rope, qk_eps, rope_pairs, pres, overwrite, n_bias=0):  # fmt: skip
     if n_rope:
         # the rotation's transpose turns the rotated outputs' gradients into the GEMMs' (one
         # pass over each; freq holds each head's frequencies twice, the pass takes them once)
@@ -250,6 +260,8 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
         else:  # (one rotated output, or three and more: each its own pass)
             for i in range(n_rope):
                 dzs[i] = unrotate_half_rows(dzs[i], pos, half, rope_scaling, pairs=rope_pairs)
+    # a bias's gradient: the column sums of its output's gradient (before the rotation)
+    dbs = [dzs[i].sum(0, dtype=torch.float32) for i in range(n_bias)]
     # (dx_low: dx_total in the GEMMs' dtype, a copy over a float32 stream)
     dx_total, dws, dgamma, dx_low = norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode,
                                                   fold_gamma)  # fmt: skip
@@ -268,7 +280,7 @@ def _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, 
         dw_o = gemm(dx_low.t(), y.t())
     if n_rope and len(rope) > 2:
         dws = dws + dqk  # the q/k norm weights' gradients, after the next weights'
-    return dy, dw_o, dx_total, dgamma, dws
+    return dy, dw_o, dx_total, dgamma, dws + dbs
 
 
 _backward = torch.library.custom_op("codetta::residual_rmsnorm_linear_backward", mutates_args=())(
@@ -299,6 +311,7 @@ def _(
     rope_pairs,
     pres,
     overwrite,
+    n_bias,
 ):
     qk_ws = rope[2:] if n_rope else []
     return (
@@ -308,7 +321,8 @@ def _(
         gamma.new_empty(gamma.shape),
         [w.new_empty(w.shape) for w in ws]
         + [t.new_empty(t.shape) for t in gate_up]
-        + [w.new_empty(w.shape) for w in qk_ws],
+        + [w.new_empty(w.shape) for w in qk_ws]
+        + [w.new_empty((w.shape[0],), dtype=torch.float32) for w in ws[:n_bias]],
     )
 
 
@@ -331,8 +345,10 @@ def _setup_context(ctx, inputs, output):
         rope_pairs,
         internal,
         keep_y,
+        biases,
     ) = inputs
     x, zs, sumsq, w_gamma = output
+    ctx.bias_dtypes = [b.dtype for b in biases]
     ctx.eps, ctx.mode, ctx.fold_gamma, ctx.n_ws = eps, backward, fold_gamma, len(ws)
     ctx.n_gate_up, ctx.swiglu = len(gate_up), swiglu
     ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps = list(rope), rope_scaling, n_rope, qk_eps
@@ -389,13 +405,16 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
-        bool(ctx.internal) and len(gate_up) > 0 and bool(SETTINGS.overwrite_saved),
+        bool(ctx.internal) and len(gate_up) > 0 and bool(SETTINGS.overwrite_saved), len(ctx.bias_dtypes),
     )  # fmt: skip
-    # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights'
-    n, g = ctx.n_ws, ctx.n_gate_up
+    # dws: the next weights', then g's and u's (a SwiGLU y), then the q/k norm weights',
+    # then the biases' (float32)
+    n, g, nb = ctx.n_ws, ctx.n_gate_up, len(ctx.bias_dtypes)
+    dbs = [db.to(dt) for db, dt in zip(dws[len(dws) - nb :], ctx.bias_dtypes)]
+    dws = dws[: len(dws) - nb]
     rope_grads = [None, None] + list(dws[n + g :]) if len(ctx.rope) > 2 else [None] * len(ctx.rope)
-    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs, internal, keep_y
-    rest = (None, rope_grads, None, None, None, None, None, None)
+    # swiglu, rope, rope_scaling, n_rope, qk_eps, rope_pairs, internal, keep_y, biases
+    rest = (None, rope_grads, None, None, None, None, None, None, dbs)
     if gate_up:
         return None, dw_o, dres, dgamma, dws[:n], None, None, None, dws[n : n + g], *rest
     return dy, dw_o, dres, dgamma, dws[:n], None, None, None, [], *rest
@@ -453,7 +472,7 @@ def residual_rmsnorm_swiglu(
     lead = residual.shape[:-1]
     x, (g, u, act), _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
-        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False, bool(internal), False,
+        gamma, ws, eps, "rowwise", False, [], True, [], 1.0, 0, 0.0, False, bool(internal), False, [],
     )  # fmt: skip
     f = w_gate.shape[0]
     return x.reshape(*lead, x.shape[-1]), SwiGLU(*(t.reshape(*lead, f) for t in (act, g, u)), bool(internal))
@@ -479,8 +498,9 @@ def residual_rmsnorm_linear(
     weight,
     eps: float | None = None,
     rope: RoPE | None = None,
+    bias=None,
 ):
-    """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T``.  Returns (x, z).
+    """``x = residual + y @ w_o.T``;  ``z = rms_norm(x, gamma, eps) @ weight.T (+ bias)``.  Returns (x, z).
 
     y [..., K] (or a ``SwiGLU`` from ``residual_rmsnorm_swiglu``), w_o [d, K],
     residual [..., d], gamma [d] (float32 or the input
@@ -494,17 +514,20 @@ def residual_rmsnorm_linear(
     are (no concatenation); the backward sums their input gradients in the GEMMs'
     epilogues. ``rope`` (a ``RoPE``): the first ``rope.n_weights`` outputs (q, k) come
     out rotated, in their GEMMs' epilogues (the backward applies the rotation's
-    transpose to their gradients in one pass, then the usual GEMMs).
+    transpose to their gradients in one pass, then the usual GEMMs). ``bias``: a [N]
+    tensor (one weight) or a sequence with an entry per weight ([N_i] or None), float32 or
+    the weights' dtype, added in the GEMMs' epilogues before RoPE, as ``F.linear``'s bias
+    (Qwen2's q, k and v projections); not with q/k norms or the interleaved-pairs RoPE.
     """
-    return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps, rope=rope)
+    return residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps, rope=rope, bias=bias)
 
 
 def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | None = None,
-                   rope: RoPE | None = None):  # fmt: skip
-    """``z = rms_norm(x, gamma, eps) @ weight.T``: ``residual_rmsnorm_linear`` for a norm
-    with no projection before it (a first decoder layer's, over the embeddings). Returns z
-    (a tuple of outputs when ``weight`` is a list or tuple); ``weight``, ``eps`` and
-    ``rope`` as there. One row pass writes h = x * gamma and the row sums of x^2; the
+                   rope: RoPE | None = None, bias=None):  # fmt: skip
+    """``z = rms_norm(x, gamma, eps) @ weight.T (+ bias)``: ``residual_rmsnorm_linear`` for a
+    norm with no projection before it (a first decoder layer's, over the embeddings).
+    Returns z (a tuple of outputs when ``weight`` is a list or tuple); ``weight``, ``eps``,
+    ``rope`` and ``bias`` as there. One row pass writes h = x * gamma and the row sums of x^2; the
     next GEMMs apply the norm's row scale (and RoPE) in their epilogues; the backward
     is ``residual_rmsnorm_linear``'s without the o-projection's GEMMs."""
     check_tensor("x", x)
@@ -522,16 +545,28 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     y, w_o = x.new_empty((M, 0), dtype=low), x.new_empty((d, 0), dtype=low)
     ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
+    biases = _biases(bias, weight, ws, y, rope_args, pairs)
     _, zs, _, _ = _forward_fast(
         y, w_o, rows, gamma, ws, eps, "rowwise", False, [], False, rope_args, rope_scaling, n_rope, qk_eps,
-        pairs, False, False,
+        pairs, False, False, biases,
     )  # fmt: skip
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
     return zs if isinstance(weight, (list, tuple)) else zs[0]
 
 
+def _biases(bias, weight, ws, y, rope_args, pairs) -> list:
+    """``bias_args``, refused where no program adds one: with q/k norms or the
+    interleaved-pairs RoPE (no Hugging Face model has them with biases)."""
+    biases = bias_args(bias, weight, ws, y)
+    if biases and len(rope_args) > 2:
+        raise ValueError("bias: not with q/k norms (RoPE's qk_norm_weights)")
+    if biases and pairs:
+        raise ValueError("bias: not with the interleaved-pairs RoPE (RoPE(interleaved=True))")
+    return biases
+
+
 def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, backward="rowwise",
-                                    fold_gamma=False, rope=None):  # fmt: skip
+                                    fold_gamma=False, rope=None, bias=None):  # fmt: skip
     """``residual_rmsnorm_linear`` with a research variant of the backward (see the
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
@@ -559,6 +594,9 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, y.device)
     if n_rope and (fold_gamma or backward != "rowwise"):
         raise ValueError("rope takes the default backward (rowwise, no fold_gamma)")
+    biases = _biases(bias, weight, ws, y, rope_args, pairs)
+    if biases and (fold_gamma or backward != "rowwise"):
+        raise ValueError("bias takes the default backward (rowwise, no fold_gamma)")
     x, zs, _, _ = _forward_fast(
         y.reshape(-1, y.shape[-1]).contiguous(),
         w_o,
@@ -578,6 +616,7 @@ def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, b
         internal,
         # (len, not bool(list): torch 2.11's dynamo cannot trace bool() of a list, run 188)
         len(gate_up) > 0 and SETTINGS.keeps_y(w_o.shape[0]),
+        biases,
     )
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: max(1, len(ws))])
     return x.reshape(*lead, x.shape[-1]), zs if isinstance(weight, (list, tuple)) else zs[0]  # None: n

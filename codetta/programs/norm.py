@@ -113,6 +113,24 @@ RMS_SCALE = Program(
 
 
 @triton.jit
+def rms_scale_bias(acc, sumsq, inv_d, eps, bias):
+    """``rms_scale`` plus the projection's bias: out = acc * r[m] + bias[n] (Qwen2's v)."""
+    return acc * rms_scale_of(sumsq, inv_d, eps) + bias
+
+
+RMS_SCALE_BIAS = Program(
+    "rms_scale_bias",
+    rms_scale_bias,
+    inputs=(PerRow("sumsq"), Scalar("inv_d"), Scalar("eps"), PerCol("bias")),
+    outputs=(Tile("out"),),
+    reference=lambda acc, sumsq, inv_d, eps, bias: {
+        "out": acc * _r(sumsq.to(acc.dtype), inv_d, eps)[:, None] + bias.to(acc.dtype)
+    },
+    tuned_like=RMS_SCALE,
+)
+
+
+@triton.jit
 def gamma_weight_grad(acc, gamma, w):
     """The dW GEMM when gamma is folded into the weight (W' = W gamma): acc = dz^T n' [out, d].
 

@@ -72,6 +72,14 @@ def rms_rope(acc, sumsq, inv_d, eps, pos, freq, scaling):
 
 
 @triton.jit
+def rms_rope_bias(acc, sumsq, inv_d, eps, pos, freq, scaling, bias):
+    """``rms_rope`` with the projection's bias added before the rotation (Qwen2's q and
+    k): RoPE of acc * r + bias."""
+    x1, x2 = P.halves(acc * rms_scale_of(sumsq, inv_d, eps) + bias)
+    return _rotate(x1, x2, pos, freq, scaling)
+
+
+@triton.jit
 def rms_qknorm_rope(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w, qk_eps):
     """As ``rms_rope`` with Qwen3's per-head RMSNorm between the two (weight ``qk_w``,
     the [head_dim] weight repeated per head): z = acc * r; z * rsqrt(mean of the head's
@@ -224,8 +232,10 @@ def _reference(head_dim: int, pairs: bool, qk_norm: bool):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         return rotate_pairs_reference(x, cos, sin) if pairs else rotate_half_reference(x, cos, sin, head_dim)
 
-    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w=None, qk_eps=None):
+    def ref(acc, sumsq, inv_d, eps, pos, freq, scaling, qk_w=None, qk_eps=None, bias=None):
         z = acc * (sumsq.to(acc.dtype) * inv_d + eps).rsqrt()[:, None]
+        if bias is not None:
+            z = z + bias.to(z.dtype)
         if not qk_norm:
             return {"out": rotate(z, pos, freq, scaling)}
         unit = torch.ones(head_dim, dtype=z.dtype, device=z.device)
@@ -273,20 +283,25 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 UNROTATE_HEADS, QKNORM_HEADS = 2, 2
 
 
-def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict) -> dict:
+def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpong: dict,
+                   bias_of: dict | None = None) -> dict:  # fmt: skip
     """One program per head dim: ``name`` with the head dim appended; ``body``: a function
     of the head dim giving the body; ``pingpong``: the Program's ping-pong arguments for a
-    head dim."""
+    head dim. ``bias_of``: the same programs without a bias, per head dim: these take one
+    more input, the projection's bias ([N], added before the rotation), and where their own
+    shapes are untuned take those programs' tuned configurations as the nearest ones."""
+    extra = (PerCol("qk_w"), Scalar("qk_eps")) if qk_norm else ()
     return {
         hd: Program(
             f"{name}_{hd}",
             body(hd),
-            inputs=(*_ROPE_INPUTS, PerCol("qk_w"), Scalar("qk_eps")) if qk_norm else _ROPE_INPUTS,
+            inputs=(*_ROPE_INPUTS, *extra, *((PerCol("bias"),) if bias_of else ())),
             outputs=(Tile("out"), Tile("pre")) if qk_norm else (Tile("out"),),
             reference=_reference(hd, pairs, qk_norm),
             check=_head_check(hd),
             configs=configs(hd),
             sub_tile_width=hd,
+            tuned_like=bias_of[hd] if bias_of else None,
             **pingpong(hd),
         )
         for hd in HEAD_DIMS
@@ -298,6 +313,12 @@ def _rope_programs(name: str, body, pairs: bool, qk_norm: bool, configs, pingpon
 # ([N]: the model's inv_freq, per head, both halves; a head's first half is what counts),
 # times the rope's attention scaling
 RMS_ROPE = _rope_programs("rms_rope", lambda hd: rms_rope, False, False, _rope_candidates, lambda hd: {})
+# the same with the projection's bias added before the rotation (Qwen2's q and k
+# projections; the backward's bias gradient is the column sum of the rotation's
+# transpose of the output's gradient, ops/residual_rmsnorm.py)
+RMS_ROPE_BIAS = _rope_programs(
+    "rms_rope_bias", lambda hd: rms_rope_bias, False, False, _rope_candidates, lambda hd: {}, RMS_ROPE
+)
 # the same with Qwen3's per-head q/k RMSNorm before RoPE (qk_w: the norm weight repeated
 # over the projection's heads, [N]); also stores the un-normalized z for the backward.
 # Whole 128x128 ping-pong consumer tiles spill 648 B here; 64-row ones (64x128, 64x256)
@@ -372,6 +393,7 @@ RMS_QKNORM_ROPE_PAIRS = _rope_programs(
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]
+RMS_ROPE_BIAS_64, RMS_ROPE_BIAS_128 = RMS_ROPE_BIAS[64], RMS_ROPE_BIAS[128]
 RMS_ROPE_PAIRS_128, RMS_QKNORM_ROPE_PAIRS_128 = RMS_ROPE_PAIRS[128], RMS_QKNORM_ROPE_PAIRS[128]
 RMS_ROPE_PAIRS_64, RMS_QKNORM_ROPE_PAIRS_64 = RMS_ROPE_PAIRS[64], RMS_QKNORM_ROPE_PAIRS[64]
 # q, k and v from one launch: the three weights side by side along N (N parts), each
