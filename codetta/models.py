@@ -23,6 +23,7 @@ class Widths:
     vocab: int
     tied: bool = False
     qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3)
+    qkv_bias: bool = False  # q, k and v projections with biases (Qwen2, Qwen2.5)
     # RoPE in the interleaved-pairs convention (columns 2i, 2i + 1: Meta's original Llama
     # code, torchtitan); Hugging Face's models rotate halves (the default)
     rope_interleaved: bool = False
@@ -51,6 +52,13 @@ KNOWN = {
         Widths("qwen3-14b", 5120, 17408, 40, 8, 128, 151936, qk_norm=True),
         Widths("qwen3-32b", 5120, 25600, 64, 8, 128, 151936, qk_norm=True),
         Widths("mistral-7b", 4096, 14336, 32, 8, 128, 32768),
+        Widths("qwen2.5-0.5b", 896, 4864, 14, 2, 64, 151936, tied=True, qkv_bias=True),
+        Widths("qwen2.5-1.5b", 1536, 8960, 12, 2, 128, 151936, tied=True, qkv_bias=True),
+        Widths("qwen2.5-3b", 2048, 11008, 16, 2, 128, 151936, tied=True, qkv_bias=True),
+        Widths("qwen2.5-7b", 3584, 18944, 28, 4, 128, 152064, qkv_bias=True),
+        Widths("qwen2.5-14b", 5120, 13824, 40, 8, 128, 152064, qkv_bias=True),
+        Widths("qwen2.5-32b", 5120, 27648, 40, 8, 128, 152064, qkv_bias=True),
+        Widths("qwen2.5-72b", 8192, 29568, 64, 8, 128, 152064, qkv_bias=True),
     )
 }
 
@@ -107,4 +115,5 @@ def _from_dict(cfg: dict, name: str) -> Widths:
         vocab=cfg["vocab_size"],
         tied=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=cfg.get("model_type") == "qwen3",
+        qkv_bias=cfg.get("model_type") == "qwen2",
     )

@@ -50,6 +50,13 @@ _FULL = {
     "qwen3-14b": dict(num_hidden_layers=40, rope_theta=1000000.0, rms_norm_eps=1e-6),
     "qwen3-32b": dict(num_hidden_layers=64, rope_theta=1000000.0, rms_norm_eps=1e-6),
     "mistral-7b": dict(num_hidden_layers=32, rope_theta=1000000.0, rms_norm_eps=1e-5),
+    "qwen2.5-0.5b": dict(num_hidden_layers=24, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen2.5-1.5b": dict(num_hidden_layers=28, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen2.5-3b": dict(num_hidden_layers=36, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen2.5-7b": dict(num_hidden_layers=28, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen2.5-14b": dict(num_hidden_layers=48, rope_theta=1000000.0, rms_norm_eps=1e-5),
+    "qwen2.5-32b": dict(num_hidden_layers=64, rope_theta=1000000.0, rms_norm_eps=1e-5),
+    "qwen2.5-72b": dict(num_hidden_layers=80, rope_theta=1000000.0, rms_norm_eps=1e-5),
 }
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SYNTHETIC_TOKENS = 64
@@ -140,9 +147,12 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
     name = spec.lower()
     if name in KNOWN:
         w = KNOWN[name]
-        family = name.split("-")[0].rstrip("0123456789") or "llama"
-        cls = {"llama": transformers.LlamaConfig, "qwen": transformers.Qwen3Config,
-               "mistral": transformers.MistralConfig}[family]  # fmt: skip
+        cls = (
+            transformers.Qwen3Config if w.qk_norm
+            else transformers.Qwen2Config if w.qkv_bias
+            else transformers.MistralConfig if name.startswith("mistral")
+            else transformers.LlamaConfig
+        )  # fmt: skip
         cfg = cls(hidden_size=w.hidden, intermediate_size=w.intermediate, num_attention_heads=w.heads,
                   num_key_value_heads=w.kv_heads, head_dim=w.head_dim, vocab_size=w.vocab,
                   tie_word_embeddings=w.tied, max_position_embeddings=max(seq_len, 4096),

@@ -72,8 +72,9 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
             if w.head_dim in RMS_ROPE
             else None
         )
+        bias = [t(w.q_width), t(kv), t(kv)] if w.qkv_bias else None  # (Qwen2's)
         x2, zs = residual_rmsnorm_linear(act, t(d, f), x, t(d, dt=torch.float32), [t(w.q_width, d), t(kv, d),
-                                         t(kv, d)], rope=rope)  # fmt: skip
+                                         t(kv, d)], rope=rope, bias=bias)  # fmt: skip
         x3, n = residual_rmsnorm(
             SwiGLU(*(t(T, f) for _ in range(3))), t(d, f), t(T, d), t(d, dt=torch.float32)
         )

@@ -4,6 +4,7 @@ import json
 from dataclasses import asdict
 
 import pytest
+import torch
 from util import load_script
 
 from codetta import models, tune
@@ -160,6 +161,39 @@ def test_nearest_entry():
         tuning.nearest("store@x|bfloat16|nn|16384|4096|4096", TRITON.candidates(RMS_SCALE)[:0], entries)
         is None
     )
+
+
+def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
+    """An untuned shape of a program with ``tuned_like`` (Qwen2's q/k/v with their biases)
+    takes the nearest tuned entry of that program (its own nearer entries win), not the
+    shape rule."""
+    import types
+
+    from codetta.kernels import settings
+    from codetta.programs import RMS_ROPE_128, RMS_ROPE_BIAS_128
+
+    assert RMS_ROPE_BIAS_128.tuned_like is RMS_ROPE_128
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(RMS_ROPE_BIAS_128) + PINGPONG.candidates(RMS_ROPE_BIAS_128)
+    assert cands == TRITON.candidates(RMS_ROPE_128) + PINGPONG.candidates(RMS_ROPE_128)
+    assert len(cands) >= 2
+    call = types.SimpleNamespace(program=RMS_ROPE_BIAS_128, dtype=torch.bfloat16, a_t=False, b_t=False,
+                                 M=16384, N=4096, k_total=4096, device=torch.device("cpu"))  # fmt: skip
+    plain = types.SimpleNamespace(**{**vars(call), "program": RMS_ROPE_128})
+    sibling = chooser.key(plain, True)
+    entries = {sibling: cands[-1]}
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    with settings.override(prefer_pingpong=False):
+        assert chooser.untuned(call, True, cands) == cands[-1]
+        # the bias program's own entry at the same distance wins
+        entries[chooser.key(call, True)] = cands[0]
+        assert chooser.untuned(call, True, cands) == cands[0]
+        # a nearer entry of the sibling wins over a farther one of its own
+        far = types.SimpleNamespace(**{**vars(call), "M": 65536})
+        entries.clear()
+        entries.update({chooser.key(far, True): cands[0], sibling: cands[-1]})
+        assert chooser.untuned(call, True, cands) == cands[-1]
 
 
 def test_tune_program_filter(capsys):

@@ -145,7 +145,8 @@ def _forward_impl(
                 zs.append(out.out)
                 pres.append(out.pre)
             else:
-                prog = (RMS_ROPE_BIAS if biases else RMS_ROPE_PAIRS if rope_pairs else RMS_ROPE)[freq.shape[0]]
+                progs = RMS_ROPE_BIAS if biases else RMS_ROPE_PAIRS if rope_pairs else RMS_ROPE
+                prog = progs[freq.shape[0]]
                 zs.append(gemm(k1.h, w, epilogue=prog, **norm, **rot))
         else:
             zs.append(gemm(k1.h, w, epilogue=RMS_SCALE_BIAS if biases else RMS_SCALE, **norm))
