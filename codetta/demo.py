@@ -14,6 +14,7 @@ import torch
 ROLES = {
     ("residual_rms", "nn"): "o_proj / down_proj + residual; stores x, x*gamma and sum x^2 (K1)",
     ("rms_scale", "nn"): "next projection (v / LM head) x 1/rms(x) per row",
+    ("rms_scale_bias", "nn"): "v x 1/rms(x) per row, + its bias (Qwen2)",
     ("swiglu_rms", "nn"): "gate and up (two weights, one GEMM) x 1/rms(x); stores g, u, silu(g)*u",
     ("dswiglu", "nt"): "down_proj's dX with the SwiGLU backward: dg, du",
     ("accumulate_f32", "tt"): "LM head weight gradient, summed over row chunks in fp32",
@@ -28,6 +29,7 @@ ROLES = {
 for _hd in (16, 32, 64, 128, 256):
     ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
     ROLES[(f"rms_qknorm_rope_{_hd}", "nn")] = "q, k x 1/rms(x), per-head q/k norm, RoPE (Qwen3)"
+    ROLES[(f"rms_rope_bias_{_hd}", "nn")] = "q, k x 1/rms(x), + their biases, then RoPE (Qwen2)"
     ROLES[(f"rms_rope_{_hd}_n3", "nn")] = "q, k, v in one GEMM x 1/rms(x), RoPE on q and k (QKV_ONE_LAUNCH)"
 
 

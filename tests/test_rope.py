@@ -467,6 +467,72 @@ def test_module(qk_norm, interleaved, dtype, device):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_module_with_biases(fused_qkv, device):
+    """``RMSNormQKVRoPE(bias=True)`` (Qwen2's q, k and v biases; one ``qkv_proj`` bias with
+    ``fused_qkv``): the same tensors as ``rmsnorm_linear(..., bias=...)`` and gradients
+    reaching every bias; refused with q/k norms or the interleaved rotation."""
+    from codetta.nn import RMSNormQKVRoPE
+
+    B, S, d, hq, hkv, hd = CASES[0]
+    m = RMSNormQKVRoPE(d, hq, hkv, hd, eps=EPS, fused_qkv=fused_qkv, bias=True, device=device)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else torch.randn_like(p) * d**-0.5)
+    x = rand(B, S, d, dtype=torch.float32, device=device).requires_grad_()
+    pos = _positions(B, S, False, device)
+    q, k, v = m(x, pos)
+    if fused_qkv:
+        ws, bs = m.qkv_proj.weight.split(m.widths), m.qkv_proj.bias.split(m.widths)
+    else:
+        projs = (m.q_proj, m.k_proj, m.v_proj)
+        ws, bs = [p.weight for p in projs], [p.bias for p in projs]
+    want = rmsnorm_linear(x, m.norm.weight, list(ws), EPS, rope=RoPE(pos, m.inv_freq), bias=list(bs))
+    for got, w in zip((q, k, v), want):
+        assert torch.equal(got.transpose(1, 2).reshape(w.shape), w)
+    sum(t.float().pow(2).sum() for t in (q, k, v)).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert "bias=True" in repr(m)
+    for bad in ({"qk_norm": True}, {"interleaved": True}):
+        with pytest.raises(ValueError, match="bias=True: not with qk_norm or interleaved"):
+            RMSNormQKVRoPE(d, hq, hkv, hd, bias=True, **bad)
+
+
+def test_bias_argument_errors(device):
+    """Bad ``bias=`` arguments are refused naming the argument: a count or a shape that
+    does not match the weights, a dtype other than float32 or the weights', a sequence
+    beside one weight, a bias with q/k norms or the interleaved rotation; None entries
+    add nothing (the output equals the one with that bias zero)."""
+    B, S, d, hq, hkv, hd = CASES[0]
+    x = rand(B, S, d, dtype=torch.float32, device=device)
+    gamma = torch.rand(d, device=device) + 0.5
+    ws = [rand(h * hd, d, dtype=torch.float32, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
+    bs = [rand(w.shape[0], dtype=torch.float32, device=device) for w in ws]
+    pos = _positions(B, S, False, device)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+    rope = RoPE(pos, inv_freq)
+    cases = [
+        (bs[:2], ValueError, "bias has 2 entries for 3 weights"),
+        ([bs[0], bs[0], bs[2]], ValueError, r"bias\[1\] must have shape \(32,\)"),
+        ([bs[0], bs[1].long(), bs[2]], TypeError, r"bias\[1\]"),
+        (bs[0], TypeError, "bias must be a sequence as long as weight's"),
+    ]
+    for bias, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=bias)
+    with pytest.raises(TypeError, match="bias must be one \\[N\\] tensor beside one weight"):
+        rmsnorm_linear(x, gamma, ws[0], EPS, bias=bs)
+    qk = RoPE(pos, inv_freq, qk_norm_weights=(gamma[:hd], gamma[:hd]))
+    with pytest.raises(ValueError, match="not with q/k norms"):
+        rmsnorm_linear(x, gamma, ws, EPS, rope=qk, bias=bs)
+    with pytest.raises(ValueError, match="not with the interleaved-pairs RoPE"):
+        rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq, interleaved=True), bias=bs)
+    some = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], None, bs[2]])
+    zero = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], torch.zeros_like(bs[1]), bs[2]])
+    assert all(torch.equal(a, b) for a, b in zip(some, zero))
+
+
 def test_module_errors():
     from codetta.nn import RMSNormQKVRoPE
 

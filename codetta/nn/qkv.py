@@ -37,20 +37,22 @@ class RMSNormQKVRoPE(nn.Module):
     tensors). ``position_ids`` [B, S] or [S] (packed sequences: per-token
     positions); default ``arange(S)``.
 
-    Parameters, as a Hugging Face Llama / Qwen3 layer names them: ``norm`` (an
+    Parameters, as a Hugging Face Llama / Qwen2 / Qwen3 layer names them: ``norm`` (an
     ``nn.RMSNorm``: the layer's ``input_layernorm``), ``q_proj``, ``k_proj``, ``v_proj``
-    (``nn.Linear``, no bias), ``q_norm`` and ``k_norm`` (``nn.RMSNorm(head_dim)``) with
-    ``qk_norm``; with ``fused_qkv=True`` one ``qkv_proj`` (q's rows, then k's, then v's)
-    instead of the three, its row blocks used in place (views: no per-step copy, and
-    their gradients land in ``qkv_proj.weight``). The rotation's frequencies are the
-    buffer ``inv_freq`` (``rope_theta ** (-2i / head_dim)``; give ``inv_freq`` for a
-    scaled rope, e.g. Llama 3's, and its ``attention_scaling``)."""
+    (``nn.Linear``, with biases where ``bias=True``, as Qwen2's: added before RoPE, in the
+    same epilogues; not with ``qk_norm`` or ``interleaved``), ``q_norm`` and ``k_norm``
+    (``nn.RMSNorm(head_dim)``) with ``qk_norm``; with ``fused_qkv=True`` one ``qkv_proj``
+    (q's rows, then k's, then v's) instead of the three, its row blocks used in place
+    (views: no per-step copy, and their gradients land in ``qkv_proj.weight``). The
+    rotation's frequencies are the buffer ``inv_freq`` (``rope_theta ** (-2i /
+    head_dim)``; give ``inv_freq`` for a scaled rope, e.g. Llama 3's, and its
+    ``attention_scaling``)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  rope_theta: float = 10000.0, eps: float = 1e-6, qk_norm: bool = False,
                  qk_norm_eps: float | None = None, interleaved: bool = False,
                  inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0,
-                 fused_qkv: bool = False, device=None, dtype=None):  # fmt: skip
+                 fused_qkv: bool = False, bias: bool = False, device=None, dtype=None):  # fmt: skip
         super().__init__()
         sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
                  "head_dim": head_dim}  # fmt: skip
@@ -60,8 +62,10 @@ class RMSNormQKVRoPE(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs of columns), got {head_dim}")
-        if not all(isinstance(f, bool) for f in (interleaved, qk_norm, fused_qkv)):
-            raise TypeError("qk_norm, interleaved and fused_qkv must be True or False")
+        if not all(isinstance(f, bool) for f in (interleaved, qk_norm, fused_qkv, bias)):
+            raise TypeError("qk_norm, interleaved, fused_qkv and bias must be True or False")
+        if bias and (qk_norm or interleaved):
+            raise ValueError("bias=True: not with qk_norm or interleaved (no program adds a bias there)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.interleaved, self.attention_scaling = interleaved, float(attention_scaling)
         eps = _eps("eps", eps)
@@ -71,11 +75,11 @@ class RMSNormQKVRoPE(nn.Module):
         self.norm = nn.RMSNorm(hidden_size, eps=eps, device=device)
         self.widths = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
         if fused_qkv:
-            self.qkv_proj = nn.Linear(hidden_size, sum(self.widths), bias=False, **kw)
+            self.qkv_proj = nn.Linear(hidden_size, sum(self.widths), bias=bias, **kw)
         else:
-            self.q_proj = nn.Linear(hidden_size, self.widths[0], bias=False, **kw)
-            self.k_proj = nn.Linear(hidden_size, self.widths[1], bias=False, **kw)
-            self.v_proj = nn.Linear(hidden_size, self.widths[2], bias=False, **kw)
+            self.q_proj = nn.Linear(hidden_size, self.widths[0], bias=bias, **kw)
+            self.k_proj = nn.Linear(hidden_size, self.widths[1], bias=bias, **kw)
+            self.v_proj = nn.Linear(hidden_size, self.widths[2], bias=bias, **kw)
         self.q_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
         if inv_freq is None:
@@ -87,8 +91,8 @@ class RMSNormQKVRoPE(nn.Module):
 
     @classmethod
     def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> RMSNormQKVRoPE:
-        """The module over a Hugging Face Llama / Qwen3 / Mistral decoder layer's own
-        ``input_layernorm`` and ``self_attn`` projections (and q/k norms), shared, not
+        """The module over a Hugging Face Llama / Qwen2 / Qwen3 / Mistral decoder layer's own
+        ``input_layernorm`` and ``self_attn`` projections (their biases, and q/k norms), shared, not
         copied, with the model's ``rotary_emb`` (also shared: its frequencies and attention
         scaling are read at each call, so a device move or an in-place change follows).
         Rotate-half, as those models rotate. Rope types whose frequencies depend on the
@@ -99,8 +103,6 @@ class RMSNormQKVRoPE(nn.Module):
         if norm is None or not all(isinstance(p, nn.Linear) for p in projs):
             raise TypeError("from_layer needs a decoder layer with input_layernorm and self_attn's "
                             "q_proj, k_proj, v_proj (nn.Linear)")  # fmt: skip
-        if any(p.bias is not None for p in projs):
-            raise ValueError("RMSNormQKVRoPE's projections have no biases (attention_bias=True)")
         inv_freq = getattr(rotary_emb, "inv_freq", None)
         if inv_freq is None:
             raise TypeError("from_layer needs the model's rotary embedding (a module with inv_freq)")
@@ -114,6 +116,8 @@ class RMSNormQKVRoPE(nn.Module):
             raise ValueError(f"the rotary embedding rotates {hd} of each head's {attn.head_dim} columns "
                              "(partial rotary): not supported")  # fmt: skip
         qk_norm = getattr(attn, "q_norm", None) is not None
+        if qk_norm and any(p.bias is not None for p in projs):
+            raise ValueError("q, k and v biases with per-head q/k norms: not supported")
 
         def eps_of(m):
             for name in ("variance_epsilon", "eps"):
@@ -162,9 +166,18 @@ class RMSNormQKVRoPE(nn.Module):
             ws = list(self.qkv_proj.weight.split(self.widths))
         else:
             ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.eps, rope=rope)
+        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.eps, rope=rope, bias=self._bias())
         return tuple(t.view(B, S, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def _bias(self) -> tuple | None:
+        """The q, k and v biases (an entry None for one without), or None where none has one."""
+        if hasattr(self, "qkv_proj"):
+            b = self.qkv_proj.bias
+            return None if b is None else tuple(b.split(self.widths))
+        bs = (self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)
+        return None if all(b is None for b in bs) else bs
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"qk_norm={self.q_norm is not None}, interleaved={self.interleaved}")  # fmt: skip
+                f"qk_norm={self.q_norm is not None}, interleaved={self.interleaved}, "
+                f"bias={self._bias() is not None}")  # fmt: skip
