@@ -17,7 +17,11 @@ under torch.autocast to FUZZ_DTYPE (Hugging Face Trainer's bf16=True; the drop-i
 mode), held to the same bound against autocast's own error. On such tiny
 models a gradient's largest element can pass 2x by chance: seeds 0-39 on the CPU in fp16,
 6 of 34 cases with a loss token had one (at most 2.45x), none in relative norm (at most
-1.77x); a model held in fp16 in plain PyTorch, 25 and 4 (NOTES.md)."""
+1.77x); a model held in fp16 in plain PyTorch, 25 and 4 (NOTES.md).
+
+FUZZ_FAMILIES=llama,qwen2,qwen3,mistral draws the family from that list (default
+llama,qwen3,mistral, the list earlier seeds were drawn from; qwen2: q, k and v biases of
+the projections' outputs' size)."""
 
 import contextlib
 import copy
@@ -43,6 +47,8 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
         cfg, cls = transformers.MistralConfig(sliding_window=4, **common), transformers.MistralForCausalLM
     elif family == "llama":
         cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    elif family == "qwen2":
+        cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     else:
         cfg, cls = transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     m = cls(cfg)
@@ -50,10 +56,13 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
         for n, p in m.named_parameters():
             if "norm" in n:
                 p.copy_(torch.rand_like(p) + 0.5)
+            elif n.endswith(".bias"):  # (Qwen2's, zeros by default: tests/test_hf.py's scale)
+                p.copy_(0.2 * torch.randn_like(p))
     return m
 
 
 AUTOCAST = os.environ.get("FUZZ_AUTOCAST") == "1"
+FAMILIES = os.environ.get("FUZZ_FAMILIES", "llama,qwen3,mistral").split(",")
 
 
 def amp(m):
@@ -144,7 +153,7 @@ def against_float64(seed, base, kw) -> tuple:
 def case(seed: int) -> tuple:
     """A seed's model (float32, on the CPU) and batch: (description, model, inputs)."""
     rng = random.Random(seed)
-    fam, tied = rng.choice(["llama", "qwen3", "mistral"]), rng.random() < 0.5
+    fam, tied = rng.choice(FAMILIES), rng.random() < 0.5
     V = rng.choice([128, 130, 257, 96])
     B, S = rng.choice([(1, 1), (1, 2), (1, 3), (3, 5), (2, 9), (4, 7), (1, 17), (2, 16)])
     kind = rng.choice(["padding", "packed", "ignore", "none"])
