@@ -105,17 +105,26 @@ def test_model_step_amp_on_cpu():
     assert mb.case_label("llama-3.2-1B", amp=True) == "llama-3.2-1B amp"
 
 
-def test_model_step_qwen3_case_on_cpu():
-    """The model part's Qwen3 case builds a Qwen3 model (per-head q/k norms), and codetta's
-    first training-step loss on it agrees with eager's (CPU, tiny widths)."""
+@pytest.mark.parametrize("case,kind", [("qwen3-8B-layers", "Qwen3"), ("qwen2.5-7B-layers", "Qwen2")])
+def test_model_step_qwen_cases_on_cpu(case, kind):
+    """The model part's Qwen3 and Qwen2.5 cases build their models (per-head q/k norms;
+    q, k and v biases), and codetta's first training-step loss on each agrees with
+    eager's (CPU, tiny widths)."""
     pytest.importorskip("transformers")
     from codetta.bench import model as mb
 
-    config = mb.model_config("qwen3-8B-layers", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+    config = mb.model_config(case, hidden_size=64, intermediate_size=96, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
-    assert type(config).__name__ == "Qwen3Config" and config.num_hidden_layers == 2
+    assert type(config).__name__ == f"{kind}Config" and config.num_hidden_layers == 2
     base = mb.make_model(config, device="cpu", dtype=torch.float32)
-    assert type(base).__name__ == "Qwen3ForCausalLM" and hasattr(base.model.layers[0].self_attn, "q_norm")
+    attn = base.model.layers[0].self_attn
+    assert type(base).__name__ == f"{kind}ForCausalLM"
+    assert hasattr(attn, "q_norm") if kind == "Qwen3" else attn.q_proj.bias is not None
+    if kind == "Qwen2":  # (zeros at init: give them values)
+        with torch.no_grad():
+            for name, p in base.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0, 0.2)
     ids = torch.randint(0, config.vocab_size, (2, 16))
     losses = {}
     for name in ("eager", "codetta"):

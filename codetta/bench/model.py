@@ -67,6 +67,19 @@ CASES = {
         rope_theta=1000000.0,
         model_type="qwen3",
     ),
+    # Qwen2.5-7B's widths (q, k and v biases, 28 / 4 heads): two layers (a Qwen2Config)
+    "qwen2.5-7B-layers": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_hidden_layers=2,
+        vocab_size=128,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+        model_type="qwen2",
+    ),
 }
 VARIANTS = ("eager", "liger", "torch.compile", "torch.compile:regional", "codetta", "codetta+compile")
 # codetta under other settings, for A/B runs next to the peers: "codetta:<how>" runs the
@@ -92,15 +105,15 @@ ALL_VARIANTS = VARIANTS + ("codetta+compile:regional",) + tuple(f"codetta:{how}"
 
 
 def model_config(case: str, **over):
-    """The case's Hugging Face config: a LlamaConfig, or a Qwen3Config for a case that says
-    ``model_type="qwen3"``."""
-    from transformers import LlamaConfig, Qwen3Config
+    """The case's Hugging Face config: a LlamaConfig, or a Qwen3Config / Qwen2Config for a
+    case that says ``model_type="qwen3"`` / ``"qwen2"``."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     kw = dict(max_position_embeddings=SEQ, rms_norm_eps=1e-5, attn_implementation="sdpa", rope_theta=500000.0)
     kw.update(CASES[case])
     kw.update(over)
     kind = kw.pop("model_type", "llama")
-    return Qwen3Config(**kw) if kind == "qwen3" else LlamaConfig(**kw)
+    return {"qwen3": Qwen3Config, "qwen2": Qwen2Config}.get(kind, LlamaConfig)(**kw)
 
 
 def make_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
