@@ -143,6 +143,27 @@ def test_widths_from_hf_config(tmp_path):
         models.widths_of(3)
 
 
+@pytest.mark.parametrize("name", sorted(models.KNOWN))
+def test_known_models_make_their_configs(name):
+    """``codetta train --model NAME`` builds each known model's family config (Qwen2.5's a
+    Qwen2Config, whose q, k and v projections have biases; Qwen3's with q/k norms), whose
+    widths read back as the known ones."""
+    transformers = pytest.importorskip("transformers")
+    from codetta.train import hf_config
+
+    want = models.KNOWN[name]
+    cfg = hf_config(name, 1, 64, 16)
+    family = "Qwen3" if want.qk_norm else "Qwen2" if want.qkv_bias else name.split("-")[0].capitalize()
+    family = family.rstrip("0123456789")  # (llama3 -> Llama)
+    assert type(cfg).__name__ == f"{family}Config"
+    got = models.widths_of(hf_config(name, 1, None, 16))
+    fields = (*FIELDS, "qk_norm", "qkv_bias")
+    assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+    if want.hidden <= 1024:  # (a layer of the smallest ones: the biases are there)
+        attn = transformers.AutoModelForCausalLM.from_config(cfg).model.layers[0].self_attn
+        assert (attn.q_proj.bias is not None) == want.qkv_bias and attn.o_proj.bias is None
+
+
 def test_nearest_entry():
     """Without tuning, the closest tuned shape of the same program, dtype, layout and
     mainloop choice lends its config, if that config is a candidate of the call."""
