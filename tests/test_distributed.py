@@ -29,6 +29,8 @@ def _config(tmp_path, family):
                   rms_norm_eps=1e-5)  # fmt: skip
     if family == "llama":
         cfg = transformers.LlamaConfig(tie_word_embeddings=True, **common)
+    elif family == "qwen2":  # (q, k and v biases; zeros at init, trained from the first step)
+        cfg = transformers.Qwen2Config(tie_word_embeddings=True, **common)
     else:
         cfg = transformers.Qwen3Config(tie_word_embeddings=False, **common)
     folder = tmp_path / family
@@ -74,13 +76,14 @@ def _rel(a, b):
     return max(((a[k] - b[k]).abs().max() / b[k].abs().max()).item() for k in b)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2"])
 def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     """llama: tied embeddings, FSDP2 and DDP; qwen3: per-head q/k norms in the boundary
     operator's epilogue (the next layer's parameters), FSDP2 with the base model wrapped
     too (its embeddings and final norm gathered for the whole forward; FSDP2 itself
-    refuses that with tied embeddings) and Hugging Face's gradient checkpointing. All
-    with 2 micro-batches per step (gradients synchronised after the second only)."""
+    refuses that with tied embeddings) and Hugging Face's gradient checkpointing; qwen2:
+    the next layer's q, k and v biases in that epilogue too, FSDP2. All with 2
+    micro-batches per step (gradients synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train_here(tmp_path, config, "one")
     from codetta.train import hf_config
@@ -95,7 +98,9 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
     # (qwen3's one run covers both its own point and the outer span: a suite-time budget)
     # (qwen3's run also checkpoints: Hugging Face's gradient checkpointing under FSDP2)
-    runs = [("fsdp",), ("ddp",)] if family == "llama" else [("fsdp", "--wrap-base", "--grad-checkpointing")]
+    runs = {"llama": [("fsdp",), ("ddp",)], "qwen2": [("fsdp",)]}.get(
+        family, [("fsdp", "--wrap-base", "--grad-checkpointing")]
+    )
     for parallel, *extra in runs:
         tag = parallel + "".join(extra)
         res, w = _train(tmp_path, config, tag, 2, "--parallel", parallel, "--accum", "2", *extra)

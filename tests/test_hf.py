@@ -837,10 +837,12 @@ def test_activation_checkpointing_wrappers_raise(how):
         assert model(**_inputs("none")).loss.isfinite()
 
 
-def test_torch_compile_fullgraph_training_step():
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_torch_compile_fullgraph_training_step(family):
     """torch.compile(model, fullgraph=True) traces the patched forward and backward (the
-    codetta operators are custom ops); loss and gradients equal the eager patched run's."""
-    model = codetta.apply_codetta(_model("llama", True))
+    codetta operators are custom ops; Qwen2's biases among their inputs); loss and
+    gradients equal the eager patched run's."""
+    model = codetta.apply_codetta(_model(family, True))
     kw = _inputs("padding")
     eager = _step(model, kw)
     got, targets = _compiled_step(model, kw, contextlib.ExitStack)

@@ -436,8 +436,12 @@ def _program_operands(name, M, N, device, K=64):
         "finish_f32": {"c": rand(M, N, dtype=torch.float32, device=device)},
         "row_scale": {"scale": torch.rand(M, **f32) + 0.5},
         "rms_scale": {"sumsq": torch.rand(M, **f32) * 9, "inv_d": 1.0 / N, "eps": 1e-6},
-        "rms_scale_bias": {"sumsq": torch.rand(M, **f32) * 9, "inv_d": 1.0 / N, "eps": 1e-6,
-                           "bias": rand(N, dtype=dtype, device=device)},  # fmt: skip
+        "rms_scale_bias": {
+            "sumsq": torch.rand(M, **f32) * 9,
+            "inv_d": 1.0 / N,
+            "eps": 1e-6,
+            "bias": rand(N, dtype=dtype, device=device),
+        },  # fmt: skip
         "mul_colsum": {"other": rand(M, N, dtype=dtype, device=device)},
         "residual_rms": {"residual": rand(M, N, dtype=dtype, device=device), "gamma": torch.rand(N, **f32)},
         "residual_rms_f32": {"residual": rand(M, N, **f32), "gamma": torch.rand(N, **f32)},

@@ -191,10 +191,38 @@ def test_opcheck(device):
     leaves = _leaves(32, 32, 64, 48, torch.float16, device)
     y, w_o, res, g, w = [t.requires_grad_() for t in leaves]
     w2 = rand(16, 64, dtype=torch.float16, device=device).requires_grad_()
-    for ws, fold_gamma in (([w], False), ([w], True), ([w, w2], False)):
+    bs = [
+        rand(48, dtype=torch.float16, device=device).requires_grad_(),
+        rand(16, dtype=torch.float32, device=device).requires_grad_(),
+    ]
+    for ws, fold_gamma, biases in (
+        ([w], False, []),
+        ([w], True, []),
+        ([w, w2], False, []),
+        ([w, w2], False, bs),
+    ):
         torch.library.opcheck(
             torch.ops.codetta.residual_rmsnorm_linear.default,
-            (y, w_o, res, g, ws, EPS, "rowwise", fold_gamma, [], False, [], 1.0, 0, 0.0, False, False, False),
+            (
+                y,
+                w_o,
+                res,
+                g,
+                ws,
+                EPS,
+                "rowwise",
+                fold_gamma,
+                [],
+                False,
+                [],
+                1.0,
+                0,
+                0.0,
+                False,
+                False,
+                False,
+                biases,
+            ),  # fmt: skip
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 
@@ -501,14 +529,18 @@ def test_eager_calls_skip_the_dispatcher(device):
     leaves = _leaves(32, 32, 64, 48, torch.float16, device)
     w2 = rand(16, 64, dtype=torch.float16, device=device)
 
+    bs = (rand(48, dtype=torch.float16, device=device), rand(16, dtype=torch.float32, device=device))
+
     def run(call):
-        y, w_o, res, g, w, v = [t.detach().clone().requires_grad_() for t in (*leaves, w2)]
-        args = (EPS, "rowwise", False, [], False, [], 1.0, 0, 0.0, False, False, False)
+        y, w_o, res, g, w, v, b, c = [t.detach().clone().requires_grad_() for t in (*leaves, w2, *bs)]
+        args = (EPS, "rowwise", False, [], False, [], 1.0, 0, 0.0, False, False, False, [b, c])
         x, zs, sumsq, _ = call(y, w_o, res, g, [w, v], *args)
         assert all(t.grad_fn is not None for t in (x, *zs))
         loss = x.float().square().sum() + sum(z.float().sum() * (i + 1) for i, z in enumerate(zs))
         loss.backward()
-        return [x, *zs, sumsq], [t.grad for t in (y, w_o, res, g, w, v)], type(x.grad_fn).__name__
+        grads = [t.grad for t in (y, w_o, res, g, w, v, b, c)]
+        assert b.grad.dtype == b.dtype and c.grad.dtype == c.dtype  # (the biases' own dtypes)
+        return [x, *zs, sumsq], grads, type(x.grad_fn).__name__
 
     fast_outs, fast_grads, fast_node = run(rr._forward_fast)
     op_outs, op_grads, op_node = run(rr._forward)
@@ -525,7 +557,7 @@ def test_eager_calls_skip_the_dispatcher(device):
 
     with Seen():
         rr._forward_fast(*[t.detach() for t in leaves[:4]], [leaves[4]], EPS, "rowwise", False, [], False, [],
-                         1.0, 0, 0.0, False, False, False)  # fmt: skip
+                         1.0, 0, 0.0, False, False, False, [])  # fmt: skip
     assert any("residual_rmsnorm_linear" in op for op in Seen.ops)
 
 
