@@ -106,8 +106,18 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
         res, w = _train(tmp_path, config, tag, 2, "--parallel", parallel, "--accum", "2", *extra)
         assert res["world"] == 2 and res["codetta"]
         assert sorted(w) == sorted(w_one)
-        err = _rel(w, w_one)
+        # Qwen2's k biases: their gradient is near zero (softmax ignores a shift common to a
+        # query's keys; only RoPE's turn of the bias is left), so the order of the gradient
+        # sums moves it relatively far and AdamW's normalized step carries that to the weight:
+        # 1e-4 to 6e-4 apart for the unpatched model too (FSDP2 against one process, NOTES.md)
+        k_bias = [k for k in w_one if k.endswith("k_proj.bias")]
+        err = _rel(
+            {k: w[k] for k in w if k not in k_bias}, {k: v for k, v in w_one.items() if k not in k_bias}
+        )
         assert err < TOL, f"{tag}: weights differ from one process's by {err:.2e}"
+        if k_bias:
+            err = _rel({k: w[k] for k in k_bias}, {k: w_one[k] for k in k_bias})
+            assert err < 2e-3, f"{tag}: k biases differ from one process's by {err:.2e}"
         assert res["losses"] == pytest.approx(one["losses"], rel=TOL)
 
 
