@@ -155,9 +155,35 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     """The next GEMMs' biases as a list, one per weight ([] for none): ``bias`` is None, a
     [N] tensor beside one weight, or a sequence as long as ``weight``'s whose entries are
     [N_i] tensors or None (zeros: that output gets none). Each in float32 or y's dtype,
-    contiguous, on y's device. Errors name the argument."""
+    contiguous, on y's device. Errors name the argument. A set of biases found valid
+    before (the same metadata, alignment and weights' widths) is not checked again."""
     if bias is None:
         return []
+    seq = isinstance(bias, (list, tuple))
+    bs = list(bias) if seq else [bias]
+    try:
+        key = (seq, isinstance(weight, (list, tuple)), y.dtype, y.device, tuple(w.shape[0] for w in ws),
+               *(None if b is None else _meta(b) for b in bs))  # fmt: skip
+        if not torch.compiler.is_compiling():
+            key += tuple(b is None or b.data_ptr() % 16 == 0 for b in bs)
+        known = key in _BIASES_CHECKED
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
+        known, key = False, None
+    if not known:
+        _check_biases(bias, weight, ws, y)
+        if key is not None:
+            if len(_BIASES_CHECKED) >= _MAX_CHECKED:
+                _BIASES_CHECKED.clear()
+            _BIASES_CHECKED.add(key)
+    if all(b is None for b in bs):
+        return []
+    return [y.new_zeros(w.shape[0]) if b is None else b for b, w in zip(bs, ws)]
+
+
+_BIASES_CHECKED: set = set()
+
+
+def _check_biases(bias, weight, ws: list, y: torch.Tensor) -> None:
     if weight is None:
         raise ValueError("bias: there is no next weight to add it to")
     seq = isinstance(weight, (list, tuple))
@@ -170,13 +196,9 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     bs = list(bias) if seq else [bias]
     if len(bs) != len(ws):
         raise ValueError(f"bias has {len(bs)} entries for {len(ws)} weights")
-    if all(b is None for b in bs):
-        return []
-    out = []
     for i, (b, w) in enumerate(zip(bs, ws)):
         name = f"bias[{i}]" if seq else "bias"
         if b is None:
-            out.append(y.new_zeros(w.shape[0]))
             continue
         check_tensor(name, b)
         check_same_device({"y": y, name: b})
@@ -184,5 +206,3 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
         if b.shape != (w.shape[0],):
             raise ValueError(f"{name} must have shape ({w.shape[0]},) (its weight's N), got {tuple(b.shape)}")
         check_layouts({name: b}, vectors=(name,))
-        out.append(b)
-    return out
