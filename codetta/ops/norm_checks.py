@@ -161,14 +161,16 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
         return []
     seq = isinstance(bias, (list, tuple))
     bs = list(bias) if seq else [bias]
-    try:
-        key = (seq, isinstance(weight, (list, tuple)), y.dtype, y.device, tuple(w.shape[0] for w in ws),
-               *(None if b is None else _meta(b) for b in bs))  # fmt: skip
-        if not torch.compiler.is_compiling():
-            key += tuple(b is None or b.data_ptr() % 16 == 0 for b in bs)
-        known = key in _BIASES_CHECKED
-    except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
-        known, key = False, None
+    # (while torch.compile traces, no memo: a lookup in it would be guarded on, and the
+    # set changing during a compile fails that guard; the traced check runs once a compile)
+    known, key = False, None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (seq, isinstance(weight, (list, tuple)), y.dtype, y.device, tuple(w.shape[0] for w in ws),
+                   *(None if b is None else (*_meta(b), b.data_ptr() % 16 == 0) for b in bs))  # fmt: skip
+            known = key in _BIASES_CHECKED
+        except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
+            key = None
     if not known:
         _check_biases(bias, weight, ws, y)
         if key is not None:
