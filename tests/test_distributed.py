@@ -82,7 +82,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     operator's epilogue (the next layer's parameters), FSDP2 with the base model wrapped
     too (its embeddings and final norm gathered for the whole forward; FSDP2 itself
     refuses that with tied embeddings) and Hugging Face's gradient checkpointing; qwen2:
-    the next layer's q, k and v biases in that epilogue too, FSDP2. All with 2
+    the next layer's q, k and v biases in that epilogue too, FSDP2 with checkpointing. All with 2
     micro-batches per step (gradients synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train_here(tmp_path, config, "one")
@@ -98,7 +98,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     assert moved > 1000 * TOL, f"training moved the weights by only {moved:.2e}: the test could not fail"
     # (qwen3's one run covers both its own point and the outer span: a suite-time budget)
     # (qwen3's run also checkpoints: Hugging Face's gradient checkpointing under FSDP2)
-    runs = {"llama": [("fsdp",), ("ddp",)], "qwen2": [("fsdp",)]}.get(
+    runs = {"llama": [("fsdp",), ("ddp",)], "qwen2": [("fsdp", "--grad-checkpointing")]}.get(
         family, [("fsdp", "--wrap-base", "--grad-checkpointing")]
     )
     for parallel, *extra in runs:

@@ -274,6 +274,16 @@ def test_qkv_one_launch_in_the_drop_in():
     layers = model.config.num_hidden_layers
     assert names.count("rms_rope_16_n3") == layers and "rms_scale" not in names  # q, k, v: one launch
     assert names.count("store_m3") == layers  # and their weight gradients
+    # Qwen2's biases: three launches (the one-launch program adds no bias), the same numbers
+    plain = _model("qwen2", False)
+    with settings.override(qkv_one_launch=True):
+        model = codetta.apply_codetta(copy.deepcopy(plain))
+        with recording(compute=True) as calls:
+            got = _step(model, _inputs("none"))
+    names = [c.program.name for c in calls]
+    assert "rms_rope_16_n3" not in names and names.count("rms_rope_bias_16") == 2 * layers, names
+    want = _step(codetta.apply_codetta(plain), _inputs("none"))
+    assert torch.equal(got[1], want[1]) and all(torch.equal(got[2][n], want[2][n]) for n in want[2])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -322,6 +332,15 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta(_model("llama", False, attention_bias=True))
     with pytest.raises(ValueError, match=r"mlp\.gate_proj has a bias"):
         codetta.apply_codetta(_model("llama", False, mlp_bias=True))
+    qwen3 = _model("qwen3", False, attention_bias=True)  # (q, k, v biases with q/k norms)
+    for layer in qwen3.model.layers:
+        layer.self_attn.o_proj.bias = None
+    with pytest.raises(ValueError, match="q, k and v biases with per-head q/k norms"):
+        codetta.apply_codetta(qwen3)
+    odd = _model("qwen2", False)
+    odd.model.layers[1].self_attn.k_proj.bias.data = odd.model.layers[1].self_attn.k_proj.bias.data.half()
+    with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.k_proj's bias is torch\.float16"):
+        codetta.apply_codetta(odd)
     with pytest.raises(ValueError, match="multiples of 8"):
         codetta.apply_codetta(_model("llama", False, torch.float16, intermediate_size=100))
     with pytest.raises(TypeError, match="expects a LlamaForCausalLM"):
@@ -1209,6 +1228,10 @@ def test_qkv_module_from_layer(family):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
     with pytest.raises(TypeError, match="rotary embedding"):
         RMSNormQKVRoPE.from_layer(layer, torch.nn.Identity())
+    if family == "qwen3":
+        biased = _model("qwen3", False, attention_bias=True).model.layers[0]
+        with pytest.raises(ValueError, match="biases with per-head q/k norms"):
+            RMSNormQKVRoPE.from_layer(biased, rot)
     dynamic = torch.nn.Module()
     dynamic.rope_type, dynamic.inv_freq = "dynamic", rot.inv_freq
     with pytest.raises(ValueError, match="dynamic"):

@@ -167,14 +167,22 @@ def _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, qk_norm, dtype, device, f
         assert_within(name, a, b, c)
 
 
-@pytest.mark.parametrize("first_layer,packed", [(False, True), (True, False)])
-def test_qkv_rope_biases(first_layer, packed, dtype, device):
+@pytest.mark.parametrize("first_layer,packed,one_launch", [(False, True, False), (True, False, False),
+                                                            (False, False, True)])  # fmt: skip
+def test_qkv_rope_biases(first_layer, packed, one_launch, dtype, device):
     """Qwen2's q, k and v biases (``bias=``): added in the GEMMs' epilogues before RoPE
     (RMS_ROPE_BIAS, RMS_SCALE_BIAS), their gradients the column sums of the outputs'
     gradients before the rotation; x, q, k, v and every gradient (the biases' too) against
-    fp64 within 2x PyTorch's own error, after an o-projection and as a first layer."""
+    fp64 within 2x PyTorch's own error, after an o-projection and as a first layer; with
+    CODETTA_QKV_ONE_LAUNCH on too (biases take the three launches: the one-launch program
+    has none)."""
+    from codetta.kernels import settings
+
     B, S, d, hq, hkv, hd = CASES[1] if ON_GPU or not first_layer else CASES[0]
-    _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, False, dtype, device, first_layer, biases=True)
+    with settings.override(qkv_one_launch=one_launch), recording(compute=True) as calls:
+        _qkv_rope_matches_hf(B, S, d, hq, hkv, hd, packed, False, dtype, device, first_layer, biases=True)
+    names = [c.program.name for c in calls]
+    assert names.count(f"rms_rope_bias_{hd}") == 2 and names.count("rms_scale_bias") == 1, names
 
 
 @pytest.mark.parametrize("qk_norm,first_layer", [(False, False), (True, True)] + [(True, False)] * ON_GPU)
@@ -528,6 +536,17 @@ def test_bias_argument_errors(device):
         rmsnorm_linear(x, gamma, ws, EPS, rope=qk, bias=bs)
     with pytest.raises(ValueError, match="not with the interleaved-pairs RoPE"):
         rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq, interleaved=True), bias=bs)
+    # one next weight: the research backwards and fold_gamma take no bias
+    y, w_o = rand(B, S, d, dtype=torch.float32, device=device), rand(d, d, dtype=torch.float32, device=device)
+    for kw in ({"fold_gamma": True}, {"backward": "folded"}):
+        with pytest.raises(ValueError, match="bias takes the default backward"):
+            residual_rmsnorm_linear_variant(y, w_o, x, gamma, ws[0], EPS, bias=bs[0], **kw)
+    # the custom op itself refuses what its programs cannot add (its callers check first)
+    flat = [t.reshape(-1, d) for t in (y, x)]
+    with pytest.raises(ValueError, match="biases: only with next weights"):
+        pairs = [pos.reshape(-1), inv_freq.repeat_interleave(2)]  # (interleaved pairs: rope_pairs=True)
+        torch.ops.codetta.residual_rmsnorm_linear(flat[0], w_o, flat[1], gamma, ws, EPS, "rowwise", False, [],
+                                                  False, pairs, 1.0, 2, 0.0, True, False, False, bs)  # fmt: skip
     some = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], None, bs[2]])
     zero = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], torch.zeros_like(bs[1]), bs[2]])
     assert all(torch.equal(a, b) for a, b in zip(some, zero))

@@ -275,6 +275,14 @@ def _static_problem(model) -> tuple[str | None, list]:
         attn = layer.self_attn
         if hasattr(attn, "q_norm") and _qkv_bias(attn) is not None:
             return "q, k and v biases with per-head q/k norms", watched
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
+            b = lin.bias
+            if b is not None and (b.dtype not in (torch.float32, lin.weight.dtype) or not b.is_contiguous()):
+                return (
+                    f"{_module_name(model, lin)}'s bias is {b.dtype} (strides {tuple(b.stride())}) beside "
+                    f"a {lin.weight.dtype} weight: codetta adds a contiguous bias in float32 or the "
+                    "weight's dtype"
+                ), watched
     unit = _row_unit(model.lm_head.weight)
     # (the vocabulary, the LM head's rows, may be any size: the loss pads its logits rows
     # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an

@@ -311,6 +311,9 @@ class Program:
         for op in self.inputs + self.outputs:
             if not isinstance(op, Operand):
                 raise TypeError(f"{where}: operands are made by Tile(), PerRow(), ... not {op!r}")
+        like = self.tuned_like
+        if like is not None and (not isinstance(like, Program) or like.sub_tile_width != self.sub_tile_width):
+            raise ValueError(f"{where}: tuned_like must be a Program with the same sub_tile_width")
         if self.pingpong_regs and not (self.pingpong_regs % 8 == 0 and 232 <= self.pingpong_regs <= 256):
             raise ValueError(
                 f"{where}: pingpong_regs must be a multiple of 8 in [232, 256], got {self.pingpong_regs}"

@@ -154,7 +154,7 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
 def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     """The next GEMMs' biases as a list, one per weight ([] for none): ``bias`` is None, a
     [N] tensor beside one weight, or a sequence as long as ``weight``'s whose entries are
-    [N_i] tensors or None (zeros: that output gets none). Each in float32 or y's dtype,
+    [N_i] tensors or None (zeros: that output gets none). Each in float32 or the weights' dtype,
     contiguous, on y's device. Errors name the argument. A set of biases found valid
     before (the same metadata, alignment and weights' widths) is not checked again."""
     if bias is None:
@@ -204,7 +204,7 @@ def _check_biases(bias, weight, ws: list, y: torch.Tensor) -> None:
             continue
         check_tensor(name, b)
         check_same_device({"y": y, name: b})
-        check_dtype(name, b, (torch.float32, y.dtype), f"float32 or y's dtype ({y.dtype})")
+        check_dtype(name, b, (torch.float32, y.dtype), f"float32 or the weights' dtype ({y.dtype})")
         if b.shape != (w.shape[0],):
             raise ValueError(f"{name} must have shape ({w.shape[0]},) (its weight's N), got {tuple(b.shape)}")
         check_layouts({name: b}, vectors=(name,))

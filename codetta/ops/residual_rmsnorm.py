@@ -101,7 +101,13 @@ def _forward_impl(
     # returned as an empty tensor (an output may not alias an input), h and sumsq from one
     # row pass
     # biases: [] or one [N_i] bias per next weight, added in the epilogues (before RoPE);
-    # only with the default backward, no SwiGLU and no q/k norms (the callers check)
+    # only with next weights, the default backward (rowwise, no fold_gamma), swiglu=False
+    # (a SwiGLU y is fine), no q/k norms and rotate-half RoPE (the callers check first)
+    if biases and (not ws or swiglu or fold_gamma or backward != "rowwise" or rope_pairs or len(rope) > 2):
+        raise ValueError(
+            "biases: only with next weights, backward='rowwise' without fold_gamma, swiglu=False, "
+            "no q/k norms and rotate-half RoPE"
+        )
     d = residual.shape[1]
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
@@ -234,7 +240,7 @@ def _backward_impl(
     # dy is then empty: y's gradient goes to g and u). overwrite: dg, du may be written
     # over gate_up (an internal SwiGLU); the custom op (what torch.compile traces) never
     # does, its schema mutates nothing: only the eager path does (_backward_body)
-    # n_bias: the first n_bias next weights had biases: their gradients (float32) come last
+    # n_bias: 0, or every next weight had a bias (len(ws)): their gradients (float32) come last
     return _backward_body(dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamma, gate_up,
                           rope, rope_scaling, n_rope, qk_eps, rope_pairs, pres, False, n_bias)  # fmt: skip
 

@@ -389,7 +389,7 @@ RMS_QKNORM_ROPE_PAIRS = _rope_programs(
     True, True, _pairs_candidates, _pairs_pingpong,
 )  # fmt: skip
 
-# the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral), as
+# the head dims of the models codetta ships configs for (Llama 3, Qwen3, Mistral, Qwen2.5), as
 # names: checked for sm_90a in CI with every shipped program; 16, 32 and 256 are in
 # RMS_ROPE only
 RMS_ROPE_64, RMS_ROPE_128 = RMS_ROPE[64], RMS_ROPE[128]

@@ -49,7 +49,7 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
         cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     elif family == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
-    else:
+    else:  # qwen3
         cfg, cls = transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     m = cls(cfg)
     with torch.no_grad():  # (the default init's norms are all ones: give them real scales)
@@ -63,6 +63,8 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
 
 AUTOCAST = os.environ.get("FUZZ_AUTOCAST") == "1"
 FAMILIES = os.environ.get("FUZZ_FAMILIES", "llama,qwen3,mistral").split(",")
+if set(FAMILIES) - {"llama", "qwen2", "qwen3", "mistral"}:
+    sys.exit(f"FUZZ_FAMILIES: llama, qwen2, qwen3 or mistral, got {FAMILIES}")
 
 
 def amp(m):
