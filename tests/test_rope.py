@@ -545,8 +545,8 @@ def test_bias_argument_errors(device):
     flat = [t.reshape(-1, d) for t in (y, x)]
     with pytest.raises(ValueError, match="biases: only with next weights"):
         pairs = [pos.reshape(-1), inv_freq.repeat_interleave(2)]  # (interleaved pairs: rope_pairs=True)
-        torch.ops.codetta.residual_rmsnorm_linear(flat[0], w_o, flat[1], gamma, ws, EPS, "rowwise", False, [],
-                                                  False, pairs, 1.0, 2, 0.0, True, False, False, bs)  # fmt: skip
+        args = ("rowwise", False, [], False, pairs, 1.0, 2, 0.0, True, False, False, bs)
+        torch.ops.codetta.residual_rmsnorm_linear(flat[0], w_o, flat[1], gamma, ws, EPS, *args)
     some = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], None, bs[2]])
     zero = rmsnorm_linear(x, gamma, ws, EPS, rope=rope, bias=[bs[0], torch.zeros_like(bs[1]), bs[2]])
     assert all(torch.equal(a, b) for a, b in zip(some, zero))
