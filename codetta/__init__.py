@@ -28,7 +28,7 @@ from .kernels.program import (  # noqa: E402
 
 
 def apply_codetta(model, *, autocast: str | None = None):
-    """Run a Hugging Face Llama / Qwen2 / Qwen3 / Mistral causal LM's training forward through
+    """Run a Hugging Face Llama / Qwen2 / Qwen3 / Mistral / Phi-3 causal LM's training forward through
     codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``).
     ``autocast``: what this model does under ``torch.autocast`` to another dtype than its
     parameters' (Hugging Face Trainer's ``bf16=True``): ``"own-forward"`` or ``"cast"``
@@ -71,6 +71,15 @@ def apply_codetta_to_mistral(model=None, *, autocast: str | None = None):
     return hf.apply("mistral", model, autocast)
 
 
+def apply_codetta_to_phi3(model=None, *, autocast: str | None = None):
+    """Patch ``Phi3ForCausalLM`` (Phi-3, Phi-4: the fused qkv_proj and gate_up_proj read in
+    place as row blocks; class-wide when ``model`` is None, else that instance; ``autocast``
+    as in ``apply_codetta``, an instance only)."""
+    from .integrations import hf
+
+    return hf.apply("phi3", model, autocast)
+
+
 def revert(model=None):
     """Restore the original forward of ``model`` (and its class, if patched class-wide);
     ``model=None``: every class-wide patch."""
@@ -85,6 +94,7 @@ __all__ = [
     "apply_codetta_to_qwen2",
     "apply_codetta_to_qwen3",
     "apply_codetta_to_mistral",
+    "apply_codetta_to_phi3",
     "revert",
     "gemm",
     "precompile",

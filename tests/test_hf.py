@@ -1,4 +1,4 @@
-"""The Hugging Face drop-in: tiny Llama / Qwen2 / Qwen3 / Mistral causal LMs, patched against
+"""The Hugging Face drop-in: tiny Llama / Qwen2 / Qwen3 / Mistral / Phi-3 causal LMs, patched against
 unpatched, through the Triton interpreter on a CPU (fp32 as the issue asks, fp16 where
 errors are large enough for the 2x bound to bite); test_matches_unpatched runs on the
 GPU (bf16 and fp16) where there is one."""
@@ -27,6 +27,8 @@ def _config(family, tied, **over):
         return transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     if family == "qwen2":
         return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    if family == "phi3":  # (its default pad id, 32000, is past this vocabulary)
+        return transformers.Phi3Config(pad_token_id=None, **common), transformers.Phi3ForCausalLM
     common.setdefault("sliding_window", 6)
     return transformers.MistralConfig(**common), transformers.MistralForCausalLM
 
@@ -108,6 +110,8 @@ CASES = [
     ("mistral", False, "none", torch.float16),
     ("qwen2", False, "packed", torch.float32),
     ("qwen2", True, "padding", torch.float16),
+    ("phi3", False, "padding", torch.float32),
+    ("phi3", True, "packed", torch.float16),
 ]
 
 
@@ -122,6 +126,21 @@ def test_matches_unpatched(family, tied, mask, dtype):
     parameter gradient; evaluation (no labels): the logits; each against the float64
     model, within twice the unpatched model's own error in the same dtype."""
     _check_matches(family, tied, mask, dtype)
+
+
+def test_phi3_partial_rotary():
+    """Phi-3 with a partial rotary factor (Phi-4-mini's 0.75; 0.5 here): q and k come out of
+    their GEMMs unrotated and Hugging Face's own rotation turns part of each head; the same
+    checks against float64, and the plan shows no RoPE program."""
+    from codetta.kernels.launch import recording
+
+    over = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    _check_matches("phi3", False, "padding", torch.float32, **over)
+    model = codetta.apply_codetta(_model("phi3", False, **over))
+    with recording(compute=True) as calls:
+        _step(model, _inputs("none"))
+    names = [c.program.name for c in calls]
+    assert not [n for n in names if "rope" in n] and names.count("rms_scale") == 3 * 2, names
 
 
 @pytest.mark.parametrize("tied,dtype", [(False, torch.float16), (True, torch.float32)], ids=str)
@@ -341,6 +360,8 @@ def test_unsupported_models_say_why():
     odd.model.layers[1].self_attn.k_proj.bias.data = odd.model.layers[1].self_attn.k_proj.bias.data.half()
     with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.k_proj's bias is torch\.float16"):
         codetta.apply_codetta(odd)
+    with pytest.raises(ValueError, match=r"resid_attn_dropout drops with p=0\.1 \(resid_pdrop\)"):
+        codetta.apply_codetta(_model("phi3", False, resid_pdrop=0.1))
     with pytest.raises(ValueError, match="multiples of 8"):
         codetta.apply_codetta(_model("llama", False, torch.float16, intermediate_size=100))
     with pytest.raises(TypeError, match="expects a LlamaForCausalLM"):
@@ -415,7 +436,9 @@ def test_bf16_model_under_fp16_autocast():
 
 
 @pytest.mark.parametrize(
-    "family,tied", [("llama", False), ("llama", True), ("qwen3", False), ("qwen2", True)], ids=str
+    "family,tied",
+    [("llama", False), ("llama", True), ("qwen3", False), ("qwen2", True), ("phi3", False)],
+    ids=str,
 )
 def test_autocast_cast_mode_within_autocasts_error(family, tied):
     """CODETTA_AUTOCAST=cast: under autocast over float32 parameters the fused path runs
@@ -1145,7 +1168,7 @@ def test_no_packed_sequence_check_without_positions(monkeypatch):
     assert calls, "the packed-sequence check did not run for the caller's positions"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2"])  # (Mistral's plan is Llama's)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2", "phi3"])  # (Mistral's plan is Llama's)
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its
     backward in the down projection's dX GEMM, and RoPE in every layer's q/k GEMMs (for

@@ -118,7 +118,7 @@ _VIEWS_QUIET = [False]
 
 
 def _quiet_view_warnings() -> None:
-    """Once per process: no FSDP2 warning (torch 2.13) that a Llama / Qwen2 / Qwen3 / Mistral module
+    """Once per process: no FSDP2 warning (torch 2.13) that a Llama / Qwen2 / Qwen3 / Mistral / Phi-3 module
     returned a view (an in-place op on it would drop the hook that gathers its parameters
     for the backward). The fused forward's spans end in views (the residual stream and q,
     k, v reshaped to [batch, seq, ...]) that nothing changes in place, so it was a false
@@ -131,5 +131,5 @@ def _quiet_view_warnings() -> None:
     _VIEWS_QUIET[0] = True
     warnings.filterwarnings(
         "ignore",
-        message=r"FSDP2-wrapped module \(FSDP(Llama|Qwen2|Qwen3|Mistral)\w*\) returned a view tensor",
+        message=r"FSDP2-wrapped module \(FSDP(Llama|Qwen2|Qwen3|Mistral|Phi3)\w*\) returned a view tensor",
     )

@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen2, Qwen3 and Mistral causal LMs on codetta.
+"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen2, Qwen3, Mistral and Phi-3 causal LMs on codetta.
 
 The patched forward moves each RMSNorm to the GEMM that consumes it (docs/design.md,
 "the shifted layer boundary"): the attention output projection adds the residual
@@ -95,6 +95,9 @@ FAMILIES = {
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3ForCausalLM"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "MistralForCausalLM"),
+    # (Phi-3 / Phi-4: one qkv_proj and one gate_up_proj, whose row blocks the GEMMs read in
+    # place; residual dropouts, which the fused residual adds cannot apply, must be off)
+    "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3ForCausalLM"),
 }
 _ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
 _HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
@@ -250,7 +253,7 @@ def _static_problem(model) -> tuple[str | None, list]:
     linears = [model.lm_head]
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
-        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        linears += [*_qkv_linears(a), a.o_proj, *_gate_up_linears(m), m.down_proj]
     # (the base model's and the final norm's forwards are never called either; the
     # embeddings are, as a module, where they run in PyTorch; the rotary embedding is, but
     # the fused RoPE reads its frequencies, not its output)
@@ -263,8 +266,7 @@ def _static_problem(model) -> tuple[str | None, list]:
     if problem:
         return problem, watched
     # q, k and v may have biases (Qwen2's), added in their GEMMs' epilogues; no other one
-    qkv = {id(p) for layer in layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                               layer.self_attn.v_proj)}  # fmt: skip
+    qkv = {id(p) for layer in layers for p in _qkv_linears(layer.self_attn)}
     biased = [lin for lin in linears if lin.bias is not None and id(lin) not in qkv]
     if biased:
         return (
@@ -275,7 +277,7 @@ def _static_problem(model) -> tuple[str | None, list]:
         attn = layer.self_attn
         if hasattr(attn, "q_norm") and _qkv_bias(attn) is not None:
             return "q, k and v biases with per-head q/k norms", watched
-        for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
+        for lin in _qkv_linears(attn):
             b = lin.bias
             if b is not None and (b.dtype not in (torch.float32, lin.weight.dtype) or not b.is_contiguous()):
                 return (
@@ -288,11 +290,21 @@ def _static_problem(model) -> tuple[str | None, list]:
     # to 16 bytes, and an embedding table's rows are d wide; Llama-2 fine-tunes with an
     # added pad token have 32001)
     widths = {lin.weight.shape[0] for lin in linears[1:]} | {lin.weight.shape[1] for lin in linears}
+    for layer in layers:  # (a fused projection's parts too: each is a GEMM's weight)
+        widths |= {*_qkv_widths(layer.self_attn), layer.mlp.down_proj.weight.shape[1]}
     bad = sorted(w for w in widths if w % unit)
     if bad:
         return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)", watched
     if not layers:
         return "no layers", watched
+    for layer in layers:
+        for name in ("resid_attn_dropout", "resid_mlp_dropout"):
+            drop = getattr(layer, name, None)
+            if drop is not None and getattr(drop, "p", 0.0) > 0:
+                return (
+                    f"{_module_name(model, drop)} drops with p={drop.p} (resid_pdrop): the fused residual "
+                    "adds apply no dropout"
+                ), watched
     return None, watched
 
 
@@ -428,8 +440,50 @@ def _w(lin) -> torch.Tensor:
 def _qkv_bias(attn) -> tuple | None:
     """The q, k and v projections' biases (None for one without), or None where none has
     one (Qwen2's have them; Llama's with ``attention_bias``, refused, on o_proj too)."""
+    if hasattr(attn, "qkv_proj"):
+        b = attn.qkv_proj.bias
+        return None if b is None else tuple(b.split(_qkv_widths(attn)))
     bs = (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
     return None if all(b is None for b in bs) else bs
+
+
+def _qkv_linears(attn) -> tuple:
+    """The attention's input projections as modules: q, k and v, or Phi-3's one qkv_proj."""
+    return (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else (attn.q_proj, attn.k_proj, attn.v_proj)
+
+
+def _gate_up_linears(mlp) -> tuple:
+    """The MLP's gate and up projections as modules: two, or Phi-3's one gate_up_proj."""
+    return (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
+
+
+def _qkv_widths(attn) -> tuple:
+    """q's, k's and v's widths (their outputs' columns)."""
+    cfg, hd = attn.config, attn.head_dim
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return (cfg.num_attention_heads * hd, kv * hd, kv * hd)
+
+
+def _qkv_ws(attn) -> tuple:
+    """q's, k's and v's weights as the fused forward reads them: Phi-3's one qkv_proj read
+    in place as three row blocks (views: their gradients land in it)."""
+    if hasattr(attn, "qkv_proj"):
+        return tuple(_w(attn.qkv_proj).split(_qkv_widths(attn)))
+    return (_w(attn.q_proj), _w(attn.k_proj), _w(attn.v_proj))
+
+
+def _gate_up_ws(mlp) -> tuple:
+    """The gate's and up's weights: Phi-3's one gate_up_proj read in place as two row
+    blocks (the gate's first, as its forward chunks its output)."""
+    if hasattr(mlp, "gate_up_proj"):
+        return tuple(_w(mlp.gate_up_proj).chunk(2))
+    return (_w(mlp.gate_proj), _w(mlp.up_proj))
+
+
+def _act(mlp):
+    """The MLP's activation module (Phi-3 names it ``activation_fn``)."""
+    act = getattr(mlp, "act_fn", None)
+    return act if act is not None else mlp.activation_fn
 
 
 def _row_unit(weight: torch.Tensor) -> int:
@@ -680,7 +734,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     # layers (the norm's scale and RoPE in their epilogues)
     rope = _layer_rope(rope0, attn)
     qkv = rmsnorm_linear(
-        h, norm.weight, (_w(attn.q_proj), _w(attn.k_proj), _w(attn.v_proj)), norm.variance_epsilon,
+        h, norm.weight, _qkv_ws(attn), norm.variance_epsilon,
         rope=rope, bias=_qkv_bias(attn),
     )  # fmt: skip
     rotated = rope is not None
@@ -691,7 +745,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         attn, mlp = layer.self_attn, layer.mlp
         a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
         post = layer.post_attention_layernorm
-        gate_up = (_w(mlp.gate_proj), _w(mlp.up_proj))
+        gate_up = _gate_up_ws(mlp)
         if _silu(mlp):
             # the gate and up projections as one GEMM whose epilogue forms SwiGLU; y carries
             # g and u, so the down projection's backward forms their gradients in its epilogue
@@ -703,7 +757,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
             h, (g, u) = residual_rmsnorm_linear(
                 a, _w(attn.o_proj), h, post.weight, gate_up, post.variance_epsilon
             )
-            y = mlp.act_fn(g) * u
+            y = _act(mlp)(g) * u
         # (the next span opens before its parameters are read: under FSDP2 they are
         # gathered then)
         (h,) = spans.open(i + 1, h)
@@ -723,7 +777,7 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     def _segment(i, rotated, h, q, k, v):
         h, y = mlp_half(i, h, (q, k, v), rotated)
         nxt = layers[i + 1]
-        ws = (_w(nxt.self_attn.q_proj), _w(nxt.self_attn.k_proj), _w(nxt.self_attn.v_proj))
+        ws = _qkv_ws(nxt.self_attn)
         norm = nxt.input_layernorm
         # q and k come out rotated (RoPE in their GEMMs' epilogues) where it applies
         rope = _layer_rope(rope0, nxt.self_attn)  # with that layer's own q/k norms
@@ -802,7 +856,7 @@ def _silu(mlp) -> bool:
     """The MLP's activation is SiLU (the module itself, not the config's ``hidden_act``: a
     model may have another module swapped in), with nothing hooked on it: the fused SwiGLU
     epilogue computes it. Any other activation module runs as a module, on codetta's g."""
-    act = mlp.act_fn
+    act = _act(mlp)
     kind = type(act)
     return (kind.__module__, kind.__name__) in _SILU and not (
         act._forward_hooks or act._forward_pre_hooks or "forward" in vars(act)
@@ -864,7 +918,7 @@ def _masks(base, h, attention_mask, position_ids, n_layers: int) -> list:
     else:
         args = _mask_args(create_causal_mask, config=config, inputs_embeds=h, attention_mask=attention_mask,
                           position_ids=position_ids)  # fmt: skip
-        if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+        if config.model_type in ("mistral", "phi3") and getattr(config, "sliding_window", None) is not None:
             return [create_sliding_window_causal_mask(**args)] * n_layers
         mapping = {"full_attention": create_causal_mask(**args)}
         if getattr(base, "has_sliding_layers", False):
@@ -956,7 +1010,7 @@ def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, 
     extra = {}
     if hasattr(attn, "sliding_window"):
         extra["sliding_window"] = attn.sliding_window
-    elif config.model_type == "mistral":
+    elif config.model_type in ("mistral", "phi3"):
         extra["sliding_window"] = getattr(config, "sliding_window", None)
     out, _ = interface(
         attn, q, k, v, mask, dropout=0.0 if not attn.training else attn.attention_dropout,

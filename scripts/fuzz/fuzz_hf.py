@@ -19,9 +19,9 @@ models a gradient's largest element can pass 2x by chance: seeds 0-39 on the CPU
 6 of 34 cases with a loss token had one (at most 2.45x), none in relative norm (at most
 1.77x); a model held in fp16 in plain PyTorch, 25 and 4 (NOTES.md).
 
-FUZZ_FAMILIES=llama,qwen2,qwen3,mistral draws the family from that list (default
+FUZZ_FAMILIES=llama,qwen2,qwen3,mistral,phi3 draws the family from that list (default
 llama,qwen3,mistral, the list earlier seeds were drawn from; qwen2: q, k and v biases of
-the projections' outputs' size)."""
+the projections' outputs' size; phi3: the fused qkv_proj and gate_up_proj)."""
 
 import contextlib
 import copy
@@ -49,6 +49,8 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
         cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     elif family == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    elif family == "phi3":  # (its default pad id is past these vocabularies)
+        cfg, cls = transformers.Phi3Config(pad_token_id=None, **common), transformers.Phi3ForCausalLM
     else:  # qwen3
         cfg, cls = transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     m = cls(cfg)
@@ -63,8 +65,8 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
 
 AUTOCAST = os.environ.get("FUZZ_AUTOCAST") == "1"
 FAMILIES = os.environ.get("FUZZ_FAMILIES", "llama,qwen3,mistral").split(",")
-if set(FAMILIES) - {"llama", "qwen2", "qwen3", "mistral"}:
-    sys.exit(f"FUZZ_FAMILIES: llama, qwen2, qwen3 or mistral, got {FAMILIES}")
+if set(FAMILIES) - {"llama", "qwen2", "qwen3", "mistral", "phi3"}:
+    sys.exit(f"FUZZ_FAMILIES: llama, qwen2, qwen3, mistral or phi3, got {FAMILIES}")
 
 
 def amp(m):
