@@ -27,8 +27,10 @@ def _config(family, tied, **over):
         return transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     if family == "qwen2":
         return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
-    if family == "phi3":  # (its default pad id, 32000, is past this vocabulary)
-        return transformers.Phi3Config(pad_token_id=None, **common), transformers.Phi3ForCausalLM
+    if family == "phi3":  # (its default pad and eos ids, 32000, are past this vocabulary)
+        return transformers.Phi3Config(
+            pad_token_id=None, bos_token_id=None, eos_token_id=None, **common
+        ), transformers.Phi3ForCausalLM
     common.setdefault("sliding_window", 6)
     return transformers.MistralConfig(**common), transformers.MistralForCausalLM
 

@@ -50,7 +50,8 @@ def model(family, tied, V, seed=0, width=(64, 96, 16)):
     elif family == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     elif family == "phi3":  # (its default pad id is past these vocabularies)
-        cfg, cls = transformers.Phi3Config(pad_token_id=None, **common), transformers.Phi3ForCausalLM
+        cfg = transformers.Phi3Config(pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
+        cls = transformers.Phi3ForCausalLM
     else:  # qwen3
         cfg, cls = transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     m = cls(cfg)
