@@ -24,6 +24,9 @@ class Widths:
     tied: bool = False
     qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3)
     qkv_bias: bool = False  # q, k and v projections with biases (Qwen2, Qwen2.5)
+    # RoPE over part of each head (Phi-4-mini's partial_rotary_factor 0.75): q and k come out
+    # of their GEMMs unrotated (the drop-in leaves the rotation to Hugging Face)
+    partial_rotary: bool = False
     # RoPE in the interleaved-pairs convention (columns 2i, 2i + 1: Meta's original Llama
     # code, torchtitan); Hugging Face's models rotate halves (the default)
     rope_interleaved: bool = False
@@ -116,4 +119,15 @@ def _from_dict(cfg: dict, name: str) -> Widths:
         tied=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=cfg.get("model_type") == "qwen3",
         qkv_bias=cfg.get("model_type") == "qwen2",
+        partial_rotary=_rotary_factor(cfg) != 1.0,
     )
+
+
+def _rotary_factor(cfg: dict) -> float:
+    """The share of each head that RoPE turns (1.0: all of it), from a config's
+    ``partial_rotary_factor``, or its ``rope_parameters`` / ``rope_scaling`` entry."""
+    for source in (cfg, cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}):
+        factor = source.get("partial_rotary_factor") if isinstance(source, dict) else None
+        if factor is not None:
+            return float(factor)
+    return 1.0

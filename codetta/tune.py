@@ -69,7 +69,7 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
         qk = {"qk_norm_weights": (t(w.head_dim), t(w.head_dim))} if w.qk_norm else {}
         rope = (
             RoPE(torch.arange(T), torch.rand(w.head_dim // 2), interleaved=w.rope_interleaved, **qk)
-            if w.head_dim in RMS_ROPE
+            if w.head_dim in RMS_ROPE and not w.partial_rotary
             else None
         )
         bias = [t(w.q_width), t(kv), t(kv)] if w.qkv_bias else None  # (Qwen2's)

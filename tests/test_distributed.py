@@ -86,7 +86,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     too (its embeddings and final norm gathered for the whole forward; FSDP2 itself
     refuses that with tied embeddings) and Hugging Face's gradient checkpointing; qwen2:
     the next layer's q, k and v biases in that epilogue too, FSDP2 with checkpointing; phi3:
-    the fused projections read as row blocks of FSDP2's gathered weights. All with 2
+    the fused projections read as row blocks of FSDP2's gathered weights, with checkpointing. All with 2
     micro-batches per step (gradients synchronised after the second only)."""
     config = _config(tmp_path, family)
     one, w_one = _train_here(tmp_path, config, "one")
@@ -105,7 +105,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
     runs = {
         "llama": [("fsdp",), ("ddp",)],
         "qwen2": [("fsdp", "--grad-checkpointing")],
-        "phi3": [("fsdp",)],
+        "phi3": [("fsdp", "--grad-checkpointing")],
     }.get(family, [("fsdp", "--wrap-base", "--grad-checkpointing")])
     for parallel, *extra in runs:
         tag = parallel + "".join(extra)

@@ -28,6 +28,7 @@ def _config(family, tied, **over):
     if family == "qwen2":
         return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
     if family == "phi3":  # (its default pad and eos ids, 32000, are past this vocabulary)
+        common.setdefault("sliding_window", 6)  # (None by default; Phi-3-mini's 2047)
         return transformers.Phi3Config(
             pad_token_id=None, bos_token_id=None, eos_token_id=None, **common
         ), transformers.Phi3ForCausalLM
@@ -131,18 +132,59 @@ def test_matches_unpatched(family, tied, mask, dtype):
 
 
 def test_phi3_partial_rotary():
-    """Phi-3 with a partial rotary factor (Phi-4-mini's 0.75; 0.5 here): q and k come out of
-    their GEMMs unrotated and Hugging Face's own rotation turns part of each head; the same
-    checks against float64, and the plan shows no RoPE program."""
+    """Phi-3 with a partial rotary factor (Phi-4-mini's 0.75; 0.5 of a 32-wide head here, so
+    the rotated width, 16, is one a RoPE program has: the partial-rotary guard decides): q
+    and k come out of their GEMMs unrotated and Hugging Face's own rotation turns part of
+    each head; the same checks against float64, and the plan shows no RoPE program."""
     from codetta.kernels.launch import recording
 
-    over = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    over = {"head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "rope_parameters": rope}
     _check_matches("phi3", False, "padding", torch.float32, **over)
     model = codetta.apply_codetta(_model("phi3", False, **over))
     with recording(compute=True) as calls:
         _step(model, _inputs("none"))
     names = [c.program.name for c in calls]
     assert not [n for n in names if "rope" in n] and names.count("rms_scale") == 3 * 2, names
+
+
+def test_phi3_longrope():
+    """Phi-3's longrope (Phi-3-mini-128k's, Phi-3.5's): the rotary module swaps in its long
+    factors past ``original_max_position_embeddings`` (8 here, so these 12-token rows take
+    the long branch, attention scaling 1.41) and the fused RoPE reads them after it ran; the
+    same checks against float64."""
+    hd = 16
+    short, long = [1.0 + 0.1 * i for i in range(hd // 2)], [1.0 + 0.5 * i for i in range(hd // 2)]
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": 8}  # fmt: skip
+    _check_matches(
+        "phi3", False, "padding", torch.float32, rope_parameters=rope, original_max_position_embeddings=8
+    )
+
+
+def test_phi3_residual_dropout_runs_its_own_forward_in_training():
+    """Phi-3's residual dropout (``resid_pdrop`` > 0), which the fused residual adds cannot
+    apply: in training the model runs its own forward, saying why, and its fused forward
+    runs again once the dropout's p is 0 (asked per forward) or in evaluation."""
+    import warnings
+
+    model = codetta.apply_codetta(_model("phi3", False, resid_pdrop=0.1))
+    kw = _inputs("none")
+    with warnings.catch_warnings(record=True) as caught, CountOps() as count:
+        warnings.simplefilter("always")
+        _step(model, kw)
+    assert count.calls == 0
+    assert any(
+        "resid_attn_dropout drops with p=0.1 (resid_pdrop) in training" in str(w.message) for w in caught
+    )
+    with torch.no_grad(), CountOps() as count:
+        model.eval()(**{k: v for k, v in kw.items() if k != "labels"})
+    assert count.calls == 2 * model.config.num_hidden_layers + 1
+    for layer in model.model.layers:
+        layer.resid_attn_dropout.p = layer.resid_mlp_dropout.p = 0.0
+    with CountOps() as count:
+        _step(model, kw)
+    assert count.calls == 2 * model.config.num_hidden_layers + 1
 
 
 @pytest.mark.parametrize("tied,dtype", [(False, torch.float16), (True, torch.float32)], ids=str)
@@ -362,8 +404,12 @@ def test_unsupported_models_say_why():
     odd.model.layers[1].self_attn.k_proj.bias.data = odd.model.layers[1].self_attn.k_proj.bias.data.half()
     with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.k_proj's bias is torch\.float16"):
         codetta.apply_codetta(odd)
-    with pytest.raises(ValueError, match=r"resid_attn_dropout drops with p=0\.1 \(resid_pdrop\)"):
-        codetta.apply_codetta(_model("phi3", False, resid_pdrop=0.1))
+    swapped = _model("phi3", False)
+    swapped.model.layers[1].resid_mlp_dropout = torch.nn.Identity()
+    with pytest.raises(
+        ValueError, match=r"layers\.1\.resid_mlp_dropout is a torch\.nn\.modules\.linear\.Identity"
+    ):
+        codetta.apply_codetta(swapped)
     with pytest.raises(ValueError, match="multiples of 8"):
         codetta.apply_codetta(_model("llama", False, torch.float16, intermediate_size=100))
     with pytest.raises(TypeError, match="expects a LlamaForCausalLM"):

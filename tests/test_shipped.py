@@ -164,6 +164,24 @@ def test_known_models_make_their_configs(name):
         assert (attn.q_proj.bias is not None) == want.qkv_bias and attn.o_proj.bias is None
 
 
+def test_partial_rotary_tunes_unrotated_q_and_k():
+    """A config with a partial rotary factor (Phi-4-mini's 0.75) reads as ``partial_rotary``,
+    and its tuning keys are the drop-in's: q and k by the norm's row scale alone (Hugging
+    Face rotates them), no RoPE program."""
+    cfg = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 24,
+           "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 200064,
+           "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}}  # fmt: skip
+    w = models.widths_of(cfg)
+    assert w.partial_rotary and not models.widths_of({**cfg, "rope_parameters": {}}).partial_rotary
+    names = {c.program.name for c in tune.model_calls(w, (16384,)).values()}
+    assert "rms_scale" in names and not [n for n in names if "rope" in n], names
+    full = {
+        c.program.name
+        for c in tune.model_calls(models.widths_of({**cfg, "rope_parameters": {}}), (16384,)).values()
+    }
+    assert "rms_rope_128" in full
+
+
 def test_nearest_entry():
     """Without tuning, the closest tuned shape of the same program, dtype, layout and
     mainloop choice lends its config, if that config is a candidate of the call."""

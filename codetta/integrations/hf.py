@@ -297,15 +297,40 @@ def _static_problem(model) -> tuple[str | None, list]:
         return f"widths {bad} are not multiples of {unit} (TMA moves 16-byte rows)", watched
     if not layers:
         return "no layers", watched
-    for layer in layers:
-        for name in ("resid_attn_dropout", "resid_mlp_dropout"):
-            drop = getattr(layer, name, None)
-            if drop is not None and getattr(drop, "p", 0.0) > 0:
-                return (
-                    f"{_module_name(model, drop)} drops with p={drop.p} (resid_pdrop): the fused residual "
-                    "adds apply no dropout"
-                ), watched
+    for layer in layers:  # (Phi-3's residual dropouts: plain ones, their p asked per forward)
+        for drop in _resid_dropouts(layer):
+            if type(drop) is not torch.nn.Dropout:
+                kind = f"{type(drop).__module__}.{type(drop).__qualname__}"
+                return f"{_module_name(model, drop)} is a {kind}, not torch.nn.Dropout", watched
     return None, watched
+
+
+def _resid_dropouts(layer) -> list:
+    """Phi-3's residual dropout modules of a layer ([] for the other families)."""
+    return [
+        m
+        for m in (getattr(layer, n, None) for n in ("resid_attn_dropout", "resid_mlp_dropout"))
+        if m is not None
+    ]
+
+
+def _dropout_reason(model) -> str | None:
+    """In training, a residual dropout that drops (Phi-3's ``resid_pdrop`` > 0): the fused
+    residual adds apply none, so the model's own forward runs. Asked per forward (a module's
+    ``p`` may change after patching; in eval mode dropout does nothing)."""
+    if not model.training:
+        return None
+    layers = model.model.layers
+    if not layers or not _resid_dropouts(layers[0]):
+        return None
+    for layer in layers:
+        for drop in _resid_dropouts(layer):
+            if drop.p > 0:
+                return (
+                    f"{_module_name(model, drop)} drops with p={drop.p} (resid_pdrop) in training: the fused "
+                    "residual adds apply no dropout"
+                )
+    return None
 
 
 def _hook_problem(model, watched) -> str | None:
@@ -509,7 +534,7 @@ def _fallback_reason(model, kwargs) -> str | None:
     keep = kwargs.get("logits_to_keep", 0)
     if not (isinstance(keep, int) and keep == 0):
         return "logits_to_keep"
-    return _precision_reason(model) or _fsdp1_reason(model) or unsupported(model)
+    return _precision_reason(model) or _fsdp1_reason(model) or unsupported(model) or _dropout_reason(model)
 
 
 def _loss_reason(model, labels) -> str | None:
@@ -991,7 +1016,7 @@ def _layer_rope(rope, attn):
 
 def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, **kwargs):
     """The attention module's forward between its input projections and its output
-    projection (Llama; Qwen3 adds per-head q/k norms; Mistral and Qwen3 pass a sliding
+    projection (Llama; Qwen3 adds per-head q/k norms; Mistral, Phi-3, Qwen2 and Qwen3 pass a sliding
     window): returns the heads' output as [..., heads * head_dim]. ``rotated``: q and
     k arrive with RoPE (and Qwen3's q/k norms) applied already."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

@@ -26,6 +26,7 @@ class SwiGLUMLP(nn.Module):
         """A SwiGLUMLP over ``mlp``'s own ``gate_proj``, ``up_proj`` and ``down_proj`` (its
         activation must be SiLU; projections without biases)."""
         act = getattr(mlp, "act_fn", None)
+        act = getattr(mlp, "activation_fn", None) if act is None else act  # (Phi-3's name)
         hf_silu = (type(act).__module__, type(act).__name__) == ("transformers.activations", "SiLUActivation")
         if act is not None and not (isinstance(act, nn.SiLU) or hf_silu):
             raise ValueError(f"SwiGLUMLP computes silu(gate) * up; this MLP's activation is {act!r}")
