@@ -6,6 +6,8 @@ Usage (repo root, CPU): TRITON_INTERPRET=1 PYTHONPATH=. python scripts/fuzz/fuzz
 PyTorch's own fp16 error against float64, or the exception). At one or a few rows the
 max-of-errors statistic is noisy: ratios of 2-3.4 showed up there with medians <= 1
 (NOTES.md, runs 171-177 section); a failure at many rows, or an exception, is a finding.
+Biases (Qwen2's, ``bias=``) are drawn from a generator of their own (seed + 13), where the
+programs add them (no q/k norms, no interleaved pairs), so earlier seeds keep their cases.
 """
 
 import random
@@ -41,11 +43,13 @@ def rope_ref(z, pos, inv_freq, scaling, hd, pairs):
     return (zh * c + rot * s).reshape(z.shape)
 
 
-def reference(y, w_o, res, gamma, ws, eps, rope):
+def reference(y, w_o, res, gamma, ws, eps, rope, bs=()):
     x = res + y @ w_o.t()
     n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma
     n = n.to(ws[0].dtype)
     zs = [n @ w.t() for w in ws]
+    if bs:
+        zs = [z if b is None else z + b.to(z.dtype) for z, b in zip(zs, bs)]
     if rope is not None:
         hd = 2 * rope.inv_freq.shape[0]
         for i in range(rope.n_weights):
@@ -111,20 +115,31 @@ def run_case(seed):
         qkw = tuple((torch.rand(hd) + 0.5).to(dt) for _ in range(n_rope)) if qk else ()
         rope = RoPE(pos, inv_freq, scaling, n_rope, qkw, 1e-6, pairs)
         desc.update(n_rope=n_rope, pairs=pairs, qk=qk, scaling=scaling)
-    leaves = [y, w_o, res, gamma, *ws, *(rope.qk_norm_weights if rope else ())]
+    brng = random.Random(seed + 13)
+    plain_rope = rope is None or not (rope.qk_norm_weights or rope.interleaved)
+    slots = []  # each output's bias: None, or its index among the leaves' biases
+    if plain_rope and brng.random() < 0.35:
+        slots = [None if brng.random() < 0.2 else i for i in range(nw)]
+        b_dt = brng.choice([torch.float32, dt])
+        desc.update(bias=[s is not None for s in slots], bias_dt=str(b_dt))
+    biases = [torch.randn(n).to(b_dt) for n, s in zip(ns, slots) if s is not None]
+    slots = [None if s is None else sum(t is not None for t in slots[:i]) for i, s in enumerate(slots)]
+    nq = len(rope.qk_norm_weights) if rope else 0
+    leaves = [y, w_o, res, gamma, *ws, *(rope.qk_norm_weights if rope else ()), *biases]
     leaves = [t.clone().requires_grad_() for t in leaves]
     Ly, Lwo, Lres, Lg, *rest = leaves
-    Lws, Lqk = rest[:nw], rest[nw:]
+    Lws, Lqk, Lb = rest[:nw], rest[nw : nw + nq], rest[nw + nq :]
+    bias = [None if s is None else Lb[s] for s in slots] if slots else None
     r = rope._replace(qk_norm_weights=tuple(Lqk)) if rope else None
     eps_v = torch.finfo(dt).eps if eps is None else eps
     options = dict(qkv_one_launch=[False, True], overwrite_saved=[True, False], poison_outputs=[False, True])
     with drawn_settings(seed, desc, **options):
         if first:
-            zs = rmsnorm_linear(Lres, Lg, list(Lws), eps, rope=r)
+            zs = rmsnorm_linear(Lres, Lg, list(Lws), eps, rope=r, bias=bias)
             outs = list(zs)
-            used = [Lres, Lg, *Lws, *Lqk]
+            used = [Lres, Lg, *Lws, *Lqk, *Lb]
         else:
-            x, zs = residual_rmsnorm_linear(Ly, Lwo, Lres, Lg, list(Lws), eps, rope=r)
+            x, zs = residual_rmsnorm_linear(Ly, Lwo, Lres, Lg, list(Lws), eps, rope=r, bias=bias)
             outs = [x, *zs]
             used = leaves
         gs = [torch.randn(o.shape).to(dt) for o in outs]
@@ -133,12 +148,13 @@ def run_case(seed):
     # float64 reference and PyTorch's own fp16 math
     def chain(ts, dtype):
         ty, two, tres, tg, *trest = ts
-        tws, tqk = trest[:nw], trest[nw:]
+        tws, tqk, tb = trest[:nw], trest[nw : nw + nq], trest[nw + nq :]
         rr = rope._replace(qk_norm_weights=tuple(tqk)) if rope else None
         if first:
             two = torch.zeros(d, K, dtype=ty.dtype)
             ty = torch.zeros(*lead, K, dtype=ty.dtype)
-        x, z = reference(ty, two, tres, tg, tws, eps_v, rr)
+        tbs = [None if s is None else tb[s] for s in slots]
+        x, z = reference(ty, two, tres, tg, tws, eps_v, rr, tbs)
         return ([] if first else [x]) + z
 
     def ref_with(dtype):
