@@ -62,6 +62,7 @@ KNOWN = {
         Widths("qwen2.5-14b", 5120, 13824, 40, 8, 128, 152064, qkv_bias=True),
         Widths("qwen2.5-32b", 5120, 27648, 40, 8, 128, 152064, qkv_bias=True),
         Widths("qwen2.5-72b", 8192, 29568, 64, 8, 128, 152064, qkv_bias=True),
+        Widths("phi-4", 5120, 17920, 40, 10, 128, 100352),  # (model_type phi3)
     )
 }
 

@@ -57,6 +57,7 @@ _FULL = {
     "qwen2.5-14b": dict(num_hidden_layers=48, rope_theta=1000000.0, rms_norm_eps=1e-5),
     "qwen2.5-32b": dict(num_hidden_layers=64, rope_theta=1000000.0, rms_norm_eps=1e-5),
     "qwen2.5-72b": dict(num_hidden_layers=80, rope_theta=1000000.0, rms_norm_eps=1e-5),
+    "phi-4": dict(num_hidden_layers=40, rope_theta=250000.0, rms_norm_eps=1e-5),
 }
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SYNTHETIC_TOKENS = 64
@@ -151,6 +152,7 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
             transformers.Qwen3Config if w.qk_norm
             else transformers.Qwen2Config if w.qkv_bias
             else transformers.MistralConfig if name.startswith("mistral")
+            else transformers.Phi3Config if name.startswith("phi")
             else transformers.LlamaConfig
         )  # fmt: skip
         cfg = cls(hidden_size=w.hidden, intermediate_size=w.intermediate, num_attention_heads=w.heads,
