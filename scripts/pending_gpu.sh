@@ -13,7 +13,7 @@ case "${1:-}" in
     # refusals), the bias programs on both mainloops, the operators' edges, the n != 2 RoPE
     # backward; ~330 s with four workers
     TEST_WORKERS=4 TEST_TIMEOUT=330 bash scripts/gpu_call.sh \
-      "tests:tests/test_hf.py tests/test_api_edges.py tests/test_rope.py tests/test_programs.py tests/test_pingpong.py -k 'not loss_curve and (qwen2 or bias or rotated_outputs or amp or layout or edge or refus or hook or matches or plan)'"
+      "tests:tests/test_hf.py tests/test_api_edges.py tests/test_rope.py tests/test_programs.py tests/test_pingpong.py -k 'not loss_curve and (qwen2 or phi3 or bias or rotated_outputs or amp or layout or edge or refus or hook or matches or plan)'"
     # codetta train --amp, bf16 and fp16, against the unpatched model (2 layers of the 1B config)
     export PYTHONPATH=/tmp/site:.
     for dt in bf16 fp16; do
