@@ -153,12 +153,20 @@ def test_phi3_longrope():
     factors past ``original_max_position_embeddings`` (8 here, so these 12-token rows take
     the long branch, attention scaling 1.41) and the fused RoPE reads them after it ran; the
     same checks against float64."""
-    hd = 16
+    from conftest import ON_GPU
+
+    hd = 32 if ON_GPU else 16  # (Phi-3's rotary width is hidden / heads: GPU_WIDTHS' 128 / 4)
     short, long = [1.0 + 0.1 * i for i in range(hd // 2)], [1.0 + 0.5 * i for i in range(hd // 2)]
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
             "original_max_position_embeddings": 8}  # fmt: skip
     _check_matches(
-        "phi3", False, "padding", torch.float32, rope_parameters=rope, original_max_position_embeddings=8
+        "phi3",
+        False,
+        "padding",
+        torch.float32,
+        rope_parameters=rope,
+        original_max_position_embeddings=8,
+        head_dim=hd,
     )
 
 
@@ -203,7 +211,7 @@ def _check_matches(family, tied, mask, dtype, **over):
         dtype = torch.bfloat16
     # on a GPU, wider heads (GPU_WIDTHS): a q/k norm weight's gradient at head_dim 16 is a max
     # over 16 sums, and PyTorch's own error there is noise (NOTES.md, "A test's statistic")
-    model = _model(family, tied, dtype, **(GPU_WIDTHS if ON_GPU else {}), **over).to(dev)
+    model = _model(family, tied, dtype, **{**(GPU_WIDTHS if ON_GPU else {}), **over}).to(dev)
     ref64 = copy.deepcopy(model).double()
     plain = copy.deepcopy(model)
     ours = codetta.apply_codetta(copy.deepcopy(model))

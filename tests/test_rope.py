@@ -483,11 +483,12 @@ def test_module_with_biases(fused_qkv, device):
     from codetta.nn import RMSNormQKVRoPE
 
     B, S, d, hq, hkv, hd = CASES[0]
-    m = RMSNormQKVRoPE(d, hq, hkv, hd, eps=EPS, fused_qkv=fused_qkv, bias=True, device=device)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32  # (the GPU serves no float32 GEMM)
+    m = RMSNormQKVRoPE(d, hq, hkv, hd, eps=EPS, fused_qkv=fused_qkv, bias=True, device=device, dtype=dt)
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else torch.randn_like(p) * d**-0.5)
-    x = rand(B, S, d, dtype=torch.float32, device=device).requires_grad_()
+    x = rand(B, S, d, dtype=dt, device=device).requires_grad_()
     pos = _positions(B, S, False, device)
     q, k, v = m(x, pos)
     if fused_qkv:
@@ -513,10 +514,11 @@ def test_bias_argument_errors(device):
     beside one weight, a bias with q/k norms or the interleaved rotation; None entries
     add nothing (the output equals the one with that bias zero)."""
     B, S, d, hq, hkv, hd = CASES[0]
-    x = rand(B, S, d, dtype=torch.float32, device=device)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32  # (the GPU serves no float32 GEMM)
+    x = rand(B, S, d, dtype=dt, device=device)
     gamma = torch.rand(d, device=device) + 0.5
-    ws = [rand(h * hd, d, dtype=torch.float32, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
-    bs = [rand(w.shape[0], dtype=torch.float32, device=device) for w in ws]
+    ws = [rand(h * hd, d, dtype=dt, device=device, scale=d**-0.5) for h in (hq, hkv, hkv)]
+    bs = [rand(w.shape[0], dtype=dt, device=device) for w in ws]
     pos = _positions(B, S, False, device)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     rope = RoPE(pos, inv_freq)
@@ -537,7 +539,7 @@ def test_bias_argument_errors(device):
     with pytest.raises(ValueError, match="not with the interleaved-pairs RoPE"):
         rmsnorm_linear(x, gamma, ws, EPS, rope=RoPE(pos, inv_freq, interleaved=True), bias=bs)
     # one next weight: the research backwards and fold_gamma take no bias
-    y, w_o = rand(B, S, d, dtype=torch.float32, device=device), rand(d, d, dtype=torch.float32, device=device)
+    y, w_o = rand(B, S, d, dtype=dt, device=device), rand(d, d, dtype=dt, device=device)
     for kw in ({"fold_gamma": True}, {"backward": "folded"}):
         with pytest.raises(ValueError, match="bias takes the default backward"):
             residual_rmsnorm_linear_variant(y, w_o, x, gamma, ws[0], EPS, bias=bs[0], **kw)
