@@ -236,6 +236,33 @@ def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
         assert chooser.untuned(call, True, cands) == cands[-1]
 
 
+def test_float16_calls_take_the_bfloat16_picks(monkeypatch):
+    """The shipped table holds bf16 picks alone: an fp16 call (a model held or autocast in
+    fp16) takes the nearest bf16 entry of its program, not the shape rule (run 210: an fp16
+    amp step 18 % slower than bf16 on the rule's configs); an fp16 entry of its own, at the
+    same distance, wins."""
+    import types
+
+    from codetta.kernels import settings
+
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(RMS_SCALE) + PINGPONG.candidates(RMS_SCALE)
+    call = types.SimpleNamespace(program=RMS_SCALE, dtype=torch.float16, a_t=False, b_t=False, M=16384, N=512,
+                                 k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    bf16 = types.SimpleNamespace(**{**vars(call), "dtype": torch.bfloat16})
+    rule = tuning.rule_config(call, cands)
+    pick, other = [c for c in cands if c != rule][:2]  # (neither is the rule's)
+    entries = {chooser.key(bf16, True): pick}
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    with settings.override(prefer_pingpong=False):
+        assert chooser.untuned(call, True, cands) == pick
+        entries[chooser.key(call, True)] = other
+        assert chooser.untuned(call, True, cands) == other
+        entries.clear()
+        assert chooser.untuned(call, True, cands) == rule
+
+
 def test_tune_program_filter(capsys):
     """``codetta tune --program`` lists only that program's keys, and names the programs
     a model has when asked for one it lacks."""

@@ -389,22 +389,26 @@ class Chooser:
     def untuned(self, call: GemmCall, pp: bool, cands: list[Config]) -> Config:
         """The choice when the key is neither known nor tuned now: the first ping-pong
         candidate under the ``prefer_pingpong`` setting, else the nearest entry of the table
-        or the cache, else the shape's rule."""
+        or the cache, else the shape's rule. The nearest is looked for under the call's own
+        program and dtype, then the program it is ``tuned_like``, then the other 2-byte float
+        (fp16 calls take bf16 picks, as the shipped table has bf16 alone: the tiles, stages
+        and epilogues are the same for both), the first of those at the least distance."""
         pingpong = [c for c in cands if c.pingpong]
         if SETTINGS.prefer_pingpong and pingpong:
             return pingpong[0]
         index = call.device.index or 0
         entries = {**self.shipped(index), **self.cache(index).entries}
-        near, dist = _nearest(self.key(call, pp), cands, entries)
-        like = call.program.tuned_like
-        if like is not None:
-            # (a program with a little more epilogue than ``like``: its tuned shapes count
-            # as near as its own, which win a tie)
-            stand_in = types.SimpleNamespace(program=like, dtype=call.dtype, a_t=call.a_t, b_t=call.b_t,
-                                             M=call.M, N=call.N, k_total=call.k_total)  # fmt: skip
-            other, other_dist = _nearest(self.key(stand_in, pp), cands, entries)
-            if other is not None and (near is None or other_dist < dist):
-                near = other
+        programs = [call.program] + ([call.program.tuned_like] if call.program.tuned_like is not None else [])
+        twins = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
+        dtypes = [call.dtype] + ([twins[call.dtype]] if call.dtype in twins else [])
+        near, dist = None, None
+        for dtype in dtypes:
+            for program in programs:
+                stand_in = types.SimpleNamespace(program=program, dtype=dtype, a_t=call.a_t, b_t=call.b_t,
+                                                 M=call.M, N=call.N, k_total=call.k_total)  # fmt: skip
+                other, other_dist = _nearest(self.key(stand_in, pp), cands, entries)
+                if other is not None and (near is None or other_dist < dist):
+                    near, dist = other, other_dist
         return near or rule_config(call, cands)
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
