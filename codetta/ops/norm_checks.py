@@ -156,7 +156,8 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     [N] tensor beside one weight, or a sequence as long as ``weight``'s whose entries are
     [N_i] tensors or None (zeros: that output gets none). Each in float32 or the weights' dtype,
     contiguous, on y's device. Errors name the argument. A set of biases found valid
-    before (the same metadata, alignment and weights' widths) is not checked again."""
+    before (the same metadata and weights' widths: a bias's address is never checked) is not
+    checked again."""
     if bias is None:
         return []
     seq = isinstance(bias, (list, tuple))
@@ -167,7 +168,7 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     if not torch.compiler.is_compiling():
         try:
             key = (seq, isinstance(weight, (list, tuple)), y.dtype, y.device, tuple(w.shape[0] for w in ws),
-                   *(None if b is None else (*_meta(b), b.data_ptr() % 16 == 0) for b in bs))  # fmt: skip
+                   *(None if b is None else _meta(b) for b in bs))  # fmt: skip
             known = key in _BIASES_CHECKED
         except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
             key = None
