@@ -5,7 +5,15 @@ gradient and the AdamW update made with it, and the loss that update leads to; t
 more steps from that state by each way (NOTES.md, runs 206-207: the amp curve's spike at
 seed 0 comes back from the state whichever way computes the steps, float32's included).
 
+``--draws N``: instead, the gradient errors at that state by autocast and the cast mode N
+times, each from the state's weights moved by 2^-``--jitter`` of themselves (draw 0 not
+moved), each draw against its own float64 gradient: whether one way is worse at the state
+or the two swing alike (a state in the loss's drop swung either way's error 3-4x: NOTES.md,
+runs 206-210); per parameter kind the median and range over the draws, and per layer for
+the kinds named by ``--layers``.
+
 Usage (repo root, GPU): python3 scripts/spike_check.py [--seed 0] [--at 23] [--follow 6]
+[--draws N --jitter 10 --layers v_proj.weight]
 """
 
 from __future__ import annotations
@@ -34,12 +42,19 @@ def main(argv=None) -> None:
     p.add_argument(
         "--small", action="store_true", help="the d-128 model of loss_curve --cpu on the CPU (a smoke test)"
     )
+    p.add_argument("--draws", type=int, default=0)
+    p.add_argument("--jitter", type=float, default=10.0, help="weights moved by 2^-JITTER of themselves")
+    p.add_argument("--layers", nargs="*", default=["v_proj.weight"])
+    p.add_argument("--ways", nargs="*", default=["autocast", "cast"])
     args = p.parse_args(argv)
     where = dict(batch=(2, 32), device="cpu", size=lc.CPU_SIZE) if args.small else {}
     init, batches = lc.setup(True, args.at + args.follow + 1, seed=args.seed, **where)
     kept = {}
     losses = lc.train(init, batches[: args.at + 1], "codetta", True, keep={args.at}, kept=kept)
     print("the cast mode's run to the state:", " ".join(f"{v:.3f}" for v in losses[: args.at]))
+    if args.draws:
+        draws(init, kept[args.at][0], batches[args.at], args)
+        return
     res = lc.step_errors(init, kept[args.at], batches[args.at], batches[args.at + 1])
     print(f"state after {args.at} steps, float64 loss {res['float64']['loss']:.5f}")
     for i, what in enumerate(("gradient", "AdamW update")):
@@ -55,6 +70,47 @@ def main(argv=None) -> None:
             init, batches[args.at : args.at + args.follow + 1], RUN_OF[w], True, start=kept[args.at]
         )
         print(f"  {w:>15}: " + " ".join(f"{v:.3f}" for v in out))
+
+
+def draws(init, weights, ids, args) -> None:
+    """``--draws``: each way's gradient error per kind (and per layer for ``--layers``) at
+    ``weights`` moved slightly, ``args.draws`` times; a table of median [min, max]."""
+    import copy
+
+    import torch
+
+    state = copy.deepcopy(init)
+    g = torch.Generator(device=ids.device.type).manual_seed(17)
+    errs = {}  # (way, row) -> [error per draw]
+    for d in range(args.draws):
+        state.load_state_dict(weights)
+        if d:
+            with torch.no_grad():
+                for q in state.parameters():
+                    q.mul_(1 + 2**-args.jitter * torch.randn(q.shape, device=q.device, generator=g))
+        _, exact = lc._loss_and_grads(state, ids, "float64")
+        rows = {}
+        for n in exact:
+            rows.setdefault(lc.kind(n), []).append(n)
+            if lc.kind(n) in args.layers:
+                rows[n.replace("model.", "").replace("self_attn.", "")] = [n]
+        for way in args.ways:
+            _, got = lc._loss_and_grads(state, ids, way)
+            for r, names in rows.items():
+                e = (lc.cat(got, names) - lc.cat(exact, names)).norm() / lc.cat(exact, names).norm()
+                errs.setdefault((way, r), []).append(e.item())
+        print(f"draw {d}: " + " ".join(f"{w} {errs[(w, 'v_proj.weight')][-1]:.2e}" for w in args.ways
+                                       if (w, "v_proj.weight") in errs))  # fmt: skip
+    print(f"gradient error (norm) over {args.draws} draws (weights moved by 2^-{args.jitter:g}): "
+          "median [min, max] per way; last: the second way's over the first's, median [range]")  # fmt: skip
+    for r in dict.fromkeys(r for _, r in errs):
+        cells = []
+        for w in args.ways:
+            v = sorted(errs[(w, r)])
+            cells.append(f"{v[len(v) // 2]:.2e} [{v[0]:.1e}, {v[-1]:.1e}]")
+        ratios = sorted(c / a for c, a in zip(errs[(args.ways[1], r)], errs[(args.ways[0], r)]))
+        mid = ratios[len(ratios) // 2]
+        print(f"{r:>40} " + "  ".join(cells) + f"  {mid:.2f}x [{ratios[0]:.2f}, {ratios[-1]:.2f}]")
 
 
 if __name__ == "__main__":

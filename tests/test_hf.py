@@ -1168,6 +1168,13 @@ def test_spike_check_script_on_cpu(capsys):
     out = capsys.readouterr().out
     assert "state after 3 steps" in out and out.count("q_proj.weight") == 2
     assert "next batch after the step" in out and out.count("cast:reference:") == 1
+    # --draws: each way's error at the state moved slightly, per kind and per v_proj layer
+    load_script("spike_check").main(["--small", "--at", "2", "--draws", "2", "--ways", "autocast", "cast"])
+    out = capsys.readouterr().out
+    assert [ln[:7] for ln in out.splitlines() if ln.startswith("draw ")] == ["draw 0:", "draw 1:"]
+    assert "over 2 draws" in out
+    layers = [ln.split()[0] for ln in out.splitlines() if "layers." in ln]
+    assert layers == [f"layers.{i}.v_proj.weight" for i in range(4)]
 
 
 @pytest.mark.gpu
