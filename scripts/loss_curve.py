@@ -84,6 +84,20 @@ def moved(init, device="cuda"):
     return m
 
 
+def nudged(weights: dict, bits: float, seed: int) -> dict:
+    """A copy of a state dict's float tensors each moved by 2^-``bits`` of themselves
+    (``seed``'s draw): the same state with other rounding decisions in every low-precision
+    way, each judged against its own float64 (a state in the loss's drop swings either
+    way's error 3-4x from one such draw to the next: NOTES.md, run 214)."""
+    out = {}
+    for i, (n, t) in enumerate(weights.items()):
+        if t.is_floating_point():
+            g = torch.Generator(device=t.device.type).manual_seed(1000 * seed + i)
+            t = t * (1 + 2**-bits * torch.randn(t.shape, device=t.device, generator=g, dtype=t.dtype))
+        out[n] = t
+    return out
+
+
 def train(init, batches, name: str, amp: bool, lr=3e-4, keep=(), kept=None, start=None) -> torch.Tensor:
     """One run (module docstring) from ``init``: its loss at every step. ``keep``: steps
     before which the run's state is copied into ``kept[step]`` as (weights, AdamW state);

@@ -77,17 +77,10 @@ def draws(init, weights, ids, args) -> None:
     ``weights`` moved slightly, ``args.draws`` times; a table of median [min, max]."""
     import copy
 
-    import torch
-
     state = copy.deepcopy(init)
-    g = torch.Generator(device=ids.device.type).manual_seed(17)
     errs = {}  # (way, row) -> [error per draw]
     for d in range(args.draws):
-        state.load_state_dict(weights)
-        if d:
-            with torch.no_grad():
-                for q in state.parameters():
-                    q.mul_(1 + 2**-args.jitter * torch.randn(q.shape, device=q.device, generator=g))
+        state.load_state_dict(lc.nudged(weights, args.jitter, d) if d else weights)
         _, exact = lc._loss_and_grads(state, ids, "float64")
         rows = {}
         for n in exact:
