@@ -9,7 +9,7 @@ weight as one concatenated [2N, K] weight), under paired and sustained-block tim
 ``--tune`` adds the best configuration found by tuning the call now.
 
 Usage (repo root): PYTHONPATH=. python scripts/call_ratios.py [--widths llama3-1b llama3-8b]
-    [--tokens 16384] [--tune] [--out DIR]
+    [--tokens 16384] [--dtype bf16|fp16] [--tune] [--out DIR]
 """
 
 from __future__ import annotations
@@ -81,26 +81,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--widths", nargs="+", default=["llama3-1b", "llama3-8b"])
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="+", default=None, help="program names to time (default: every call)")
     args = ap.parse_args()
     rows = []
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     for spec in args.widths:
         w = widths_of(spec)
         chunk = rows_per_chunk(args.tokens, w.vocab, 2)
-        calls = [_scaled(c, args.tokens) for c in _probe(w, torch.bfloat16)]
-        calls += [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
+        calls = [_scaled(c, args.tokens) for c in _probe(w, dtype)]
+        calls += [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, dtype)]
         if args.only:
             calls = [c for c in calls if c.program.name in args.only]
             calls = list({(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values())
-        print(f"== {w.name}, {args.tokens} tokens: {len(calls)} calls per layer (+ the head's chunk)")
+        print(f"== {w.name}, {args.tokens} tokens, {args.dtype}: {len(calls)} calls a layer (+ head chunk)")
         head = f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<12}"
         head += f" {'cuBLAS':>7} {'plain':>7} {'ours':>7}  ours/cuBLAS p / s   excess ms"
         print(head + ("  tuned/cuBLAS" if args.tune else ""))
         for rec in calls:
             r = measure(rec, args.tune)
-            r["widths"] = w.name
+            r["widths"], r["dtype"] = w.name, args.dtype
             rows.append(r)
             p, s = r["paired"], r["sustained"]
             line = (f"{r['program']:<16} {r['layout']:<3} {r['M']:>6} {r['N']:>6} {r['K']:>6}  "
@@ -118,7 +120,7 @@ def main() -> int:
             tot = {k: sum(r[how][k] for r in mine) for k in mine[0][how]}
             print(f"   total {how}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in tot.items()))
     if args.out:
-        with open(f"{args.out}/call_ratios.json", "w") as f:
+        with open(f"{args.out}/call_ratios_{args.dtype}.json", "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 0
 
