@@ -379,8 +379,12 @@ def build(args, device, world: int):
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            foreach=device.type == "cuda")  # fmt: skip
+    # on one GPU or under DDP the fused AdamW (Hugging Face Trainer's default, adamw_torch_fused:
+    # one kernel per step, and a GradScaler's overflow check stays on the GPU); FSDP2's sharded
+    # parameters keep the multi-tensor one (fused over DTensors is not run on two GPUs here)
+    cuda = device.type == "cuda"
+    how = {"fused": True} if cuda and args.parallel != "fsdp" else {"foreach": cuda}
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, **how)
     return model, opt, cfg
 
 
@@ -438,6 +442,7 @@ def train(args) -> dict:
     model, opt, cfg = build(args, device, world)
     # fp16 autocast: the loss scaled so that small gradients survive fp16 (Trainer's fp16=True)
     scaler = torch.amp.GradScaler(device.type) if args.amp and args.dtype == "fp16" else None
+    scale = scaler.get_scale() if scaler is not None else None
     stream = Stream(args.data, args.data_dtype, args.seq_len, cfg.vocab_size, args.seed)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup)))
     cuda = device.type == "cuda"
@@ -471,11 +476,8 @@ def train(args) -> dict:
             opt.step()
             sched.step()
         else:
-            scale = scaler.get_scale()
             scaler.step(opt)  # (skipped when a gradient overflowed; the scale then shrinks)
             scaler.update()
-            if scaler.get_scale() >= scale:  # (a skipped step leaves the schedule, as Trainer does)
-                sched.step()
         opt.zero_grad(set_to_none=True)
         if world > 1:
             dist.all_reduce(total)  # (SUM: gloo has no AVG)
@@ -484,6 +486,12 @@ def train(args) -> dict:
         host_ms.append((time.perf_counter() - t0) * 1e3)
         value = total.item() / world  # (waits for the step's kernels)
         step_ms.append((time.perf_counter() - t0) * 1e3)
+        if scaler is not None:
+            # read once the step is done (no wait mid-step): a skipped step shrank the scale
+            # and leaves the schedule, as Trainer does
+            scale, last_scale = scaler.get_scale(), scale
+            if scale >= last_scale:
+                sched.step()
         losses.append(value)
         if not math.isfinite(value):
             raise SystemExit(f"codetta train: loss {value} at step {step}")

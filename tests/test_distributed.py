@@ -196,6 +196,37 @@ def test_train_amp(tmp_path, dtype, monkeypatch):
             train(parser.parse_args([*common, *bad]))
 
 
+def test_train_fp16_skipped_steps_leave_the_schedule(tmp_path, monkeypatch):
+    """``codetta train --amp --dtype fp16``: a step the GradScaler skips (a gradient
+    overflowed: its scale shrinks) does not advance the learning-rate schedule, as Trainer
+    does, read after the step with no host wait mid-step; the other steps do. A loss scale
+    started at 2^40 overflows the first steps' fp16 gradients."""
+    from codetta.train import add_arguments, train
+
+    config = _config(tmp_path, "llama")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    init = torch.amp.GradScaler.__init__
+    monkeypatch.setattr(
+        torch.amp.GradScaler, "__init__", lambda self, *a, **k: init(self, *a, init_scale=2.0**40)
+    )
+    scales, stepped = [], []
+    update = torch.amp.GradScaler.update
+    monkeypatch.setattr(
+        torch.amp.GradScaler, "update", lambda self, *a: update(self, *a) or scales.append(self.get_scale())
+    )
+    sched_step = torch.optim.lr_scheduler.LambdaLR.step
+    monkeypatch.setattr(
+        torch.optim.lr_scheduler.LambdaLR, "step", lambda self, *a: stepped.append(1) or sched_step(self, *a)
+    )
+    argv = ["--model", str(config), *COMMON[:-4], "--steps", "40", "--device", "cpu", "--parallel", "none",
+            "--dtype", "fp16", "--amp", "--no-codetta", "--out", str(tmp_path / "out.json")]  # fmt: skip
+    train(parser.parse_args(argv))
+    taken = [b >= a for a, b in zip([2.0**40, *scales], scales)]
+    assert len(taken) == 40 and 0 < sum(taken) < 40, scales  # (some steps skipped, some taken)
+    assert len(stepped) == 1 + sum(taken)  # (LambdaLR steps once as it is made)
+
+
 def test_token_streams(tmp_path):
     """train's data: a token file gives sequence g = tokens[g*T:(g+1)*T] (wrapping around);
     the synthetic stream follows its rule (each token is followed by the next or the one
