@@ -44,11 +44,14 @@ class Report:
     has_hgmma: bool
     has_tma_load: bool
     has_tma_store: bool
+    wgmma_serialized: bool = False
 
     def problems(self) -> list[str]:
         out = []
         if not self.has_hgmma:
             out.append("no wgmma.mma_async (HGMMA) in the PTX")
+        if self.wgmma_serialized:
+            out.append("ptxas serialized the wgmma (a WARPGROUP.ARRIVE before every HGMMA: its C7514)")
         if not self.has_tma_load:
             out.append("no cp.async.bulk.tensor load (UTMALDG, TMA) in the PTX")
         if self.stack_bytes or self.local_bytes:
@@ -136,6 +139,9 @@ def inspect(kernel, name: str) -> Report:
         res = subprocess.run(
             [_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True, check=True
         ).stdout
+        sass = subprocess.run(
+            [_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True
+        ).stdout
 
     def field(key):
         m = re.search(key + r":(\d+)", res)
@@ -152,7 +158,18 @@ def inspect(kernel, name: str) -> Report:
         has_hgmma=wgmma,
         has_tma_load=tma_load,
         has_tma_store=tma_store,
+        wgmma_serialized=wgmma_serialized(sass),
     )
+
+
+def wgmma_serialized(sass: str) -> bool:
+    """Whether ptxas serialized a kernel's wgmma: where it finds a non-wgmma instruction
+    reading an accumulator inside a wgmma pipeline stage it waits for every HGMMA before the
+    next (its info message C7514, "Potential Performance Loss"), seen in the SASS as a
+    WARPGROUP.ARRIVE before each HGMMA instead of one per group of them. ce_logits in fp16
+    ran at half speed so (run 216, NOTES.md)."""
+    hgmma = len(re.findall(r"\bHGMMA\.", sass))
+    return hgmma > 2 and sass.count("WARPGROUP.ARRIVE") >= hgmma
 
 
 _JOBS: list = []  # check_all's jobs, inherited by its forked workers (programs do not pickle)

@@ -25,8 +25,13 @@ def ce_logits(acc, elem):
     statistics are those of the stored logits, so the gradient pass's exp(l - lse) sums
     to one over the row (as PyTorch's own chain on logits in that dtype). The target
     logit is read back from the stored chunk (``pick_stored``): the same rounded value,
-    without a RowPick here (with one, the GEMM took twice as long, run 47, NOTES.md)."""
-    logit = acc.to(elem.dtype).to(tl.float32)
+    without a RowPick here (with one, the GEMM took twice as long, run 47, NOTES.md).
+    The ``+ 0.0`` (exact but for -0.0, which becomes +0.0: the same exp) keeps the
+    accumulator's first reader an add: in fp16, where the rounding is a packed convert of
+    two accumulator registers, ptxas otherwise serialized the ping-pong mainloop's wgmma
+    (its C7514) and this GEMM ran at half speed (run 216, NOTES.md; the sm_90a check
+    flags a serialized kernel)."""
+    logit = (acc + 0.0).to(elem.dtype).to(tl.float32)
     return logit, logit
 
 
