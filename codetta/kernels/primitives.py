@@ -40,6 +40,17 @@ def gelu_tanh(x):
 
 
 @triton.jit
+def rounded(acc, elem):
+    """The accumulator rounded to ``elem``'s dtype (the GEMM's), back in float32. In fp16
+    an add (of +0.0: exact, -0.0 turns +0.0) reads the accumulator first: where its first
+    reader was fp16's packed convert of two accumulator registers, ptxas serialized the
+    mainloop's wgmma (its C7514 / C7515; ce_logits ran at half speed, run 216, NOTES.md)."""
+    if elem.dtype == tl.float16:
+        acc = acc + 0.0
+    return acc.to(elem.dtype).to(tl.float32)
+
+
+@triton.jit
 def halves(x):
     """[BM, W] -> its left and right halves, [BM, W/2] each."""
     BM: tl.constexpr = x.shape[0]

@@ -26,12 +26,8 @@ def ce_logits(acc, elem):
     to one over the row (as PyTorch's own chain on logits in that dtype). The target
     logit is read back from the stored chunk (``pick_stored``): the same rounded value,
     without a RowPick here (with one, the GEMM took twice as long, run 47, NOTES.md).
-    The ``+ 0.0`` (exact but for -0.0, which becomes +0.0: the same exp) keeps the
-    accumulator's first reader an add: in fp16, where the rounding is a packed convert of
-    two accumulator registers, ptxas otherwise serialized the ping-pong mainloop's wgmma
-    (its C7514) and this GEMM ran at half speed (run 216, NOTES.md; the sm_90a check
-    flags a serialized kernel)."""
-    logit = (acc + 0.0).to(elem.dtype).to(tl.float32)
+    (``P.rounded``: in fp16 ptxas serialized this GEMM's wgmma without its guard, run 216.)"""
+    logit = P.rounded(acc, elem)
     return logit, logit
 
 

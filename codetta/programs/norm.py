@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, SEEDED_CANDIDATES
 from ..kernels.program import ColSum, DType, PerCol, PerRow, Program, RowSum, Scalar, Tile
 
@@ -26,7 +27,7 @@ def residual_rms(acc, gamma, elem):
 
     x is rounded to the stream dtype before h and sumsq are formed, so the norm
     is that of the residual stream as stored."""
-    x = acc.to(elem.dtype).to(tl.float32)
+    x = P.rounded(acc, elem)
     return x, x * gamma, x * x
 
 
@@ -75,7 +76,7 @@ RESIDUAL_RMS_F32 = Program(
 def residual_sumsq(acc, elem):
     """K1 without h (gamma folded into the next GEMM's weight): x = acc (residual-seeded),
     sumsq[m] = sum_n x^2."""
-    x = acc.to(elem.dtype).to(tl.float32)
+    x = P.rounded(acc, elem)
     return x, x * x
 
 
