@@ -125,3 +125,17 @@ def test_ptx_features():
     """
     assert ptx_features(hopper) == (True, True, True)
     assert ptx_features(ampere) == (False, False, False)
+
+
+def test_wgmma_serialized_reading():
+    """The sm_90a check's reading of a serialized wgmma pipeline in SASS: a
+    WARPGROUP.ARRIVE before every HGMMA (as ptxas emitted for fp16 ce_logits, run 216),
+    against one per group of HGMMA (the pipelined form)."""
+    from codetta.kernels.aot import wgmma_serialized
+
+    hgmma = "        /*0a10*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24 ;\n"
+    arrive = "        /*0a00*/                   WARPGROUP.ARRIVE ;\n"
+    depbar = "        /*0a20*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+    assert not wgmma_serialized(arrive + hgmma * 4 + depbar)
+    assert wgmma_serialized((arrive + hgmma + depbar) * 4)
+    assert not wgmma_serialized(arrive + hgmma + depbar)  # (one HGMMA: nothing to pipeline)
