@@ -92,8 +92,9 @@ def nudged(weights: dict, bits: float, seed: int) -> dict:
     out = {}
     for i, (n, t) in enumerate(weights.items()):
         if t.is_floating_point():
-            g = torch.Generator(device=t.device.type).manual_seed(1000 * seed + i)
-            t = t * (1 + 2**-bits * torch.randn(t.shape, device=t.device, generator=g, dtype=t.dtype))
+            g = torch.Generator(device=t.device.type).manual_seed(100003 * seed + i)
+            # (in float32: a bf16 factor 1 + 2^-10 x would round to 1)
+            t = (t.float() * (1 + 2**-bits * torch.randn(t.shape, device=t.device, generator=g))).to(t.dtype)
         out[n] = t
     return out
 

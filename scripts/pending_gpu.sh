@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks that CPU-only sessions left pending (NOTES.md, the first sections' "Next"),
 # as two device calls of under ten minutes each. Run from the repo root on the GPU machine:
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1    # fp16 against bf16, call by call (1B widths)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1    # the fp16 ce_logits fix timed, train --amp fp16/bf16
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 2    # Qwen2.5 tuning keys, then test_hf whole
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
@@ -9,10 +9,16 @@ OUT=${OUT:-/tmp/codetta-out}
 export OUT
 case "${1:-}" in
   1)
-    # fp16 amp's 12 % (run 215: its ping-pong calls 30 % slower than bf16's in the step):
-    # every GEMM call of a 1B-width layer in fp16 and in bf16, against cuBLAS in the same dtype
-    RATIO_TIMEOUT=285 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 16384 --dtype fp16" \
-      "ratios:--widths llama3-1b --tokens 16384 --dtype bf16"
+    # the fp16 ce_logits fix (P.rounded, after run 216: its wgmma was serialized in fp16, 2x
+    # cuBLAS) timed against bf16, its fp16 tests, then train --amp fp16 against bf16
+    RATIO_TIMEOUT=120 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 16384 --dtype fp16 --only ce_logits residual_rms" \
+      "ratios:--widths llama3-1b --tokens 16384 --dtype bf16 --only ce_logits residual_rms" \
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py -k 'float16 or fp16'"
+    export PYTHONPATH=/tmp/site:.
+    for dt in fp16 bf16; do
+      timeout 70 python3 -m codetta train --model llama3-1b --layers 2 --parallel none --amp --dtype "$dt" \
+        --steps 30 --time-from 10 --out "$OUT/amp_${dt}.json" 2>&1 | tail -1
+    done
     ;;
   2)
     # tune the Qwen2.5 keys the shipped table lists as pending at 16384 tokens (merged into a copy of

@@ -45,8 +45,10 @@ def main(argv=None) -> None:
     p.add_argument("--draws", type=int, default=0)
     p.add_argument("--jitter", type=float, default=10.0, help="weights moved by 2^-JITTER of themselves")
     p.add_argument("--layers", nargs="*", default=["v_proj.weight"])
-    p.add_argument("--ways", nargs="*", default=["autocast", "cast"])
+    p.add_argument("--ways", nargs="*", default=["autocast", "cast"], help="with --draws: two or more")
     args = p.parse_args(argv)
+    if args.draws and len(args.ways) < 2:
+        p.error("--draws compares ways: give --ways A B [...] (the ratio column: B's error over A's)")
     where = dict(batch=(2, 32), device="cpu", size=lc.CPU_SIZE) if args.small else {}
     init, batches = lc.setup(True, args.at + args.follow + 1, seed=args.seed, **where)
     kept = {}
@@ -92,8 +94,8 @@ def draws(init, weights, ids, args) -> None:
             for r, names in rows.items():
                 e = (lc.cat(got, names) - lc.cat(exact, names)).norm() / lc.cat(exact, names).norm()
                 errs.setdefault((way, r), []).append(e.item())
-        print(f"draw {d}: " + " ".join(f"{w} {errs[(w, 'v_proj.weight')][-1]:.2e}" for w in args.ways
-                                       if (w, "v_proj.weight") in errs))  # fmt: skip
+        print(f"draw {d}: " + " ".join(f"{w} {r} {errs[(w, r)][-1]:.2e}" for w in args.ways
+                                       for r in args.layers if (w, r) in errs))  # fmt: skip
     print(f"gradient error (norm) over {args.draws} draws (weights moved by 2^-{args.jitter:g}): "
           "median [min, max] per way; last: the second way's over the first's, median [range]")  # fmt: skip
     for r in dict.fromkeys(r for _, r in errs):
