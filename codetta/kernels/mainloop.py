@@ -327,9 +327,6 @@ def gemm_kernel(
             off_m = (pid_m * BLOCK_M).to(tl.int32)
             off_n = (pid_n * BLOCK_N).to(tl.int32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if SEED >= 0:
-                if part == 0:
-                    acc = ops[SEED].load([off_m, off_n]).to(tl.float32)
             k_all = k_tiles
             if len(KPARTS) > 0:  # (with CODETTA_TAIL_LAUNCH: the parts' K split with the rest)
                 k_all += E.part_k_blocks(ops, KPARTS, A_T, BLOCK_K)
@@ -337,6 +334,12 @@ def gemm_kernel(
             k_hi = (part + 1) * k_all // tail_splits
             acc = _accumulate_span(a_desc, b_desc, ops, KPARTS, acc, off_m, off_n, k_lo, k_hi, k_tiles, A_T,
                                    B_T, BLOCK_K, IEEE)  # fmt: skip
+            if SEED >= 0:
+                # the seeding tile joins part 0's partial after its products: seeded before
+                # them (a select of the accumulator's start by part), ptxas serialized the
+                # wgmma of every seeded program's tail-split kernel (C7515, NOTES.md)
+                if part == 0:
+                    acc += ops[SEED].load([off_m, off_n]).to(tl.float32)
             # every part stores its partial; the part that arrives last (the
             # counter's old value says so) sums them in part order and runs the program
             slot = t * tail_splits

@@ -1,9 +1,9 @@
 """``python -m codetta.programs.sm90_check``: compile every shipped program with every
-candidate configuration of both mainloops for sm_90a (bf16; fp16's ping-pong candidates and
-shipped picks), without a GPU, and read the PTX, SASS and resource use (wgmma, TMA, the
-ping-pong kernels' wgmma not serialized by ptxas, no spills, shared memory fits); and the
-row passes of the backward (RoPE's, the norms', the embedding gradient's) at their default launches
-(no spills). CI runs it (tests/test_sass.py).
+candidate configuration of both mainloops for sm_90a (bf16; in fp16 the ping-pong
+candidates and the shipped picks), without a GPU, and read the PTX, SASS and resource use
+(wgmma, TMA, the ping-pong kernels' and shipped picks' wgmma not serialized by ptxas, no
+spills, shared memory fits); and the row passes of the backward (RoPE's, the norms', the
+embedding gradient's) at their default launches (no spills). CI runs it (tests/test_sass.py).
 """
 
 import os
