@@ -9,11 +9,11 @@ OUT=${OUT:-/tmp/codetta-out}
 export OUT
 case "${1:-}" in
   1)
-    # the fp16 ce_logits fix (P.rounded, after run 216: its wgmma was serialized in fp16, 2x
-    # cuBLAS) timed against bf16, its fp16 tests, then train --amp fp16 against bf16
-    RATIO_TIMEOUT=120 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 16384 --dtype fp16 --only ce_logits residual_rms" \
-      "ratios:--widths llama3-1b --tokens 16384 --dtype bf16 --only ce_logits residual_rms" \
-      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py -k 'float16 or fp16'"
+    # the wgmma fixes after run 216 timed (fp16 ce_logits, P.rounded: 2x cuBLAS before; the
+    # seeded programs' tail split), their tests on the GPU, then train --amp fp16 against bf16
+    RATIO_TIMEOUT=120 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 16384 --dtype fp16 --only ce_logits residual_rms residual_rms_f32 accumulate accumulate_f32" \
+      "ratios:--widths llama3-1b --tokens 16384 --dtype bf16 --only ce_logits residual_rms residual_rms_f32 accumulate accumulate_f32" \
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_gemm.py -k 'float16 or fp16 or tail'"
     export PYTHONPATH=/tmp/site:.
     for dt in fp16 bf16; do
       timeout 70 python3 -m codetta train --model llama3-1b --layers 2 --parallel none --amp --dtype "$dt" \
