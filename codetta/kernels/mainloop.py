@@ -16,7 +16,9 @@ Epilogue: the fp32 tile is split into ``EPI_SPLIT`` column sub-tiles; for each,
 the tile inputs are TMA-loaded at the sub-tile's coordinates, the body runs
 (``epilogue.call_body``), tile outputs are TMA-stored and reductions go to
 their workspaces (``epilogue.store_reductions``). A seeding tile input is read
-once per tile, before the K loop, into the accumulator.
+once per tile, before the K loop, into the accumulator (in a split tail: added to part
+0's partial after its products, so that no part's accumulator starts from a select,
+which ptxas met by serializing the wgmma).
 
 K parts (``KPARTS``, a program with ``KPart`` inputs): after the K loop over A and
 B, one more K loop per part over its own (A, B) descriptors, into the same
