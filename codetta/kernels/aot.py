@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import multiprocessing
 import os
 import re
@@ -43,15 +42,11 @@ _SERIAL = "ptxas serialized the wgmma"
 
 @functools.cache
 def _shipped_picks() -> frozenset:
-    """(program name, Config) of every entry in the shipped tables."""
-    from .configs import config_from_dict
-    from .tuning import SHIPPED_DIR
+    """(program name, Config) of every entry in the shipped table the compiled target (sm_90,
+    132 SMs: H100 SXM, H200) would use."""
+    from .tuning import shipped_table
 
-    out = set()
-    for path in SHIPPED_DIR.glob("*.json"):
-        for key, cfg in json.loads(path.read_text()).get("entries", {}).items():
-            out.add((key.split("@")[0], config_from_dict(cfg)))
-    return frozenset(out)
+    return frozenset((key.split("@")[0], cfg) for key, cfg in shipped_table("", (9, 0), 132).items())
 
 
 @dataclass
