@@ -13,6 +13,7 @@ from codetta.kernels.engines import PINGPONG, TRITON
 from codetta.programs import RMS_SCALE, STORE
 
 H200 = ("NVIDIA H200", (9, 0), 132)
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0), 132)
 FIELDS = ("hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "tied")
 
 
@@ -38,14 +39,16 @@ def test_shipped_tables_are_well_formed():
             configs.config_from_dict(cfg)  # raises on anything outside the configuration space
 
 
+@pytest.mark.parametrize("gpu", [H200, H100], ids=["h200", "h100"])
 @pytest.mark.parametrize("name", sorted(models.KNOWN))
-def test_known_models_hit_the_shipped_table(name):
+def test_known_models_hit_the_shipped_table(name, gpu):
     """Every GEMM a listed model's training step runs through codetta, at every token
-    bucket, has an entry for the H200, or is listed as pending (tuning cut short by device
-    time; the table says so itself). The keys come from recording the operators, so an
-    edited program body or a new call in an operator fails here until the table is redone."""
-    data = json.loads((tuning.SHIPPED_DIR / "nvidia-h200.json").read_text())
-    entries = tuning.shipped_table(*H200)
+    bucket, has an entry in the GPU's own table, or is listed there as pending (tuning cut
+    short by device time; the table says so itself). The keys come from recording the
+    operators, so an edited program body or a new call in an operator fails here until the
+    table is redone."""
+    data = json.loads((tuning.SHIPPED_DIR / f"{configs.gpu_slug(gpu[0])}.json").read_text())
+    entries = data["entries"]
     pending = set(data.get("pending", ()))
     assert not pending & set(entries), "a key is both tuned and pending"
     keys = tune.model_calls(models.KNOWN[name], tune.TOKEN_BUCKETS)
@@ -53,14 +56,22 @@ def test_known_models_hit_the_shipped_table(name):
     assert not unknown, (
         f"{len(unknown)} of {len(keys)} keys neither tuned nor pending, e.g. {unknown[:3]} (a program or the "
         "drop-in's plan changed: python -m codetta tune --all-known --pending --out "
-        "codetta/kernels/tuned/nvidia-h200.json lists them, a GPU run of tune --merge tunes them)"
+        f"codetta/kernels/tuned/{configs.gpu_slug(gpu[0])}.json lists them, a GPU run of tune --merge tunes them)"
     )
 
 
 def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypatch):
-    """An H100 (same architecture and SM count) takes the H200 table as the nearest; a
-    table tuned under another Triton minor version is not used; a broken file warns."""
-    assert tuning.shipped_table("NVIDIA H100 80GB HBM3", (9, 0), 132) == tuning.shipped_table(*H200)
+    """An H100 takes its own table's picks and the H200's (same architecture and SM count)
+    for the keys its own lacks, and the H200 the reverse; another H100 kind (PCIe: 114 SMs)
+    takes neither; a table tuned under another Triton minor version is not used; a broken
+    file warns."""
+    own = {g: {k: configs.config_from_dict(v) for k, v in json.loads(
+        (tuning.SHIPPED_DIR / f"{configs.gpu_slug(g[0])}.json").read_text())["entries"].items()}
+        for g in (H100, H200)}  # fmt: skip
+    h100, h200 = tuning.shipped_table(*H100), tuning.shipped_table(*H200)
+    assert h100 == {**own[H200], **own[H100]} and h200 == {**own[H100], **own[H200]}
+    assert h100 != h200, "the H100 table picks like the H200's everywhere: nothing to test"
+    assert tuning.shipped_table("NVIDIA H100 PCIe", (9, 0), 114) == {}
     assert tuning.shipped_table("NVIDIA A100", (8, 0), 108) == {}
     cfg = asdict(configs.PLAIN_CANDIDATES[0])
     ident = {"gpu": "X", "capability": [9, 0], "num_sms": 132, "triton": "2.9.0"}

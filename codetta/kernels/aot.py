@@ -42,11 +42,15 @@ _SERIAL = "ptxas serialized the wgmma"
 
 @functools.cache
 def _shipped_picks() -> frozenset:
-    """(program name, Config) of every entry in the shipped table the compiled target (sm_90,
-    132 SMs: H100 SXM, H200) would use."""
-    from .tuning import shipped_table
+    """(program name, Config) of every entry in the shipped tables the compiled target (sm_90,
+    132 SMs: H100 SXM, H200) would use: each such GPU's own table over the others'."""
+    import json
 
-    return frozenset((key.split("@")[0], cfg) for key, cfg in shipped_table("", (9, 0), 132).items())
+    from .tuning import SHIPPED_DIR, shipped_table
+
+    gpus = {json.loads(p.read_text()).get("identity", {}).get("gpu", "") for p in SHIPPED_DIR.glob("*.json")}
+    return frozenset((key.split("@")[0], cfg) for gpu in sorted(gpus)
+                     for key, cfg in shipped_table(gpu, (9, 0), 132).items())  # fmt: skip
 
 
 @dataclass

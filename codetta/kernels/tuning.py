@@ -459,9 +459,11 @@ SHIPPED_DIR = Path(__file__).parent / "tuned"
 
 
 def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
-    """Entries of the table shipped for ``gpu`` (``kernels/tuned/<gpu>.json``); failing that,
-    of a table for a GPU of the same architecture and SM count (H100 SXM and H200 share
-    both), used as the nearest thing. {} if none fits or the table does not load."""
+    """Entries of the tables shipped for ``gpu``'s kind (``kernels/tuned/<gpu>.json``) and for
+    GPUs of the same architecture and SM count (H100 SXM and H200 share both): the GPU's own
+    table wins where it has a key, a similar GPU's pick fills in the rest (an H100 takes its
+    own picks where it has them, the H200's elsewhere: NOTES.md, runs 217-220). Tables tuned
+    under another Triton minor version are skipped. {} if none fits."""
     tables = []
     for path in sorted(SHIPPED_DIR.glob("*.json")):
         try:
@@ -473,19 +475,19 @@ def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
         except (ValueError, KeyError, TypeError, OSError) as exc:
             warnings.warn(f"codetta: ignoring shipped table {path}: {exc}", stacklevel=4)
     exact = [t for t in tables if t[1].get("gpu") == gpu]
-    similar = [t for t in tables if list(t[1].get("capability", ())) == list(capability)
+    similar = [t for t in tables if t[1].get("gpu") != gpu
+               and list(t[1].get("capability", ())) == list(capability)
                and t[1].get("num_sms") == num_sms]  # fmt: skip
-    for path, ident, entries in exact or similar:
+    out = {}
+    for path, ident, entries in similar + exact:  # (the GPU's own table last: its picks win)
         if str(ident.get("triton", "")).split(".")[:2] != triton.__version__.split(".")[:2]:
             continue  # tuned under another Triton: its picks may not hold
-        out = {}
         for k, v in entries.items():
             try:
                 out[str(k)] = config_from_dict(v)
             except (ValueError, TypeError):
                 warnings.warn(f"codetta: shipped table {path}: ignoring entry {k!r}", stacklevel=4)
-        return out
-    return {}
+    return out
 
 
 def _capturing(call: GemmCall) -> bool:
