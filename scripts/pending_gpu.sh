@@ -3,6 +3,8 @@
 # as two device calls of under ten minutes each. Run from the repo root on the GPU machine:
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1    # the fp16 ce_logits fix timed, train --amp fp16/bf16
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 2    # Qwen2.5 tuning keys, then test_hf whole
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 3    # H200: the seeded programs re-tuned, then a step A/B
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 4    # H100: its table's most-used pending keys
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -27,8 +29,29 @@ case "${1:-}" in
       TUNE_TIMEOUT=300 bash scripts/gpu_call.sh tune
     TEST_WORKERS=4 TEST_TIMEOUT=250 bash scripts/gpu_call.sh "tests:tests/test_hf.py -k 'not loss_curve'"
     ;;
+  3)
+    # (an H200) the seeded programs' picks predate the tail-split fix (262be82): the H100's
+    # tuner dropped the H200's ping-pong picks of residual_rms_f32 and finish_f32 for
+    # tail-split ones (runs 217, 219). Re-tune them at 16384 tokens into a copy of the
+    # shipped table, then time a 1B step with the new picks (the shipped ones as the cache)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 3 is for an H200" >&2; exit 2; }
+    cp codetta/kernels/tuned/nvidia-h200.json .table-before.json
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=330 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b llama3-3b qwen3-8b --tokens 16384 --program residual_rms residual_rms_f32 accumulate_f32 finish_f32" \
+      bash scripts/gpu_call.sh tune
+    cp "$OUT/tuned/nvidia-h200.json" codetta/kernels/tuned/nvidia-h200.json
+    SCRIPT_TIMEOUT=200 bash scripts/gpu_call.sh "script:table_ab.py .table-before.json --cases llama-3.2-1B --batch 4 --rounds 2"
+    python3 scripts/retune_report.py .table-before.json "$OUT/tuned/nvidia-h200.json" "$OUT/tune.txt" | tail -20
+    ;;
+  4)
+    # (an H100) its own table's pending keys, the most-used first: Llama 3 1B / 8B and Qwen3-8B
+    # at the other token buckets (the 16384-token keys are tuned: runs 217, 219)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 4 is for an H100" >&2; exit 2; }
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=560 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 4096 8192 32768" bash scripts/gpu_call.sh tune
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4" >&2
     exit 2
     ;;
 esac
