@@ -274,6 +274,28 @@ def test_source_key_follows_the_code():
     assert _code_of(base) == _code_of(same) == _code_of(nested) != _code_of(other)
 
 
+@triton.jit
+def _body_through_module(acc, elem):
+    return P.rounded(acc, elem) * 2.0
+
+
+@triton.jit
+def _rounded_otherwise(acc, elem):
+    return acc.to(elem.dtype).to(tl.float32)
+
+
+def test_source_key_follows_helpers_reached_through_a_module(monkeypatch):
+    """A helper a body reaches through one of codetta's modules (``P.rounded``) is part of
+    its key: an edit of the helper re-keys every program that uses it (run 216's fp16 fix
+    to ``rounded`` left the old keys on changed code until they were re-keyed by hand)."""
+    from codetta.kernels.program import _source_hash
+
+    before = _source_hash(_body_through_module)
+    assert _source_hash(_body_through_module) == before
+    monkeypatch.setattr(P, "rounded", _rounded_otherwise)
+    assert _source_hash(_body_through_module) != before
+
+
 def test_both_mainloops_run_the_body():
     """The ping-pong mainloop gets the program's own body (no twin), as the portable one does."""
     for name in pg.__all__:

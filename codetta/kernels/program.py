@@ -70,6 +70,7 @@ import functools
 import hashlib
 import inspect
 import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -382,7 +383,8 @@ class Program:
     @functools.cached_property
     def source_key(self) -> str:
         """A hash of the body's code (and the sm90 body's), with the JIT helpers they call
-        from their modules, docstrings, comments and layout left out (``_code_of``): the
+        (by name or through one of codetta's modules, ``P.rounded``; theirs in turn),
+        docstrings, comments and layout left out (``_code_of``): the
         same whether or not the interpreter is on, so tuning keys (``tuning.Chooser.key``)
         made on a CPU match a GPU's, and a documentation edit keeps a body's tuned entries."""
         return _source_hash(self.body, self.sm90_body)
@@ -536,9 +538,18 @@ def _source_hash(*fns) -> str:
             parts.append(_code_of(inspect.getsource(py)))
         except (OSError, TypeError):
             parts.append(py.__qualname__)
-        for name in py.__code__.co_names:
+        names = py.__code__.co_names
+        for name in names:
             g = py.__globals__.get(name)
-            if g is not None and hasattr(g, "fn") and hasattr(g.fn, "__code__"):
+            if isinstance(g, types.ModuleType) and g.__name__.startswith("codetta."):
+                # a helper reached through one of codetta's modules (``P.rounded``): the
+                # attribute's name is among co_names too (a name the body uses otherwise
+                # may match a helper of that module: hashed too, harmless)
+                for attr in names:
+                    h = getattr(g, attr, None)
+                    if h is not None and hasattr(h, "fn") and hasattr(h.fn, "__code__"):
+                        visit(h)
+            elif g is not None and hasattr(g, "fn") and hasattr(g.fn, "__code__"):
                 visit(g)  # a JIT helper the body calls
 
     for fn in fns:
