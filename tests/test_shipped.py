@@ -56,7 +56,7 @@ def test_known_models_hit_the_shipped_table(name, gpu):
     assert not unknown, (
         f"{len(unknown)} of {len(keys)} keys neither tuned nor pending, e.g. {unknown[:3]} (a program or the "
         "drop-in's plan changed: python -m codetta tune --all-known --pending --out "
-        f"codetta/kernels/tuned/{configs.gpu_slug(gpu[0])}.json lists them, a GPU run of tune --merge tunes them)"
+        f"codetta/kernels/tuned/{configs.gpu_slug(gpu[0])}.json lists them, tune --merge on a GPU tunes them)"
     )
 
 
