@@ -97,7 +97,7 @@ def main() -> int:
             calls = [c for c in calls if c.program.name in args.only]
             calls = list({(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values())
         print(f"== {w.name}, {args.tokens} tokens, {args.dtype}: {len(calls)} calls a layer (+ head chunk)")
-        head = f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<12}"
+        head = f"{'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'source':<16}"
         head += f" {'cuBLAS':>7} {'plain':>7} {'ours':>7}  ours/cuBLAS p / s   excess ms"
         print(head + ("  tuned/cuBLAS" if args.tune else ""))
         for rec in calls:
@@ -106,7 +106,7 @@ def main() -> int:
             rows.append(r)
             p, s = r["paired"], r["sustained"]
             line = (f"{r['program']:<16} {r['layout']:<3} {r['M']:>6} {r['N']:>6} {r['K']:>6}  "
-                    f"{r['config']:<22} {r['source']:<12} "
+                    f"{r['config']:<22} {r['source']:<16} "
                     f"{p['cublas']:7.3f} {p['plain']:7.3f} {p['codetta']:7.3f}  "
                     f"{p['codetta'] / p['cublas']:6.3f} / {s['codetta'] / s['cublas']:6.3f}   "
                     f"{p['codetta'] - p['cublas']:+7.3f}")  # fmt: skip

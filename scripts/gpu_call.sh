@@ -5,7 +5,7 @@
 #                         TEST_TIMEOUT, default 240 s; TEST_WORKERS=N: pytest-xdist's N processes, from .whl)
 #   profile               host time per call and its cProfile breakdown (scripts/profile_launch.py)
 #   tune                  python -m codetta tune $TUNE_SCOPE ... into $OUT/tuned/ (limit TUNE_TIMEOUT; TUNE_MERGE;
-#                         TUNE_FORCE=0 tunes only keys the shipped table and cache lack)
+#                         TUNE_FORCE=0 tunes only keys this GPU's shipped table and the cache lack)
 #   bench:<parts>         python -m codetta bench --parts <parts> (comma-separated; limit BENCH_TIMEOUT)
 #   ratios:<args>         per-call time vs cuBLAS of a layer's GEMMs (scripts/call_ratios.py; limit RATIO_TIMEOUT)
 #   script:<file args>    python3 scripts/<file> <args> (limit SCRIPT_TIMEOUT, default 200 s)

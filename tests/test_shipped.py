@@ -71,6 +71,11 @@ def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypa
     h100, h200 = tuning.shipped_table(*H100), tuning.shipped_table(*H200)
     assert h100 == {**own[H200], **own[H100]} and h200 == {**own[H100], **own[H200]}
     assert h100 != h200, "the H100 table picks like the H200's everywhere: nothing to test"
+    # (which entries are lent: an H100 tunes those anew, ``codetta.tune``; its own are not)
+    assert h100.borrowed == {k: H200[0] for k in set(own[H200]) - set(own[H100])}
+    assert h200.borrowed == {k: H100[0] for k in set(own[H100]) - set(own[H200])}
+    key = next(iter(h100.borrowed))
+    assert h100.source(key) == "shipped (H200's)" and h100.source(next(iter(own[H100]))) == "shipped"
     assert tuning.shipped_table("NVIDIA H100 PCIe", (9, 0), 114) == {}
     assert tuning.shipped_table("NVIDIA A100", (8, 0), 108) == {}
     cfg = asdict(configs.PLAIN_CANDIDATES[0])
@@ -81,6 +86,23 @@ def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypa
     monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path)
     with pytest.warns(UserWarning, match="y.json"):
         assert tuning.shipped_table("X", (9, 0), 132) == {}
+
+
+def test_known_names_a_lent_entry(monkeypatch):
+    """``Chooser.known`` says which entries another GPU's table lent (``codetta.tune`` and
+    the ``tune`` command tune those anew, so an H100 table holds only the H100's picks)."""
+    import types
+
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(RMS_SCALE)
+    call = types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=16384,
+                                 N=512, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    entries = tuning.ShippedEntries({chooser.key(call, False): cands[0]})
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    assert chooser.known(call, False, cands) == (cands[0], "shipped")
+    entries.borrowed[chooser.key(call, False)] = "NVIDIA H200"
+    assert chooser.known(call, False, cands) == (cands[0], "shipped (H200's)")
 
 
 def test_model_calls_cover_the_step():

@@ -432,7 +432,8 @@ def tune(
 ) -> tuple[Config, str]:
     """Tune the configuration of ``gemm(a, weight, epilogue=..., **operands)`` on this GPU
     (timing every candidate; the winner goes to the user's tuning cache) unless the cache
-    or the shipped table knows it already (``force``: tune anyway). Returns the
+    or this GPU's shipped table knows it already (``force``: tune anyway; a pick another
+    GPU's table lends, as the H200's to an H100, is tuned anew). Returns the
     configuration and where it came from: "tuned", "user cache" or "shipped".
     ``seconds``: how long the candidates are timed (paired, alternating)."""
     call = make_call(epilogue if epilogue is not None else STORE, a, weight, operands)
@@ -442,7 +443,7 @@ def tune(
     cands = candidates(call, pingpong=pp)
     if not force:
         cfg, source = CHOOSER.known(call, pp, cands)
-        if cfg is not None:
+        if cfg is not None and source in ("user cache", "shipped"):
             return cfg, source
     return CHOOSER.tune(call, _prepare_for_tuning(call), pp, cands, seconds), "tuned"
 

@@ -355,13 +355,13 @@ class Chooser:
 
     def known(self, call: GemmCall, pp: bool, cands: list[Config]) -> tuple[Config | None, str]:
         """The tuned configuration of the call's key, and where it came from ("user cache",
-        "shipped"), or (None, "")."""
+        "shipped", or "shipped (<GPU>'s)" from a similar GPU's table), or (None, "")."""
         key = self.key(call, pp)
         index = call.device.index or 0
         for source, entries in (("user cache", self.cache(index).entries), ("shipped", self.shipped(index))):
             cfg = entries.get(key)
             if cfg is not None and cfg in cands:
-                return cfg, source
+                return cfg, (entries.source(key) if isinstance(entries, ShippedEntries) else source)
         return None, ""
 
     def tune(self, call: GemmCall, prepare, pp: bool, cands: list[Config], seconds: float = 1.0) -> Config:
@@ -478,7 +478,7 @@ def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
     similar = [t for t in tables if t[1].get("gpu") != gpu
                and list(t[1].get("capability", ())) == list(capability)
                and t[1].get("num_sms") == num_sms]  # fmt: skip
-    out = {}
+    out = ShippedEntries()
     for path, ident, entries in similar + exact:  # (the GPU's own table last: its picks win)
         if str(ident.get("triton", "")).split(".")[:2] != triton.__version__.split(".")[:2]:
             continue  # tuned under another Triton: its picks may not hold
@@ -487,7 +487,26 @@ def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
                 out[str(k)] = config_from_dict(v)
             except (ValueError, TypeError):
                 warnings.warn(f"codetta: shipped table {path}: ignoring entry {k!r}", stacklevel=4)
+                continue
+            if ident.get("gpu") == gpu:
+                out.borrowed.pop(str(k), None)
+            else:
+                out.borrowed[str(k)] = str(ident.get("gpu"))
     return out
+
+
+class ShippedEntries(dict):
+    """``shipped_table``'s {key: Config}, with ``borrowed``: {key: the GPU whose table gave
+    the entry} for those that come from a similar GPU's table, not the GPU's own."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.borrowed: dict[str, str] = {}
+
+    def source(self, key: str) -> str:
+        """How ``Chooser.known`` names where the key's entry came from."""
+        gpu = self.borrowed.get(key)
+        return "shipped" if gpu is None else f"shipped ({gpu.removeprefix('NVIDIA ')}'s)"
 
 
 def _capturing(call: GemmCall) -> bool:
