@@ -319,11 +319,10 @@ def main(args) -> int:
 
 
 def _tune_all(args, calls: dict, out) -> int:
-    old = (
-        json.loads(out.read_text()).get("entries", {})
-        if out is not None and out.exists() and args.merge
-        else {}
-    )
+    old = json.loads(out.read_text()) if out is not None and out.exists() and args.merge else {}
+    # (with --merge the table keeps its entries and the keys it lists as pending: a run
+    # over some models or token counts leaves the others' pending keys listed)
+    old = {"entries": old.get("entries", {}), "pending": old.get("pending", [])}
     picked, sources = {}, {}
     # cheapest first: a run cut short keeps the most keys (the table is written as it goes:
     # after every key actually tuned, which takes seconds to minutes, and every 10 others)
@@ -336,16 +335,19 @@ def _tune_all(args, calls: dict, out) -> int:
             _write_table(out, picked, old, calls)
     print("configurations: " + ", ".join(f"{n} {s}" for s, n in sorted(sources.items())), file=sys.stderr)
     if out is not None:
-        print(f"wrote {len(picked)} entries (+{len(set(old) - set(picked))} kept) to {out}", file=sys.stderr)
+        kept = len(set(old["entries"]) - set(picked))
+        print(f"wrote {len(picked)} entries (+{kept} kept) to {out}", file=sys.stderr)
     return 0
 
 
 def _write_table(out: Path, picked: dict, old: dict, requested) -> None:
+    """Write ``picked`` over ``old``'s entries ({"entries": ..., "pending": [...]}, what
+    --merge keeps); pending: the keys asked for now or listed before, not tuned."""
     from .kernels import device as dev
 
     data = table(picked, dev.name(0), dev.capability(0), dev.num_sms(0), picked)
-    data["entries"] = dict(sorted({**old, **data["entries"]}.items()))
-    data["pending"] = sorted(set(requested) - set(data["entries"]))
+    data["entries"] = dict(sorted({**old["entries"], **data["entries"]}.items()))
+    data["pending"] = sorted((set(requested) | set(old["pending"])) - set(data["entries"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

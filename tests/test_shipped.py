@@ -5,6 +5,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+import triton
 from util import load_script
 
 from codetta import models, tune
@@ -88,10 +89,37 @@ def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypa
         assert tuning.shipped_table("X", (9, 0), 132) == {}
 
 
+def test_tables_lend_both_ways(tmp_path, monkeypatch):
+    """Two GPUs of one architecture and SM count: each takes its own table's picks and the
+    other's for the keys its own lacks, and knows which those are; a GPU of another SM
+    count takes neither (its own table, or a lent one of its kind); a GPU's own table is
+    found by its name alone."""
+    c0, c1 = (asdict(c) for c in configs.PLAIN_CANDIDATES[:2])
+    for gpu, entries, sms in (("A", {"x": c0, "y": c0}, 132), ("B", {"y": c1, "z": c1}, 132),
+                              ("C", {"w": c0}, 114)):  # fmt: skip
+        ident = {"gpu": gpu, "capability": [9, 0], "num_sms": sms, "triton": triton.__version__}
+        (tmp_path / f"{gpu}.json").write_text(json.dumps({"format": tuning.CACHE_FORMAT, "identity": ident,
+                                                          "entries": entries}))  # fmt: skip
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path)
+    p0, p1 = configs.PLAIN_CANDIDATES[:2]
+    a, b = tuning.shipped_table("A", (9, 0), 132), tuning.shipped_table("B", (9, 0), 132)
+    assert a == {"x": p0, "y": p0, "z": p1} and a.borrowed == {"z": "B"}
+    assert b == {"x": p0, "y": p1, "z": p1} and b.borrowed == {"x": "A"}
+    c = tuning.shipped_table("C", (9, 0), 114)
+    assert c == {"w": p0} and c.borrowed == {}
+    d = tuning.shipped_table("D", (9, 0), 114)
+    assert d == {"w": p0} and d.borrowed == {"w": "C"}
+    assert tuning.shipped_table("E", (9, 0), 100) == {}
+    assert tuning.shipped_table("A", (8, 0), 132) == {"x": p0, "y": p0}
+
+
 def test_known_names_a_lent_entry(monkeypatch):
-    """``Chooser.known`` says which entries another GPU's table lent (``codetta.tune`` and
-    the ``tune`` command tune those anew, so an H100 table holds only the H100's picks)."""
+    """``Chooser.known`` says which entries another GPU's table lent (``codetta.tune``, the
+    ``tune`` command and tuning on the hot path tune those anew, so an H100 table holds
+    only the H100's picks)."""
     import types
+
+    from codetta.kernels import settings
 
     chooser = tuning.Chooser()
     cands = TRITON.candidates(RMS_SCALE)
@@ -101,8 +129,20 @@ def test_known_names_a_lent_entry(monkeypatch):
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
     monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
     assert chooser.known(call, False, cands) == (cands[0], "shipped")
+    assert chooser.known(call, False, cands, lent=False) == (cands[0], "shipped")
     entries.borrowed[chooser.key(call, False)] = "NVIDIA H200"
     assert chooser.known(call, False, cands) == (cands[0], "shipped (H200's)")
+    assert chooser.known(call, False, cands, lent=False) == (None, "")
+    # the choice: the lent pick unless tuning is on (CODETTA_AUTOTUNE=1), which tunes it anew
+    monkeypatch.setattr(tuning, "candidates", lambda call, pingpong: cands)
+    monkeypatch.setattr(tuning, "capturing", lambda dev: False)
+    monkeypatch.setattr(chooser, "tune", lambda call, prepare, pp, cands, seconds: "tuned here")
+    with settings.override(autotune=False):
+        assert chooser._pick(call, None, False) == cands[0]
+    with settings.override(autotune=True):
+        assert chooser._pick(call, None, False) == "tuned here"
+        entries.borrowed.clear()  # (its own table's pick: not tuned again)
+        assert chooser._pick(call, None, False) == cands[0]
 
 
 def test_model_calls_cover_the_step():
@@ -463,6 +503,31 @@ def test_tune_writes_after_every_tuned_key(monkeypatch, tmp_path):
     args = SimpleNamespace(merge=False, force=False, seconds=0.1)
     assert tune._tune_all(args, calls, tmp_path / "t.json") == 0
     assert writes == [4, 5, 10, 18, 20, 23]
+
+
+def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):
+    """``tune --merge`` over some models keeps the table's entries and the keys it lists as
+    pending for the others (it kept the entries and listed only the run's own keys as
+    pending: a shipped table refreshed that way failed the coverage test above); without
+    --merge the table is the run's alone."""
+    from types import SimpleNamespace
+
+    from codetta.kernels import device
+
+    cfg = configs.PLAIN_CANDIDATES[0]
+    before = {"format": tuning.CACHE_FORMAT, "entries": {"a": asdict(cfg)}, "pending": ["b", "c"]}
+    for attr, value in (("name", "GPU"), ("capability", (9, 0)), ("num_sms", 132)):
+        monkeypatch.setattr(device, attr, lambda index=0, value=value: value)
+    # a run asked for c, d and e, cut short before e
+    calls = {k: SimpleNamespace(M=n, N=1, K=1, key=k) for n, k in enumerate(("c", "d", "e"), 1)}
+    monkeypatch.setattr(tune, "run_call", lambda call, **kw: (cfg, "tuned") if call.key != "e" else 1 / 0)
+    out = tmp_path / "t.json"
+    for merge, entries, pending in ((True, ["a", "c", "d"], ["b", "e"]), (False, ["c", "d"], ["e"])):
+        out.write_text(json.dumps(before))
+        with pytest.raises(ZeroDivisionError):
+            tune._tune_all(SimpleNamespace(merge=merge, force=True, seconds=0.1), calls, out)
+        data = json.loads(out.read_text())
+        assert sorted(data["entries"]) == entries and data["pending"] == pending
 
 
 def test_tune_refuses_bad_widths_and_tokens(capsys):

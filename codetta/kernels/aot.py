@@ -48,7 +48,14 @@ def _shipped_picks() -> frozenset:
 
     from .tuning import SHIPPED_DIR, shipped_table
 
-    gpus = {json.loads(p.read_text()).get("identity", {}).get("gpu", "") for p in SHIPPED_DIR.glob("*.json")}
+    gpus = set()
+    for path in SHIPPED_DIR.glob("*.json"):
+        try:
+            ident = json.loads(path.read_text())["identity"]
+        except (ValueError, KeyError, TypeError, OSError):
+            continue  # (shipped_table warns about it)
+        if list(ident.get("capability", ())) == [9, 0] and ident.get("num_sms") == 132:
+            gpus.add(str(ident.get("gpu", "")))
     return frozenset((key.split("@")[0], cfg) for gpu in sorted(gpus)
                      for key, cfg in shipped_table(gpu, (9, 0), 132).items())  # fmt: skip
 

@@ -442,8 +442,8 @@ def tune(
     pp = pingpong_allowed(call)
     cands = candidates(call, pingpong=pp)
     if not force:
-        cfg, source = CHOOSER.known(call, pp, cands)
-        if cfg is not None and source in ("user cache", "shipped"):
+        cfg, source = CHOOSER.known(call, pp, cands, lent=False)
+        if cfg is not None:
             return cfg, source
     return CHOOSER.tune(call, _prepare_for_tuning(call), pp, cands, seconds), "tuned"
 

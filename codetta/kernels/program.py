@@ -541,7 +541,7 @@ def _source_hash(*fns) -> str:
         names = py.__code__.co_names
         for name in names:
             g = py.__globals__.get(name)
-            if isinstance(g, types.ModuleType) and g.__name__.startswith("codetta."):
+            if isinstance(g, types.ModuleType) and g.__name__.split(".")[0] == "codetta":
                 # a helper reached through one of codetta's modules (``P.rounded``): the
                 # attribute's name is among co_names too (a name the body uses otherwise
                 # may match a helper of that module: hashed too, harmless)

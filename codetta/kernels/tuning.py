@@ -353,15 +353,21 @@ class Chooser:
             cfg = self._chosen[memo] = self._pick(call, prepare, pp)
         return cfg
 
-    def known(self, call: GemmCall, pp: bool, cands: list[Config]) -> tuple[Config | None, str]:
+    def known(
+        self, call: GemmCall, pp: bool, cands: list[Config], lent: bool = True
+    ) -> tuple[Config | None, str]:
         """The tuned configuration of the call's key, and where it came from ("user cache",
-        "shipped", or "shipped (<GPU>'s)" from a similar GPU's table), or (None, "")."""
+        "shipped", or "shipped (<GPU>'s)" from a similar GPU's table; ``lent=False``: not
+        those), or (None, "")."""
         key = self.key(call, pp)
         index = call.device.index or 0
         for source, entries in (("user cache", self.cache(index).entries), ("shipped", self.shipped(index))):
             cfg = entries.get(key)
             if cfg is not None and cfg in cands:
-                return cfg, (entries.source(key) if isinstance(entries, ShippedEntries) else source)
+                if isinstance(entries, ShippedEntries):
+                    source = entries.source(key)
+                if lent or source in ("user cache", "shipped"):
+                    return cfg, source
         return None, ""
 
     def tune(self, call: GemmCall, prepare, pp: bool, cands: list[Config], seconds: float = 1.0) -> Config:
@@ -418,12 +424,13 @@ class Chooser:
                 f"program {call.program.name!r} has no configuration on this GPU for N parts {call.widths} / "
                 f"M parts {call.heights} (every boundary between parts must fall on a tile edge)"
             )
-        cfg, _ = self.known(call, pp, cands)
+        cfg, _ = self.known(call, pp, cands, lent=False)
         if cfg is not None:
             return cfg
-        if SETTINGS.autotune and not _capturing(call):
+        lent, _ = self.known(call, pp, cands)  # (another GPU's pick: tuned anew when tuning is on)
+        if SETTINGS.autotune and not (capturing(call.device) if lent is not None else _capturing(call)):
             return self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds)
-        return self.untuned(call, pp, cands)
+        return lent if lent is not None else self.untuned(call, pp, cands)
 
 
 def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
