@@ -221,6 +221,10 @@ def main(argv=None) -> int:
                    help="only the keys whose GEMM takes less than US microseconds at a nominal 650 TFLOP/s "
                         "(short GEMMs: those an older tuner timed at the host's pace)")  # fmt: skip
     t.add_argument("--list", action="store_true", help="print the tuning keys and stop (no GPU needed)")
+    t.add_argument("--gpu", metavar="NAME",
+                   help="with --list: where each key's configuration comes from on this GPU (a name of a "
+                        "shipped table's, e.g. 'NVIDIA H100 80GB HBM3'): its own table, another GPU's "
+                        "(lent), or neither (the nearest entry or the rule)")  # fmt: skip
     t.add_argument("--force", action="store_true", help="tune even what the cache or shipped table knows")
     t.add_argument("--out", help="write a table in the shipped format (a folder: named after the GPU)")
     t.add_argument("--merge", action="store_true", help="keep the entries --out already holds")

@@ -287,6 +287,8 @@ def main(args) -> int:
         calls = {k: c for k, c in calls.items() if estimated_us(c) < args.shorter_than}
     print(f"{len(calls)} distinct tuning keys", file=sys.stderr)
     if args.list:
+        if getattr(args, "gpu", None):
+            return _list_coverage(sorted(calls), args.gpu)
         for k in sorted(calls):
             print(k)
         return 0
@@ -316,6 +318,35 @@ def main(args) -> int:
         with override(tune_method=args.method):
             return _tune_all(args, calls, out)
     return _tune_all(args, calls, out)
+
+
+def _list_coverage(keys: list, gpu: str) -> int:
+    """``tune --list --gpu NAME``: each key with where its configuration comes from on that
+    GPU (the shipped tables only: a user's tuning cache comes first at run time)."""
+    from .kernels.tuning import SHIPPED_DIR, shipped_table
+
+    idents = {}
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        try:
+            ident = json.loads(path.read_text())["identity"]
+            idents[ident["gpu"]] = ident
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    if gpu not in idents:
+        print(f"--gpu {gpu!r}: no shipped table names it; the tables are for: {', '.join(sorted(idents))}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    entries = shipped_table(gpu, tuple(idents[gpu]["capability"]), idents[gpu]["num_sms"])
+    counts: dict = {}
+    for key in keys:
+        if key not in entries:
+            where = "none (nearest entry or rule)"
+        else:
+            where = f"lent ({entries.borrowed[key]})" if key in entries.borrowed else "own"
+        counts[where] = counts.get(where, 0) + 1
+        print(f"{key}  {where}")
+    print(f"{gpu}: " + ", ".join(f"{n} {w}" for w, n in sorted(counts.items())), file=sys.stderr)
+    return 0
 
 
 def _tune_all(args, calls: dict, out) -> int:

@@ -530,6 +530,24 @@ def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):
         assert sorted(data["entries"]) == entries and data["pending"] == pending
 
 
+def test_tune_list_names_each_keys_source(capsys):
+    """``tune --list --gpu NAME`` says, for each key, whether that GPU's own table has it,
+    another GPU's lends it, or neither; an unknown name lists the GPUs there are."""
+    from codetta.__main__ import main
+
+    args = ["tune", "--model", "llama3-8b", "--tokens", "16384", "32768", "--list", "--gpu", H100[0]]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    rows = dict(line.split("  ", 1) for line in out.splitlines())
+    own = json.loads((tuning.SHIPPED_DIR / f"{configs.gpu_slug(H100[0])}.json").read_text())["entries"]
+    assert rows and all((w == "own") == (k in own) for k, w in rows.items())
+    others = {w for k, w in rows.items() if k not in own}
+    assert others <= {"lent (NVIDIA H200)", "none (nearest entry or rule)"}
+    assert "own" in err and "lent (NVIDIA H200)" in err
+    assert main(["tune", "--model", "llama3-8b", "--list", "--gpu", "NVIDIA A1"]) == 2
+    assert "NVIDIA H200" in capsys.readouterr().err
+
+
 def test_tune_refuses_bad_widths_and_tokens(capsys):
     """``codetta tune --widths`` with a zero width or heads not a multiple of kv_heads, and
     ``--tokens 0``, say so (they made a traceback, or keys for 2 tokens)."""
