@@ -323,15 +323,9 @@ def main(args) -> int:
 def _list_coverage(keys: list, gpu: str) -> int:
     """``tune --list --gpu NAME``: each key with where its configuration comes from on that
     GPU (the shipped tables only: a user's tuning cache comes first at run time)."""
-    from .kernels.tuning import SHIPPED_DIR, shipped_table
+    from .kernels.tuning import shipped_gpus, shipped_table
 
-    idents = {}
-    for path in sorted(SHIPPED_DIR.glob("*.json")):
-        try:
-            ident = json.loads(path.read_text())["identity"]
-            idents[ident["gpu"]] = ident
-        except (ValueError, KeyError, TypeError, OSError):
-            continue
+    idents = shipped_gpus()
     if gpu not in idents:
         print(f"--gpu {gpu!r}: no shipped table names it; the tables are for: {', '.join(sorted(idents))}",
               file=sys.stderr)  # fmt: skip

@@ -44,19 +44,11 @@ _SERIAL = "ptxas serialized the wgmma"
 def _shipped_picks() -> frozenset:
     """(program name, Config) of every entry in the shipped tables the compiled target (sm_90,
     132 SMs: H100 SXM, H200) would use: each such GPU's own table over the others'."""
-    import json
+    from .tuning import shipped_gpus, shipped_table
 
-    from .tuning import SHIPPED_DIR, shipped_table
-
-    gpus = set()
-    for path in SHIPPED_DIR.glob("*.json"):
-        try:
-            ident = json.loads(path.read_text())["identity"]
-        except (ValueError, KeyError, TypeError, OSError):
-            continue  # (shipped_table warns about it)
-        if list(ident.get("capability", ())) == [9, 0] and ident.get("num_sms") == 132:
-            gpus.add(str(ident.get("gpu", "")))
-    return frozenset((key.split("@")[0], cfg) for gpu in sorted(gpus)
+    gpus = [g for g, ident in sorted(shipped_gpus().items())
+            if list(ident.get("capability", ())) == [9, 0] and ident.get("num_sms") == 132]  # fmt: skip
+    return frozenset((key.split("@")[0], cfg) for gpu in gpus
                      for key, cfg in shipped_table(gpu, (9, 0), 132).items())  # fmt: skip
 
 

@@ -364,10 +364,11 @@ class Chooser:
         for source, entries in (("user cache", self.cache(index).entries), ("shipped", self.shipped(index))):
             cfg = entries.get(key)
             if cfg is not None and cfg in cands:
-                if isinstance(entries, ShippedEntries):
+                if isinstance(entries, ShippedEntries) and key in entries.borrowed:
+                    if not lent:
+                        continue
                     source = entries.source(key)
-                if lent or source in ("user cache", "shipped"):
-                    return cfg, source
+                return cfg, source
         return None, ""
 
     def tune(self, call: GemmCall, prepare, pp: bool, cands: list[Config], seconds: float = 1.0) -> Config:
@@ -465,12 +466,8 @@ def _split_key(key: str):
 SHIPPED_DIR = Path(__file__).parent / "tuned"
 
 
-def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
-    """Entries of the tables shipped for ``gpu``'s kind (``kernels/tuned/<gpu>.json``) and for
-    GPUs of the same architecture and SM count (H100 SXM and H200 share both): the GPU's own
-    table wins where it has a key, a similar GPU's pick fills in the rest (an H100 takes its
-    own picks where it has them, the H200's elsewhere: NOTES.md, runs 217-220). Tables tuned
-    under another Triton minor version are skipped. {} if none fits."""
+def _shipped_files() -> list[tuple[Path, dict, dict]]:
+    """(path, identity, raw entries) of every shipped table that loads; any other warns."""
     tables = []
     for path in sorted(SHIPPED_DIR.glob("*.json")):
         try:
@@ -480,7 +477,22 @@ def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
                 raise ValueError("unknown format")
             tables.append((path, ident, data["entries"]))
         except (ValueError, KeyError, TypeError, OSError) as exc:
-            warnings.warn(f"codetta: ignoring shipped table {path}: {exc}", stacklevel=4)
+            warnings.warn(f"codetta: ignoring shipped table {path}: {exc}", stacklevel=5)
+    return tables
+
+
+def shipped_gpus() -> dict[str, dict]:
+    """{GPU name: its shipped table's identity (capability, num_sms, triton)}."""
+    return {str(ident.get("gpu", "")): ident for _, ident, _ in _shipped_files()}
+
+
+def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
+    """Entries of the tables shipped for ``gpu``'s kind (``kernels/tuned/<gpu>.json``) and for
+    GPUs of the same architecture and SM count (H100 SXM and H200 share both): the GPU's own
+    table wins where it has a key, a similar GPU's pick fills in the rest (an H100 takes its
+    own picks where it has them, the H200's elsewhere: NOTES.md, runs 217-220). Tables tuned
+    under another Triton minor version are skipped. {} if none fits."""
+    tables = _shipped_files()
     exact = [t for t in tables if t[1].get("gpu") == gpu]
     similar = [t for t in tables if t[1].get("gpu") != gpu
                and list(t[1].get("capability", ())) == list(capability)
