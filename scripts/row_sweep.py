@@ -76,9 +76,9 @@ def ce_grad(V: int = 128256, M: int = 4096) -> None:
 
             def fn(block=block, warps=warps):
                 precompile.launch(ce._ce_grad_kernel, (M,), logits, lse, target, scale, scale, scale, scale,
-                                  scale, 0.0, 0.0, V, logits.stride(0), HAS_COEF=False, HAS_W=False,
-                                  SOFTCAP=False, SMOOTH=False, WRITE=True, SUM=False, BLOCK=block,
-                                  num_warps=warps)  # fmt: skip
+                                  scale, scale, scale, 0.0, 0.0, V, logits.stride(0), HAS_COEF=False,
+                                  HAS_W=False, SOFTCAP=False, SMOOTH=False, WRITE=True, SUM=False,
+                                  ROWSCALE=False, BLOCK=block, num_warps=warps)  # fmt: skip
 
             fns[(block, warps)] = fn
     t = _time(fns)

@@ -258,6 +258,17 @@ OPTIONS = [  # (options, reduction): each option alone, then all together
     (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "none"),
     (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "mean"),
 ]
+# with a row scale (``row_scale``: CE_LOGITS_SCALED and the gradient pass's scale): alone in
+# each reduction, with every option that keeps the program, and with a bias and a cap (the
+# scaled input formed first)
+ROW_SCALE_OPTIONS = [
+    (dict(r=True), "mean"),
+    (dict(r=True), "sum"),
+    (dict(r=True), "none"),
+    (dict(r=True, cw=True, eps=0.2, z=1e-3), "none"),
+    (dict(r=True, cw=True, eps=0.2, z=1e-3), "mean"),
+    (dict(r=True, b=True, cap=15.0), "mean"),
+]
 
 
 @pytest.mark.parametrize("opts,reduction", OPTIONS, ids=lambda o: str(o))
@@ -269,8 +280,17 @@ def test_options_match_float64(opts, reduction, dtype, device):
     _check_options(opts, reduction, dtype, device)
 
 
+@pytest.mark.parametrize("opts,reduction", ROW_SCALE_OPTIONS, ids=lambda o: str(o))
+def test_row_scale_matches_float64(opts, reduction, dtype, device):
+    """``row_scale``: logits = r[m] * (x @ W^T) (the final RMSNorm's h and rstd): the loss and
+    the gradients of x, W and r within twice PyTorch's own error, its own being the normed
+    rows rounded to the dtype (x * r), then the usual chain; several chunks, ignored rows."""
+    _check_options(opts, reduction, dtype, device)
+
+
 # (every option: the plain path's values are checked through the drop-in in test_hf)
-VOCAB_CHUNK_CASES = [(OPTIONS[-1][0], "none"), (OPTIONS[-1][0], "mean")]
+VOCAB_CHUNK_CASES = [(OPTIONS[-1][0], "none"), (OPTIONS[-1][0], "mean"),
+                     (ROW_SCALE_OPTIONS[3][0], "mean")]  # fmt: skip
 
 
 @pytest.mark.parametrize("opts,reduction", VOCAB_CHUNK_CASES, ids=lambda o: str(o))
@@ -304,35 +324,52 @@ def _check_options(opts, reduction, dtype, device, **extra):
     x = rand(M, d, dtype=dtype, device=device, scale=4.0)
     w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
     b = rand(V, dtype=dtype, device=device) if opts.get("b") else None
+    # a row scale (the final RMSNorm's rstd: x is then its h), float32 in [0.5, 1.5]: the
+    # logits in the range of the other options' (at several times that range float32's
+    # sums over the LSE partials, a few ulp of |lse|, exceed twice PyTorch's error in dW:
+    # so does the plain path, NOTES.md)
+    r = torch.rand(M, device=device) + 0.5 if opts.get("r") else None
     cw = torch.rand(V, device=device) + 0.5 if opts.get("cw") else None
     t = torch.randint(0, V, (M,), device=device)
     t[::5] = -100
     grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
     kw = dict(eps=opts.get("eps", 0.0), z=opts.get("z", 0.0), cap=opts.get("cap"))
+    names = ["dinput", "dweight"] + ["dbias"] * (b is not None) + ["drow_scale"] * (r is not None)
 
-    def run(fn, x, w, b):
-        leaves = [v.detach().clone().requires_grad_() for v in (x, w) + ((b,) if b is not None else ())]
+    def run(fn, x, w, b, r):
+        leaves = [v.detach().clone().requires_grad_() for v in (x, w, b, r) if v is not None]
         loss = fn(*leaves)
         g = torch.full_like(loss, 0.7) if grad is None else grad.to(loss.dtype)  # (a scale to carry)
         (loss.double() * g.double()).sum().backward()
         return [loss.detach()] + [v.grad for v in leaves]
 
-    def ours(x, w, b=None):
-        return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, reduction=reduction,
+    def split(rest):  # (the bias and the row scale, whichever are leaves)
+        rest = list(rest)
+        return rest.pop(0) if b is not None else None, rest.pop(0) if r is not None else None
+
+    def ours(x, w, *rest):
+        b_, r_ = split(rest)
+        return linear_cross_entropy(x, w, t, linear_bias=b_, weight=cw, reduction=reduction,
                                     label_smoothing=kw["eps"], z_loss=kw["z"], softcap=kw["cap"],
-                                    chunk_rows=rows, **extra)  # fmt: skip
+                                    chunk_rows=rows, row_scale=r_, **extra)  # fmt: skip
 
-    def exact(x, w, b=None):
-        return _torch_options(x, w, t, reduction, b, None if cw is None else cw.double(), upcast=False, **kw)
+    def exact(x, w, *rest):
+        b_, r_ = split(rest)
+        x = x if r_ is None else x * r_[:, None]
+        return _torch_options(x, w, t, reduction, b_, None if cw is None else cw.double(), upcast=False, **kw)
 
-    def same(x, w, b=None):
-        return _torch_options(x, w, t, reduction, b, cw, **kw)
+    def same(x, w, *rest):  # (PyTorch's own: the normed rows rounded to the dtype, then the chain)
+        b_, r_ = split(rest)
+        x = x if r_ is None else (x.float() * r_[:, None]).to(x.dtype)
+        return _torch_options(x, w, t, reduction, b_, cw, **kw)
 
-    got = run(ours, x, w, b)
-    want = run(exact, x.double(), w.double(), None if b is None else b.double())
-    torch_ = run(same, x, w, b)
+    got = run(ours, x, w, b, r)
+    f64 = [None if v is None else v.double() for v in (x, w, b, r)]
+    want = run(exact, *f64)
+    torch_ = run(same, x, w, b, r)
     assert got[0].dtype == dtype
-    for name, a, e, s in zip(("loss", "dinput", "dweight", "dbias"), got, want, torch_):
+    assert len(got) == len(names) + 1
+    for name, a, e, s in zip(["loss"] + names, got, want, torch_):
         assert_within(name, a, e, s)
 
 

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..programs.ce import cap, pick_stored
+
 
 def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
     """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none)."""
@@ -54,10 +56,22 @@ class CEOptions(NamedTuple):
     smoothing: float
     z_loss: float
     softcap: float  # 0: none
+    # [M] float32 or None: the logits are row_scale[m] * (x @ W^T) (CE_LOGITS_SCALED); never
+    # with a bias or a softcap (``linear_cross_entropy`` forms x * row_scale for those)
+    row_scale: torch.Tensor | None = None
 
     @property
     def plain(self) -> bool:
         return self.bias is None and not self.softcap
+
+
+def scaled_pick(logits, target, opts: CEOptions, rows=slice(None)):
+    """Each row's target logit from a stored chunk (``pick_stored``), times the row's scale
+    (``row_scale``'s rows ``rows``: the same float32 product as CE_LOGITS_SCALED's), capped."""
+    picked = pick_stored(logits, target)
+    if opts.row_scale is not None:
+        picked = picked * opts.row_scale[rows]
+    return cap(picked, opts.softcap)
 
 
 def row_weights(tc, valid, opts: CEOptions):

@@ -8,8 +8,8 @@ import torch
 
 from ..kernels.launch import gemm
 from ..programs.basic import ACCUMULATE_F32, STORE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored
-from .ce_rows import CEOptions, coefs, logits_bias, row_loss, scales, target_rows
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, CE_LOGITS_SCALED, ce_grad_
+from .ce_rows import CEOptions, coefs, logits_bias, row_loss, scaled_pick, scales, target_rows
 
 
 def slices(V: int, width: int) -> list:
@@ -23,12 +23,15 @@ def slices(V: int, width: int) -> list:
 
 def slice_logits(x, w, v0, v1, buf, opts: CEOptions, bias, want_lse: bool):
     """The logits of classes [v0, v1) for every row, in ``buf`` (rows padded to 16 bytes),
-    and with ``want_lse`` their log-sum-exp per row; the same rounded values either way."""
+    and with ``want_lse`` their log-sum-exp per row; the same rounded values either way
+    (with a row scale: the unscaled products, CE_LOGITS_SCALED's)."""
     logits = buf[:, : v1 - v0]
     ws = w[v0:v1]
     if opts.plain and not want_lse:
         gemm(x, ws, out=logits)  # (CE_LOGITS's stored values: the accumulator rounded once)
         return logits, None
+    if opts.row_scale is not None:
+        return logits, gemm(x, ws, epilogue=CE_LOGITS_SCALED, scale=opts.row_scale, out=(logits, None)).lse
     if opts.plain:
         return logits, gemm(x, ws, epilogue=CE_LOGITS, out=(logits, None)).lse
     lse = gemm(x, ws, epilogue=CE_LOGITS_EXT, bias=bias[v0:v1], softcap=opts.softcap, out=(logits, None)).lse
@@ -58,11 +61,11 @@ def sliced_forward(x, w, target, ignore_index, width: int, opts: CEOptions):
     for v0, v1 in slices(V, width):
         logits, lse = slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=True)
         parts.append(lse)
-        picked += cap(pick_stored(logits, target - v0), opts.softcap)  # (0 outside the slice)
+        picked += scaled_pick(logits, target - v0, opts)  # (0 outside the slice)
         if sums is not None:
             cw = None if opts.weight is None else opts.weight[v0:v1]
             sums += ce_grad_(logits, lse, target, lse, weight=cw, softcap=opts.softcap, write=False,
-                             want_sum=True)  # fmt: skip
+                             want_sum=True, row_scale=opts.row_scale)[0]  # fmt: skip
     lse = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0)
     losses = torch.where(valid, row_loss(lse, picked, wt, sums, opts, V, w_sum), 0.0)
     if bad is not None:
@@ -74,11 +77,14 @@ def sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int
     """Low-memory backward: per vocabulary slice the logits again (the forward's values),
     turned into their gradient in place (the incoming gradient folded into each row's
     scale), then dW of the slice = dlogits^T @ X over every row (one GEMM, one rounding)
-    and dX += dlogits @ W_slice (float32, cast once at the end). Returns dX, dW, db."""
+    and dX += dlogits @ W_slice (float32, cast once at the end). Returns dX, dW, db and the
+    row scale's gradient (float32 [M]; db, that one empty without them)."""
     V = w.shape[0]
+    rs = opts.row_scale
+    dr = x.new_zeros((x.shape[0],) if rs is not None else (0,), dtype=torch.float32)
     if x.shape[0] == 0:  # no rows: zero gradients (the GEMMs would have K = 0)
         db = torch.zeros_like(opts.bias) if opts.bias is not None else w.new_empty(0)
-        return torch.empty_like(x), torch.zeros_like(w), db
+        return torch.empty_like(x), torch.zeros_like(w), db, dr
     buf, bias = slice_setup(x, w, width, opts)
     bad, valid, wt, w_sum = target_rows(target, V, ignore_index, opts)
     if reduction == "none":
@@ -94,8 +100,10 @@ def sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int
     for v0, v1 in slices(V, width):
         logits, _ = slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=False)
         cw = None if opts.weight is None else opts.weight[v0:v1]
-        ce_grad_(logits, lse, target - v0, scale, weight=cw, smooth=opts.smoothing / V, softcap=opts.softcap,
-                 **coef)  # fmt: skip
+        _, dr_v = ce_grad_(logits, lse, target - v0, scale if rs is None else scale * rs, weight=cw,
+                           smooth=opts.smoothing / V, softcap=opts.softcap, row_scale=rs, **coef)  # fmt: skip
+        if dr_v is not None:
+            dr += dr_v
         gemm(logits.t(), x.t(), out=dw[v0:v1])  # dW slice = dl^T x
         if v0 == 0:
             gemm(logits, w[v0:v1].t(), epilogue=STORE_F32, out=dx32)  # dX = dl W_slice
@@ -104,4 +112,4 @@ def sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int
         if db32 is not None:
             torch.sum(logits, 0, dtype=torch.float32, out=db32[v0:v1])
     db = db32.to(opts.bias.dtype) if db32 is not None else w.new_empty(0)
-    return dx32.to(x.dtype), dw, db
+    return dx32.to(x.dtype), dw, db, dr * scale if rs is not None else dr

@@ -58,7 +58,7 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32, FINISH_F32, STORE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, cap, ce_grad_, pick_stored, rescale_, scale_cast
+from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, CE_LOGITS_SCALED, ce_grad_, rescale_, scale_cast
 from ._eager import FastOp
 from .ce_rows import (
     CEOptions,
@@ -67,6 +67,7 @@ from .ce_rows import (
     logits_bias,
     row_loss,
     row_weights,
+    scaled_pick,
     scales,
     target_rows,
 )
@@ -110,9 +111,10 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
           finish=True, dx_f32=False):  # fmt: skip
     """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
-    dX (input dtype), dW and dbias (fp32), and the gain they were formed at (``ce_rows.
+    dX (input dtype), dW and dbias (fp32), the gain they were formed at (``ce_rows.
     gain``: float16's mean and sum, a 0-dim float32 power of 2 the backward divides out;
-    else None). dW: with ``finish`` in the weight's dtype (the last chunk's GEMM adds its
+    else None) and, with ``opts.row_scale``, its gradient (fp32 [M], at that gain; else
+    None). dW: with ``finish`` in the weight's dtype (the last chunk's GEMM adds its
     product to the float32 sum of the others and rounds once, FINISH_F32; one chunk: a
     plain GEMM), else float32 (the tied embedding's one pass takes it). ``dx_f32``: dX in
     float32 (the backward's scale then rounds it once).
@@ -141,6 +143,8 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     db32 = (
         torch.zeros(V, dtype=torch.float32, device=x.device) if want_grads and opts.bias is not None else None
     )
+    rs = opts.row_scale
+    dr = torch.empty(M, dtype=torch.float32, device=x.device) if want_grads and rs is not None else None
     bad, valid, wt, w_sum = target_rows(target, V, ignore_index, opts)
     scale = scales(valid, wt.sum(), reduction, grad) if want_grads else None
     gained = gain(scale, opts, x.dtype) if want_grads and grad is None else None
@@ -161,18 +165,25 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
         logits = buf[: xc.shape[0], :V]
         # the target logit read back from the stored chunk (the epilogue's own value; a
         # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be
-        if opts.plain:
+        if rs is not None:  # (the unscaled products stored; l = r a formed from them)
+            lse = gemm(xc, w, epilogue=CE_LOGITS_SCALED, scale=rs[sl], out=(logits, None)).lse
+        elif opts.plain:
             lse = gemm(xc, w, epilogue=CE_LOGITS, out=(logits, None)).lse
         else:
             lse = gemm(xc, w, epilogue=CE_LOGITS_EXT, bias=bias, softcap=opts.softcap, out=(logits, None)).lse
-        picked = cap(pick_stored(logits, tc), opts.softcap)
+        picked = scaled_pick(logits, tc, opts, sl)
         wc = wt[sl]
         lse_all[sl] = lse
         coef = coefs(lse, wc, opts, V, w_sum)
         sums = None
         if want_grads:
-            sums = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
-                            softcap=opts.softcap, want_sum=bool(eps), **coef)  # fmt: skip
+            # (with a row scale r the stored gradient is r g: what dX = dl W and dW = dl^T x
+            # need of x = h, the norm's output n = h r being never formed)
+            sums, dr_c = ce_grad_(logits, lse, tc, scale[sl] if rs is None else scale[sl] * rs[sl],
+                                  weight=opts.weight, smooth=smooth, softcap=opts.softcap, want_sum=bool(eps),
+                                  row_scale=None if rs is None else rs[sl], **coef)  # fmt: skip
+            if dr is not None:
+                dr[sl] = dr_c * scale[sl]
             gemm(logits, w.t(), epilogue=STORE_F32 if dx_f32 else None, out=dx[sl])
             if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
                 if start == 0:
@@ -186,12 +197,12 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             if db32 is not None:
                 db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
         elif eps:
-            sums = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
-                            want_sum=True)  # fmt: skip
+            sums, _ = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
+                               want_sum=True, row_scale=None if rs is None else rs[sl])  # fmt: skip
         losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
-    return losses, lse_all, dx, dw if finish else dw32, db32, gained
+    return losses, lse_all, dx, dw if finish else dw32, db32, gained, dr
 
 
 def _forward_impl(
@@ -199,6 +210,7 @@ def _forward_impl(
     w: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    row_scale: torch.Tensor | None,
     class_weight: torch.Tensor | None,
     ignore_index: int,
     reduction: str,
@@ -210,18 +222,19 @@ def _forward_impl(
     vocab_chunk: int,
     finish: bool,
     dx_f32: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # (loss, lse, dx, dw, db, gain): dx/dw/db for mean and sum when gradients are needed
-    # (else empty), formed at gain (float16: a 0-dim power of 2, ce_rows.gain; else empty);
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # (loss, lse, dx, dw, db, gain, dr): dx/dw/db (and dr, row_scale's gradient, with one)
+    # for mean and sum when gradients are needed (else empty), formed at gain (float16: a
+    # 0-dim power of 2, ce_rows.gain; else empty);
     # vocab_chunk > 0: the low-memory passes, gradients always in the backward; finish:
     # dW rounded to the weight's dtype in the forward (_finishes)
     grads = need_grad and reduction != "none" and not vocab_chunk
-    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap, row_scale)
     if vocab_chunk:
         losses, lse = sliced_forward(x, w, target, ignore_index, vocab_chunk, opts)
-        dx = dw32 = db32 = gained = None
+        dx = dw32 = db32 = gained = dr = None
     else:
-        losses, lse, dx, dw32, db32, gained = _pass(
+        losses, lse, dx, dw32, db32, gained, dr = _pass(
             x, w, target, ignore_index, reduction, rows, opts, want_grads=grads, finish=finish, dx_f32=dx_f32
         )
     if not grads:
@@ -240,15 +253,16 @@ def _forward_impl(
     # the median with a softcap, NOTES.md)
     db = db32 if grads and bias is not None else w.new_empty(0, dtype=torch.float32)
     gained = gained if gained is not None else lse.new_empty(0)
-    return loss, lse, dx, dw, db, gained
+    dr = dr if grads and dr is not None else lse.new_empty(0)
+    return loss, lse, dx, dw, db, gained, dr
 
 
 _forward = torch.library.custom_op("codetta::linear_cross_entropy", mutates_args=())(_forward_impl)
 
 
 @_forward.register_fake
-def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-      vocab_chunk, finish, dx_f32):  # fmt: skip
+def _(x, w, target, bias, row_scale, class_weight, ignore_index, reduction, smoothing, z_loss, softcap,
+      need_grad, rows, vocab_chunk, finish, dx_f32):  # fmt: skip
     f32 = torch.float32
     loss = x.new_empty(x.shape[0], dtype=f32) if reduction == "none" else x.new_empty((), dtype=f32)
     grads = need_grad and reduction != "none" and not vocab_chunk
@@ -256,8 +270,9 @@ def _(x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_lo
     dw_dtype = f32 if grads and not finish else w.dtype
     gained = x.new_empty(() if grads and x.dtype == torch.float16 else (0,), dtype=f32)
     dx = x.new_empty(x.shape, dtype=f32) if grads and dx_f32 else x.new_empty(x.shape if grads else (0,))
+    dr = x.new_empty((x.shape[0],) if grads and row_scale is not None else (0,), dtype=f32)
     return (loss, x.new_empty(x.shape[0], dtype=f32), dx,
-            w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db, gained)  # fmt: skip
+            w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db, gained, dr)  # fmt: skip
 
 
 def _backward_none_impl(
@@ -266,6 +281,7 @@ def _backward_none_impl(
     w: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    row_scale: torch.Tensor | None,
     class_weight: torch.Tensor | None,
     ignore_index: int,
     smoothing: float,
@@ -273,13 +289,17 @@ def _backward_none_impl(
     softcap: float,
     rows: int,
     finish: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reduction 'none': the loss's gradients from the incoming per-row gradient ``grad``.
-    ``finish``: dW rounded once into the weight's dtype by the last chunk's GEMM (the
-    gradient is known here, nothing is scaled after), else summed in float32 and cast."""
-    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
-    _, _, dx, dw, db32, _ = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad, finish=finish)
-    return dx, dw if finish else dw.to(w.dtype), (db32.to(bias.dtype) if bias is not None else w.new_empty(0))
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reduction 'none': the loss's gradients from the incoming per-row gradient ``grad``
+    (dX, dW, db, d row_scale; db and d row_scale empty without them). ``finish``: dW rounded
+    once into the weight's dtype by the last chunk's GEMM (the gradient is known here,
+    nothing is scaled after), else summed in float32 and cast."""
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap, row_scale)
+    _, _, dx, dw, db32, _, dr = _pass(x, w, target, ignore_index, "none", rows, opts, grad=grad,
+                                      finish=finish)  # fmt: skip
+    db = db32.to(bias.dtype) if bias is not None else w.new_empty(0)
+    dr = dr if dr is not None else grad.new_empty(0, dtype=torch.float32)
+    return dx, dw if finish else dw.to(w.dtype), db, dr
 
 
 _backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward", mutates_args=())(
@@ -287,15 +307,18 @@ _backward_none = torch.library.custom_op("codetta::linear_cross_entropy_backward
 )
 
 
-def _fake_grads(x, w, bias):
-    """The backward ops' outputs under fake tensors: dX, dW and db (empty without a bias)."""
+def _fake_grads(x, w, bias, row_scale):
+    """The backward ops' outputs under fake tensors: dX, dW, db (empty without a bias) and
+    d row_scale (float32 [M], empty without one)."""
     db = w.new_empty((w.shape[0],) if bias is not None else (0,))
-    return x.new_empty(x.shape), w.new_empty(w.shape), db
+    dr = x.new_empty((x.shape[0],) if row_scale is not None else (0,), dtype=torch.float32)
+    return x.new_empty(x.shape), w.new_empty(w.shape), db, dr
 
 
 @_backward_none.register_fake
-def _(grad, x, w, target, bias, class_weight, ignore_index, smoothing, z_loss, softcap, rows, finish):
-    return _fake_grads(x, w, bias)
+def _(grad, x, w, target, bias, row_scale, class_weight, ignore_index, smoothing, z_loss, softcap, rows,
+      finish):  # fmt: skip
+    return _fake_grads(x, w, bias, row_scale)
 
 
 def _backward_sliced_impl(
@@ -305,6 +328,7 @@ def _backward_sliced_impl(
     target: torch.Tensor,
     lse: torch.Tensor,
     bias: torch.Tensor | None,
+    row_scale: torch.Tensor | None,
     class_weight: torch.Tensor | None,
     ignore_index: int,
     reduction: str,
@@ -312,8 +336,8 @@ def _backward_sliced_impl(
     z_loss: float,
     softcap: float,
     vocab_chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = CEOptions(bias, class_weight, smoothing, z_loss, softcap, row_scale)
     return sliced_backward(grad, x, w, target, lse, ignore_index, reduction, vocab_chunk, opts)
 
 
@@ -323,18 +347,19 @@ _backward_sliced = torch.library.custom_op("codetta::linear_cross_entropy_sliced
 
 
 @_backward_sliced.register_fake
-def _(grad, x, w, target, lse, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap,
-      vocab_chunk):  # fmt: skip
-    return _fake_grads(x, w, bias)
+def _(grad, x, w, target, lse, bias, row_scale, class_weight, ignore_index, reduction, smoothing, z_loss,
+      softcap, vocab_chunk):  # fmt: skip
+    return _fake_grads(x, w, bias, row_scale)
 
 
 def _setup(ctx, inputs, output):
-    (x, w, target, bias, class_weight, ignore_index, reduction, smoothing, z_loss, softcap, need_grad, rows,
-     vocab_chunk, finish, _dx_f32) = inputs  # fmt: skip
-    _, lse, dx, dw, db, gained = output
+    (x, w, target, bias, row_scale, class_weight, ignore_index, reduction, smoothing, z_loss, softcap,
+     need_grad, rows, vocab_chunk, finish, _dx_f32) = inputs  # fmt: skip
+    _, lse, dx, dw, db, gained, dr = output
     ctx.reduction, ctx.ignore_index, ctx.rows, ctx.vocab_chunk = reduction, ignore_index, rows, vocab_chunk
     ctx.opts = (smoothing, z_loss, softcap)
     ctx.b_dtype = bias.dtype if bias is not None else None  # (None: no bias)
+    ctx.scaled = row_scale is not None
     ctx.grads_in_forward = need_grad and reduction != "none" and not vocab_chunk
     ctx.w_dtype, ctx.x_dtype = w.dtype, x.dtype
     ctx.tied = _TIED.get() if ctx.grads_in_forward else None
@@ -342,11 +367,11 @@ def _setup(ctx, inputs, output):
     ctx.handed = False  # (set once the backward hands out the saved dX and dW, scaled in place)
     ctx.set_materialize_grads(False)
     if vocab_chunk:
-        ctx.save_for_backward(x, w, target, lse, bias, class_weight)
+        ctx.save_for_backward(x, w, target, lse, bias, row_scale, class_weight)
     elif reduction == "none":
-        ctx.save_for_backward(x, w, target, bias, class_weight)
+        ctx.save_for_backward(x, w, target, bias, row_scale, class_weight)
     else:
-        ctx.save_for_backward(dx, dw, db, gained)
+        ctx.save_for_backward(dx, dw, db, gained, dr)
 
 
 def _scaled_dx(dx: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -358,8 +383,8 @@ def _scaled_dx(dx: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return rescale_(dx, scale) if dx.dtype == dtype else scale_cast(dx, scale, dtype)
 
 
-def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain):
-    rest = (None,) * 11  # (the inputs after x, w, target and the bias: no gradient)
+def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain, _ddr):
+    rest = (None,) * 11  # (the inputs after x, w, target, the bias and the row scale: no gradient)
     if dlse is not None:
         raise RuntimeError(
             "codetta.linear_cross_entropy: a gradient reached the returned lse (return_lse=True), "
@@ -367,17 +392,17 @@ def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain):
             "lse.detach() where it only reports"
         )
     if dloss is None:
-        return (None, None, None, None) + rest
+        return (None, None, None, None, None) + rest
     if ctx.vocab_chunk:
-        x, w, target, lse, bias, class_weight = ctx.saved_tensors
-        dx, dw, db = _backward_sliced_fast(
-            dloss.contiguous(), x, w, target, lse, bias, class_weight, ctx.ignore_index, ctx.reduction,
-            *ctx.opts, ctx.vocab_chunk,
+        x, w, target, lse, bias, row_scale, class_weight = ctx.saved_tensors
+        dx, dw, db, dr = _backward_sliced_fast(
+            dloss.contiguous(), x, w, target, lse, bias, row_scale, class_weight, ctx.ignore_index,
+            ctx.reduction, *ctx.opts, ctx.vocab_chunk,
         )  # fmt: skip
     elif ctx.reduction == "none":
-        x, w, target, bias, class_weight = ctx.saved_tensors
-        dx, dw, db = _backward_none_fast(dloss.contiguous(), x, w, target, bias, class_weight,
-                                         ctx.ignore_index, *ctx.opts, ctx.rows, ctx.finish)  # fmt: skip
+        x, w, target, bias, row_scale, class_weight = ctx.saved_tensors
+        dx, dw, db, dr = _backward_none_fast(dloss.contiguous(), x, w, target, bias, row_scale, class_weight,
+                                             ctx.ignore_index, *ctx.opts, ctx.rows, ctx.finish)  # fmt: skip
     else:
         if ctx.handed:
             raise RuntimeError(
@@ -387,13 +412,14 @@ def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain):
                 "one more pass; a Hugging Face model patched by codetta also needs "
                 "CODETTA_OVERWRITE_SAVED=0 for its SwiGLU backwards)"
             )
-        dx, dw, db, gained = ctx.saved_tensors
+        dx, dw, db, gained, dr = ctx.saved_tensors
         if not ctx.grads_in_forward:
             raise RuntimeError("codetta.linear_cross_entropy: gradients were not computed in the forward")
         scale = dloss.to(torch.float32)
         if gained.numel():  # (float16: formed at a power-of-2 gain, divided out exactly here)
             scale = scale / gained
         db = (db * scale).to(ctx.b_dtype) if db.numel() else db  # (float32 [V], rounded once)
+        dr = dr * scale  # (float32 [M]; empty without a row scale)
         if ctx.finish:  # (mean / sum: gradients formed in the forward)
             # dX, and dW already rounded to the weight's dtype in the forward, scaled in place
             # where the incoming gradient is not 1 (for dW a second rounding there, none for
@@ -412,7 +438,7 @@ def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain):
                 dw = None  # the tied embedding's backward returns the weight's whole gradient
             else:
                 dw = scale_cast(dw, scale, ctx.w_dtype)
-    return (dx, dw, None, db if ctx.b_dtype is not None else None) + rest
+    return (dx, dw, None, db if ctx.b_dtype is not None else None, dr if ctx.scaled else None) + rest
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup)
@@ -439,6 +465,7 @@ def linear_cross_entropy(
     loss_dtype=None,
     vocab_chunk=None,
     tied=None,
+    row_scale=None,
 ):
     """``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight=weight,
     reduction=..., ignore_index=..., label_smoothing=...)`` without materializing the
@@ -472,6 +499,16 @@ def linear_cross_entropy(
     embeddings, ``ops/tied_embedding.py``): the weight's gradient then reaches it
     through the embedding's backward, summed with the embedding's in one pass. Used in
     eager mode for mean and sum without ``vocab_chunk``; ignored elsewhere.
+
+    ``row_scale`` (a floating tensor of target's shape, or None): the logits are
+    ``row_scale[..., None] * (input @ linear_weight.T)``, the row scale applied in the
+    logits GEMM's epilogue (``CE_LOGITS_SCALED``) and in the gradient pass, and
+    differentiable like the other inputs. For the final RMSNorm of a decoder:
+    ``x, h, rstd = residual_rmsnorm_factors(...)`` and ``linear_cross_entropy(h, W, t,
+    row_scale=rstd)``: the norm's output ``h * rstd`` is never formed (one pass over
+    [M, d] less in the forward, no n written in the backward). With ``linear_bias`` or
+    ``softcap`` the product ``input * row_scale`` is formed first instead (in input's dtype,
+    as PyTorch would: no program scales rows there).
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)
@@ -481,6 +518,9 @@ def linear_cross_entropy(
         if t is not None:
             check_tensor(name, t)
             named[name] = t
+    if row_scale is not None:
+        check_tensor("row_scale", row_scale)
+        named["row_scale"] = row_scale
     check_same_device(named)
     check_gemm_dtype("input", input)
     if tied is not None and not isinstance(tied, TiedLink):
@@ -497,6 +537,18 @@ def linear_cross_entropy(
         )
     if target.shape != input.shape[:-1]:
         raise ValueError(f"target must have shape {tuple(input.shape[:-1])}, got {tuple(target.shape)}")
+    if row_scale is not None:
+        if row_scale.shape != input.shape[:-1]:
+            raise ValueError(
+                f"row_scale must have shape {tuple(input.shape[:-1])} (one per row of input), got "
+                f"{tuple(row_scale.shape)}"
+            )
+        if not row_scale.is_floating_point():
+            raise TypeError(f"row_scale must be a floating-point tensor, got {row_scale.dtype}")
+        if linear_bias is not None or softcap is not None:
+            # (no program scales the rows under a bias or a cap: the scaled input, as PyTorch)
+            input = (input.float() * row_scale.float()[..., None]).to(input.dtype)
+            row_scale = None
     check_layouts({"linear_weight": linear_weight})  # (input: made contiguous where it is not)
     V = linear_weight.shape[0]
     if linear_bias is not None:
@@ -531,14 +583,15 @@ def linear_cross_entropy(
         raise ValueError(f"vocab_chunk must be a positive multiple of 8 (or None), got {vocab_chunk!r}")
     x = input.reshape(-1, input.shape[-1]).contiguous()
     t = target.reshape(-1).contiguous()
+    rs = None if row_scale is None else row_scale.reshape(-1).float().contiguous()
     rows = chunk_rows or rows_per_chunk(x.shape[0], V, x.element_size())
-    grad_of = [input, linear_weight] + ([linear_bias] if linear_bias is not None else [])
+    grad_of = [input, linear_weight] + [v for v in (linear_bias, row_scale) if v is not None]
     need_grad = torch.is_grad_enabled() and any(v.requires_grad for v in grad_of)
     untied = tied is None or torch.compiler.is_compiling()  # (dynamo cannot trace a ContextVar)
     finish = _finishes(untied, x.dtype, reduction)
-    args = (x, linear_weight, t, linear_bias, weight, int(ignore_index), reduction, float(label_smoothing),
-            float(z_loss), float(softcap or 0.0), need_grad, int(rows), int(vocab_chunk or 0),
-            finish, bool(SETTINGS.ce_dx_f32))  # fmt: skip
+    args = (x, linear_weight, t, linear_bias, rs, weight, int(ignore_index), reduction,
+            float(label_smoothing), float(z_loss), float(softcap or 0.0), need_grad, int(rows),
+            int(vocab_chunk or 0), finish, bool(SETTINGS.ce_dx_f32))  # fmt: skip
     if untied:
         loss, lse, *_ = _forward_fast(*args)
     else:

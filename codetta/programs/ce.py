@@ -15,7 +15,7 @@ import triton.language as tl
 from ..kernels import device, precompile
 from ..kernels import primitives as P
 from ..kernels.configs import BACKWARD_CANDIDATES, PINGPONG_STREAMING_CANDIDATES, PLAIN_CANDIDATES
-from ..kernels.program import DType, PerCol, Program, RowLogSumExp, Scalar, Tile
+from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, Scalar, Tile
 from .norm_rows import torch_path, traced
 
 
@@ -51,6 +51,34 @@ CE_LOGITS = Program(
 
 def _lse_reference(logit):
     return {"logits": logit, "lse": logit.logsumexp(1)}
+
+
+@triton.jit
+def ce_logits_scaled(acc, scale, elem):
+    """CE_LOGITS for logits with a row scale, l = scale[m] * a: a = acc rounded to the GEMM's
+    dtype is what is stored, l is formed from it in float32 (one product, which the gradient
+    pass forms again from the stored a, to the bit) and lse[m] = log sum_n exp(l). With K1's
+    h = x * gamma as the GEMM's input and the final RMSNorm's rstd as the scale, the
+    norm's output n = h * rstd is never formed (``linear_cross_entropy(row_scale=)``)."""
+    raw = P.rounded(acc, elem)
+    return raw, raw * scale
+
+
+def _scaled_reference(acc, scale, elem):
+    raw = acc.to(elem).to(acc.dtype)
+    return {"logits": raw, "lse": (raw * scale.to(acc.dtype)[:, None]).logsumexp(1)}
+
+
+CE_LOGITS_SCALED = Program(
+    "ce_logits_scaled",
+    ce_logits_scaled,
+    inputs=(PerRow("scale"), DType("elem")),
+    outputs=(Tile("logits"), RowLogSumExp("lse")),
+    reference=_scaled_reference,
+    configs=CE_LOGITS.configs,
+    # the same tiles and mainloop with one product more an element: CE_LOGITS's picks
+    tuned_like=CE_LOGITS,
+)
 
 
 def pick_stored(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -96,9 +124,10 @@ CE_LOGITS_EXT = Program(
 
 
 @triton.jit
-def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, smooth, softcap, V, stride,
-                    HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                    WRITE: tl.constexpr, SUM: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, r_ptr, dr_ptr, smooth,
+                    softcap, V, stride, HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr,
+                    SMOOTH: tl.constexpr, WRITE: tl.constexpr, SUM: tl.constexpr, ROWSCALE: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lse = tl.load(lse_ptr + row)
     scale = tl.load(s_ptr + row)
@@ -108,11 +137,18 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
     if HAS_COEF:
         a = tl.load(a_ptr + row)
         b = tl.load(b_ptr + row)
+    r = 1.0
+    if ROWSCALE:  # stored: the unscaled a; the logits l = r a (CE_LOGITS_SCALED's product)
+        r = tl.load(r_ptr + row)
     total = tl.zeros((BLOCK,), dtype=tl.float32)
+    dr = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < V
-        logit = tl.load(l_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        stored = tl.load(l_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        logit = stored
+        if ROWSCALE:
+            logit = stored * r
         c = logit
         if SOFTCAP:
             c = softcap * P.tanh(logit / softcap)
@@ -128,9 +164,13 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
             if SOFTCAP:
                 t = c / softcap
                 g = g * (1.0 - t * t)
+            if ROWSCALE:  # d loss / d r = sum_n g a (the scale's gradient, before the row's scale)
+                dr += tl.where(mask, g * stored, 0.0)
             tl.store(l_ptr + row * stride + cols, (g * scale).to(l_ptr.dtype.element_ty), mask=mask)
     if SUM:
         tl.store(sum_ptr + row, tl.sum(total, axis=0))
+    if ROWSCALE and WRITE:
+        tl.store(dr_ptr + row, tl.sum(dr, axis=0))
 
 
 def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, scale: torch.Tensor):
@@ -142,23 +182,29 @@ def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor,
 
 
 def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0, softcap=0.0,
-             write=True, want_sum=False):  # fmt: skip
+             write=True, want_sum=False, row_scale=None):  # fmt: skip
     """The cross-entropy gradient over stored logits l, in place, in fp32 with one
     rounding: with c = softcap * tanh(l / softcap) (softcap 0: c = l) and p = exp(c - lse),
 
         l[m, n] <- (a[m] p - b[m] [n == target[m]] - smooth w[n]) * dc/dl * scale[m]
 
     (a = b = 1 and w = 1 when not given; a target outside [0, V) subtracts nothing).
-    Returns sum_n w[n] c[m, n] per row (fp32 [M]) with ``want_sum``, else None;
-    ``write=False`` leaves the logits as they are."""
+    Returns (sums, dr): sum_n w[n] c[m, n] per row (fp32 [M]) with ``want_sum``, else None;
+    ``write=False`` leaves the logits as they are. ``row_scale`` (fp32 [M], r): the stored
+    values are CE_LOGITS_SCALED's unscaled a and l = r a; dr (fp32 [M], with ``write``) is
+    then sum_n g[m, n] a[m, n], g the bracket above before ``scale`` (the loss's gradient
+    with respect to r, up to the row's scale), else None."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
     sums = torch.empty(M, dtype=torch.float32, device=logits.device) if want_sum else None
+    scaled = write and row_scale is not None
+    dr = torch.empty(M, dtype=torch.float32, device=logits.device) if scaled else None
     if M == 0:
-        return sums
+        return sums, dr
     if torch_path(logits):
-        c = cap(logits.float(), softcap)
+        stored = logits.float()
+        c = cap(stored if row_scale is None else stored * row_scale.float()[:, None], softcap)
         w = torch.ones(V, device=logits.device) if weight is None else weight.float()
         if want_sum:
             sums.copy_((c * w).sum(1))
@@ -173,17 +219,21 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
                 g = g - smooth * w
             if softcap > 0:
                 g = g * (1 - (c / softcap) ** 2)
+            if dr is not None:
+                dr.copy_((g * stored).sum(1))
             logits.copy_(g * scale.float()[:, None])
-        return sums
+        return sums, dr
     coef = a is not None
     with device.on_device(logits.device):
         precompile.launch(_ce_grad_kernel, (M,),
             logits, lse, target, scale, a if coef else scale, b if coef else scale,
-            scale if weight is None else weight, scale if sums is None else sums, float(smooth),
+            scale if weight is None else weight, scale if sums is None else sums,
+            scale if row_scale is None else row_scale, scale if dr is None else dr, float(smooth),
             float(softcap), V, logits.stride(0), HAS_COEF=coef, HAS_W=weight is not None,
-            SOFTCAP=softcap > 0, SMOOTH=bool(smooth), WRITE=write, SUM=want_sum, BLOCK=1024, num_warps=4,
+            SOFTCAP=softcap > 0, SMOOTH=bool(smooth), WRITE=write, SUM=want_sum,
+            ROWSCALE=row_scale is not None, BLOCK=1024, num_warps=4,
         )  # fmt: skip
-    return sums
+    return sums, dr
 
 
 @triton.jit
