@@ -108,8 +108,10 @@ def rms_rows(tokens: int) -> None:
                     key = (bm, warps, per_sm)
                     outs[key] = (dx, n, dg)
 
-                    args = (dh, x, dres, sumsq, gamma, dx, n, dg, tokens, d, 1.0 / d, 1e-5, rpp)
-                    consts = dict(BLOCK_M=bm, BLOCK_D=block_d, HAS_GAMMA=True, HAS_DRES=True, num_warps=warps)
+                    # (low_ptr and dr_ptr unread: no float32 stream, not the factors' pass)
+                    args = (dh, x, dres, sumsq, gamma, dx, n, dg, dx, sumsq, tokens, d, 1.0 / d, 1e-5, rpp)
+                    consts = dict(BLOCK_M=bm, BLOCK_D=block_d, HAS_GAMMA=True, HAS_DRES=True, HAS_LOW=False,
+                                  FACTORS=False, num_warps=warps)  # fmt: skip
                     kernel = norm_rows._rms_backward_rows_kernel
                     fns[key] = partial(precompile.launch, kernel, (programs,), *args, **consts)
         t = _time(fns)

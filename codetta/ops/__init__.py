@@ -4,6 +4,7 @@ from .cross_entropy import linear_cross_entropy
 from .residual_rmsnorm import (
     SwiGLU,
     residual_rmsnorm,
+    residual_rmsnorm_factors,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
     rmsnorm_linear,
@@ -14,6 +15,7 @@ from .tied_embedding import TiedLink, embedding, tied_embedding
 
 __all__ = [
     "residual_rmsnorm",
+    "residual_rmsnorm_factors",
     "residual_rmsnorm_linear",
     "residual_rmsnorm_swiglu",
     "rmsnorm_linear",

@@ -26,9 +26,12 @@ from ..programs import (
     STORE_K4,
     STORE_M3,
 )
-from ..programs.norm_rows import rms_backward_finish, rms_backward_rows, rowdot
+from ..programs.norm_rows import rms_backward_factors, rms_backward_finish, rms_backward_rows, rowdot
 
 BACKWARDS = ("rowwise", "two_pass", "folded")
+# no next GEMM, the norm's output handed on as its factors h = x gamma and r (the final norm
+# before the LM head + loss: ``residual_rmsnorm_factors``); not a research variant
+FACTORS = "factors"
 _SUMS = {2: STORE_K2, 3: STORE_K3, 4: STORE_K4}  # by the number of products: their sum, one launch
 
 
@@ -39,6 +42,10 @@ def norm_backward(dx, dzs, gamma, ws, x, z, sumsq, w_gamma, eps, mode, fold_gamm
     normalized input that dW needs, is [M, d] and dies when this returns, before dy and
     dW_o allocate theirs (it is not kept to the end)."""
     d = x.shape[1]
+    if mode == FACTORS:  # the norm's output handed on as h and r: their gradients, dzs = [dh, dr]
+        low = None if dzs[0].dtype == x.dtype else torch.empty_like(dzs[0])
+        dx_total, dgamma_parts = rms_backward_factors(dzs[0], dzs[1], x, dx, sumsq, gamma, eps, low_out=low)
+        return dx_total, [], col_sum(dgamma_parts, dtype=gamma.dtype), _low(dx_total, low)
     if not ws:  # no next GEMM: the incoming gradient is the norm output's
         low = None if dzs[0].dtype == x.dtype else torch.empty_like(dzs[0])
         dx_total, _, dgamma_parts = rms_backward_rows(dzs[0], x, dx, sumsq, gamma, eps, low_out=low)

@@ -56,7 +56,7 @@ from ..programs.rope import (
 )
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived, saved_tensors
-from .norm_backward import BACKWARDS, norm_backward
+from .norm_backward import BACKWARDS, FACTORS, norm_backward
 from .norm_checks import bias_args, check_args, mixed
 from .rope import RoPE, column_freq, rope_operands
 from .swiglu import dswiglu_dx
@@ -109,6 +109,10 @@ def _forward_impl(
             "no q/k norms and rotate-half RoPE"
         )
     d = residual.shape[1]
+    if not ws and backward == FACTORS:
+        # no next GEMM, the norm's output as its factors: h and r = rsqrt(sumsq / d + eps)
+        k1 = _k1(y, w_o, residual, gamma)
+        return k1.x, [k1.h, torch.rsqrt(k1.sumsq * (1.0 / d) + eps)], k1.sumsq, residual.new_empty(0)
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
         k1 = _k1(y, w_o, residual, gamma)
@@ -202,11 +206,15 @@ def _(
 ):
     M = y.shape[0]
     pre = ws[:n_rope] if len(rope) > 2 else []  # the normed outputs' z
+    if ws:
+        zs = [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu + pre]
+    elif backward == FACTORS:
+        zs = [y.new_empty(residual.shape), y.new_empty((M,), dtype=torch.float32)]  # (h, r)
+    else:
+        zs = [y.new_empty(residual.shape)]  # (n, in the GEMMs' dtype)
     return (
         residual.new_empty(0 if w_o.shape[1] == 0 else residual.shape),
-        [y.new_empty((M, w.shape[0])) for w in ws + ws[:1] * swiglu + pre]
-        if ws
-        else [y.new_empty(residual.shape)],  # (n, in the GEMMs' dtype)
+        zs,
         y.new_empty((M,), dtype=torch.float32),
         ws[0].new_empty(ws[0].shape) if fold_gamma else residual.new_empty(0),
     )
@@ -381,16 +389,22 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     pres = rest[ctx.n_ws + ctx.n_gate_up : ctx.n_ws + ctx.n_gate_up + ctx.n_pres]
     if dx is not None and dx.shape == x.shape:
         dx = dx.contiguous()
-    elif ctx.mode != "rowwise":
+    elif ctx.mode not in ("rowwise", FACTORS):
         dx = torch.zeros_like(x)  # (the research backwards read a tensor)
     else:
         # no gradient reaches x from downstream (the first layer's norm input, whose
         # stream gradient arrives through the next operator; an unused final x): the
         # row pass reads none, instead of a [M, d] tensor of zeros
         dx = None
-    if dzs is None:
-        dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
-    dzs = list(dzs)[: max(1, ctx.n_ws + ctx.swiglu)]  # the q/k norms' z are internal: no gradient
+    if ctx.mode == FACTORS:  # (no next weight: h's and r's gradients, zeros for one that got none)
+        dh, dr = dzs if dzs is not None else (None, None)
+        M, d = x.shape[0], x.shape[1]
+        dzs = [y.new_zeros((M, d)) if dh is None else dh.contiguous(),
+               x.new_zeros(M, dtype=torch.float32) if dr is None else dr.float().contiguous()]  # fmt: skip
+    else:
+        if dzs is None:
+            dzs = [None] * max(1, ctx.n_ws + ctx.swiglu)
+        dzs = list(dzs)[: max(1, ctx.n_ws + ctx.swiglu)]  # the q/k norms' z are internal: no gradient
     if ctx.swiglu:
         # zs = [g, u, y]: a gradient that reaches y directly (y used outside the next
         # operator, which sends its gradient to g and u) goes through SwiGLU here
@@ -407,8 +421,9 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
             dg = extra["dg"] if dg is None else dg + extra["dg"]
             du = extra["du"] if du is None else du + extra["du"]
         dzs = [dg, du]
-    widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
-    dzs = [y.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
+    if ctx.mode != FACTORS:
+        widths = [w.shape[0] for w in ws] if ws else [x.shape[1]]  # no next weight: dn [M, d]
+        dzs = [y.new_zeros((x.shape[0], n)) if g is None else g.contiguous() for g, n in zip(dzs, widths)]
     dy, dw_o, dres, dgamma, dws = _backward_fast(
         dx, dzs, y, w_o, gamma, ws, x, z, sumsq, w_gamma, ctx.eps, ctx.mode, ctx.fold_gamma, list(gate_up),
         ctx.rope, ctx.rope_scaling, ctx.n_rope, ctx.qk_eps, ctx.rope_pairs, list(pres),
@@ -572,20 +587,51 @@ def _biases(bias, weight, ws, y, rope_args, pairs) -> list:
     return biases
 
 
+def _swiglu_parts(y):
+    """(y, [gate, up] as [M, f] rows or [], internal) of a ``SwiGLU`` y (checked), else (y, [], False)."""
+    if not isinstance(y, SwiGLU):
+        return y, [], False
+    gate_up = [y.gate, y.up]
+    for name, t in (("y.gate", gate_up[0]), ("y.up", gate_up[1])):
+        check_tensor(name, t)
+        if t.shape != y.y.shape or t.dtype != y.y.dtype or t.device != y.y.device:
+            raise ValueError(f"{name} must match y.y ({y.y.dtype} {tuple(y.y.shape)} on {y.y.device})")
+    return y.y, [t.reshape(-1, t.shape[-1]).contiguous() for t in gate_up], bool(y.internal)
+
+
+def residual_rmsnorm_factors(
+    y, w_o: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x = residual + y @ w_o.T`` and the RMSNorm of x as two factors: returns (x, h,
+    rstd) with ``rms_norm(x, gamma, eps) == h * rstd[..., None]``, h = x * gamma (K1's
+    own output, in the GEMMs' dtype) and rstd = rsqrt(mean(x^2) + eps) (float32, x's
+    leading shape).
+
+    For a norm whose consumer scales rows itself: the final norm before the LM head +
+    loss, ``linear_cross_entropy(h, lm_head_weight, target, row_scale=rstd)``, whose
+    logits GEMM applies rstd in its epilogue: the normalized rows are never formed (K1
+    alone in the forward; in the backward one pass over the rows, no n written, the
+    norm's zeta coming with rstd's gradient). Arguments as ``residual_rmsnorm``'s (``y``
+    may be a ``SwiGLU``); differentiable in every tensor, through h and rstd both.
+    """
+    y, gate_up, internal = _swiglu_parts(y)
+    ws, eps = check_args(y, w_o, residual, gamma, None, eps)
+    lead = residual.shape[:-1]
+    x, (h, rstd), _, _ = _forward_fast(
+        y.reshape(-1, y.shape[-1]).contiguous(), w_o, residual.reshape(-1, residual.shape[-1]).contiguous(),
+        gamma, ws, eps, FACTORS, False, gate_up, False, [], 1.0, 0, 0.0, False, internal,
+        len(gate_up) > 0 and SETTINGS.keeps_y(w_o.shape[0]), [],
+    )  # fmt: skip
+    return x.reshape(*lead, x.shape[-1]), h.reshape(*lead, h.shape[-1]), rstd.reshape(lead)
+
+
 def residual_rmsnorm_linear_variant(y, w_o, residual, gamma, weight, eps=None, backward="rowwise",
                                     fold_gamma=False, rope=None, bias=None):  # fmt: skip
     """``residual_rmsnorm_linear`` with a research variant of the backward (see the
     module's docstring; for benchmarks and tests): ``backward`` one of
     ``BACKWARDS``; ``fold_gamma=True`` (needs "rowwise") applies gamma to the next
     GEMM's weight instead of writing h. The variants take one next weight."""
-    gate_up, internal = [], False
-    if isinstance(y, SwiGLU):
-        y, gate_up, internal = y.y, [y.gate, y.up], bool(y.internal)
-        for name, t in (("y.gate", gate_up[0]), ("y.up", gate_up[1])):
-            check_tensor(name, t)
-            if t.shape != y.shape or t.dtype != y.dtype or t.device != y.device:
-                raise ValueError(f"{name} must match y.y ({y.dtype} {tuple(y.shape)} on {y.device})")
-        gate_up = [t.reshape(-1, t.shape[-1]).contiguous() for t in gate_up]
+    y, gate_up, internal = _swiglu_parts(y)
     ws, eps = check_args(y, w_o, residual, gamma, weight, eps)
     if gate_up and (fold_gamma or backward != "rowwise"):
         raise ValueError("a SwiGLU y takes the default backward (rowwise, no fold_gamma)")

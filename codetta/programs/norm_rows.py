@@ -244,14 +244,16 @@ def rms_backward_finish(dn, x, dres, sumsq, zeta, gamma, eps, *, dx_out=None):
 
 @triton.jit
 def _rms_backward_rows_kernel(
-    dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr, low_ptr,
+    dh_ptr, x_ptr, dres_ptr, sumsq_ptr, gamma_ptr, dx_ptr, n_ptr, dgamma_ptr, low_ptr, dr_ptr,
     M, D, inv_d, eps, rows_per_prog,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_DRES: tl.constexpr,
-    HAS_LOW: tl.constexpr,
+    HAS_LOW: tl.constexpr, FACTORS: tl.constexpr,
 ):  # fmt: skip
     # each program walks its own run of whole rows (zeta needs the full row), one
     # read of dh, x (and dres) and one write of dx, n (and dx's low-precision copy)
-    # per element; its dgamma partial stays in registers until the end
+    # per element; its dgamma partial stays in registers until the end. FACTORS: dh is
+    # h's gradient and dr r's (the norm's output as h * r, rms_backward_factors): no
+    # zeta, no n
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -268,19 +270,28 @@ def _rms_backward_rows_kernel(
         m = rmask[:, None] & cmask[None, :]
         offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
         r1 = rms_scale_of(tl.load(sumsq_ptr + rows, mask=rmask, other=1.0), inv_d, eps)
-        r = r1[:, None]
         dh = tl.load(dh_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        xr = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * r
-        zeta = tl.sum(dh * g * xr, 1)
-        if HAS_GAMMA:
-            dg += tl.sum(dh * xr, 0)
-        dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None]
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        if FACTORS:
+            # h = x gamma, r = rsqrt(sumsq / d + eps), sumsq = sum x^2: dr/dx = -r^3 x / d
+            dr = tl.load(dr_ptr + rows, mask=rmask, other=0.0)
+            if HAS_GAMMA:
+                dg += tl.sum(dh * x, 0)
+            dx = g * dh - x * (r1 * r1 * r1 * dr * inv_d)[:, None]
+        else:
+            r = r1[:, None]
+            xr = x * r
+            zeta = tl.sum(dh * g * xr, 1)
+            if HAS_GAMMA:
+                dg += tl.sum(dh * xr, 0)
+            dx = r * g * dh - xr * (r1 * zeta * inv_d)[:, None]
         if HAS_DRES:
             dx += tl.load(dres_ptr + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
         if HAS_LOW:
             tl.store(low_ptr + offs, dx.to(low_ptr.dtype.element_ty), mask=m)
-        tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
+        if not FACTORS:
+            tl.store(n_ptr + offs, (xr * g).to(n_ptr.dtype.element_ty), mask=m)
     if HAS_GAMMA:
         tl.store(dgamma_ptr + pid.to(tl.int64) * D + cols, dg, mask=cmask)
 
@@ -301,24 +312,26 @@ def row_pass_jobs() -> list[tuple]:
     """``rms_backward_rows`` as the sm_90a check compiles it (``programs/sm90_check.py``):
     (label, kernel, argument types, constexprs, warps), bf16, d 2048, 4096 and 8192, with
     and without gamma and a downstream gradient; and over a float32 stream (x, dres, dx
-    float32, dx's bf16 copy written too)."""
+    float32, dx's bf16 copy written too); and ``rms_backward_factors`` as the drop-in's
+    final norm runs it (gamma, no downstream gradient), both streams."""
     bf, f32 = "*bf16", "*fp32"
     jobs = []
     for d in (2048, 4096, 8192):
         block_m, block_d, warps = rows_launch(d)
         for stream in (bf, f32):
             types = {"dh_ptr": bf, "x_ptr": stream, "dres_ptr": stream, "sumsq_ptr": f32, "gamma_ptr": bf,
-                     "dx_ptr": stream, "n_ptr": bf, "dgamma_ptr": f32, "low_ptr": bf, "M": "i32", "D": "i32",
-                     "inv_d": "fp32", "eps": "fp32", "rows_per_prog": "i32"}  # fmt: skip
-            for gamma in (True, False):
-                for dres in (True, False):
-                    low = stream == f32
-                    consts = {"BLOCK_M": block_m, "BLOCK_D": block_d, "HAS_GAMMA": gamma, "HAS_DRES": dres,
-                              "HAS_LOW": low}  # fmt: skip
-                    with_ = "".join(f" {k}" for k, on in (("gamma", gamma), ("dres", dres),
-                                                          ("float32 stream", low)) if on)  # fmt: skip
-                    label = f"rms_backward_rows d {d}{with_}, {warps} warps"
-                    jobs.append((label, _rms_backward_rows_kernel, types, consts, warps))
+                     "dx_ptr": stream, "n_ptr": bf, "dgamma_ptr": f32, "low_ptr": bf, "dr_ptr": f32,
+                     "M": "i32", "D": "i32", "inv_d": "fp32", "eps": "fp32",
+                     "rows_per_prog": "i32"}  # fmt: skip
+            low = stream == f32
+            for gamma, dres, factors in ((True, True, False), (True, False, False), (False, True, False),
+                                         (False, False, False), (True, False, True)):  # fmt: skip
+                consts = {"BLOCK_M": block_m, "BLOCK_D": block_d, "HAS_GAMMA": gamma, "HAS_DRES": dres,
+                          "HAS_LOW": low, "FACTORS": factors}  # fmt: skip
+                with_ = "".join(f" {k}" for k, on in (("gamma", gamma), ("dres", dres),
+                                                      ("float32 stream", low)) if on)  # fmt: skip
+                label = f"rms_backward_{'factors' if factors else 'rows'} d {d}{with_}, {warps} warps"
+                jobs.append((label, _rms_backward_rows_kernel, types, consts, warps))
     return jobs
 
 
@@ -338,6 +351,28 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None, low_out=No
     ``low_out`` (a [M, d] tensor of dh's dtype, may be ``dh``) receives dx rounded to it,
     for the GEMMs that take it.
     """
+    return _row_backward(dh, None, x, dres, sumsq, gamma, eps, dx_out, low_out)
+
+
+def rms_backward_factors(dh, dr, x, dres, sumsq, gamma, eps, *, dx_out=None, low_out=None):
+    """The RMSNorm backward where the norm's output n = h r was handed on as its two
+    factors, h = x gamma and r = rsqrt(sumsq / d + eps) (``residual_rmsnorm_factors``: the
+    LM head + loss scales its logits' rows by r, and n is never formed), from their
+    gradients dh ([M, d], h's dtype) and dr (fp32 [M]): one pass over the rows,
+
+        dx = gamma dh - x r^3 dr / d + dres,  dgamma partials of dh x (as rms_backward_rows'),
+
+    no zeta (dr carries it) and no n. Arguments and the float32 stream as
+    ``rms_backward_rows``'; returns (dx, dgamma partials)."""
+    if dr.shape != (x.shape[0],) or dr.dtype != torch.float32:
+        raise ValueError(f"dr must be float32 [{x.shape[0]}], got {dr.dtype} {tuple(dr.shape)}")
+    dx, _, dgamma = _row_backward(dh, dr.contiguous(), x, dres, sumsq, gamma, eps, dx_out, low_out)
+    return dx, dgamma
+
+
+def _row_backward(dh, dr, x, dres, sumsq, gamma, eps, dx_out, low_out):
+    """``rms_backward_rows`` (dr None) or ``rms_backward_factors``: (dx, n or None, dgamma
+    partials)."""
     M, D = x.shape
     dx = _check_rows(x, dx_out, **({} if dres is None else {"dres": dres}))
     if dh.shape != x.shape or not dh.is_contiguous():
@@ -351,7 +386,8 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None, low_out=No
         raise ValueError("sumsq must be [M] and gamma [d]")
     if D > MAX_ROW:
         raise ValueError(f"the rowwise RMSNorm backward holds whole rows: d = {D} > {MAX_ROW}; use two_pass")
-    n = torch.empty_like(dh)
+    factors = dr is not None
+    n = None if factors else torch.empty_like(dh)
     on_cpu = x.device.type == "cpu"
     block_m, block_d, warps = rows_launch(D)
     slots = 4 if on_cpu else 4 * device.num_sms(x.device.index or 0)
@@ -364,21 +400,25 @@ def rms_backward_rows(dh, x, dres, sumsq, gamma, eps, *, dx_out=None, low_out=No
     if torch_path(x, dh.dtype):
         r = _r(sumsq, D, eps)
         g, xf, dhf = (1.0 if gamma is None else gamma.float()), x.float(), dh.float()
-        zeta = (dhf * g * xf * r).sum(1, keepdim=True)
+        if factors:
+            part, out = dhf * xf, g * dhf - xf * (r**3 * dr[:, None] / D)
+        else:
+            zeta = (dhf * g * xf * r).sum(1, keepdim=True)
+            part, out = dhf * xf * r, r * (g * dhf - xf * r * zeta / D)
+            n.copy_(xf * r * g)
         if dgamma is not None:
             pad = programs * rows_per_prog - M
-            dgamma.copy_(torch.nn.functional.pad(dhf * xf * r, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
-        dx.copy_(r * (g * dhf - xf * r * zeta / D) + (0.0 if dres is None else dres.float()))
+            dgamma.copy_(torch.nn.functional.pad(part, (0, 0, 0, pad)).view(programs, -1, D).sum(1))
+        dx.copy_(out + (0.0 if dres is None else dres.float()))
         if low_out is not None:
             low_out.copy_(dx)
-        n.copy_(xf * r * g)
         return dx, n, dgamma
     with device.on_device(x.device):
         precompile.launch(_rms_backward_rows_kernel, (programs,),
-            dh, x, dx if dres is None else dres, sumsq, gamma, dx, n, dgamma,
-            dh if low_out is None else low_out, M, D, 1.0 / D, eps,
+            dh, x, dx if dres is None else dres, sumsq, gamma, dx, dh if factors else n, dgamma,
+            dh if low_out is None else low_out, sumsq if dr is None else dr, M, D, 1.0 / D, eps,
             rows_per_prog, BLOCK_M=block_m, BLOCK_D=block_d, HAS_GAMMA=gamma is not None,
-            HAS_DRES=dres is not None, HAS_LOW=low_out is not None,
+            HAS_DRES=dres is not None, HAS_LOW=low_out is not None, FACTORS=factors,
             num_warps=warps,
         )  # fmt: skip
     return dx, n, dgamma
