@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import ON_GPU
 from util import assert_within, check_compile_matches_eager, rand
 
@@ -595,3 +596,63 @@ def test_checks_remembered_only_for_what_they_read():
     for args, what in bad:
         with pytest.raises((TypeError, ValueError), match=what):
             check_args(*args)
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain_y", "swiglu_y"])
+@pytest.mark.parametrize("stream", ["same", "float32"])
+def test_final_norm_factors_into_the_loss(swiglu, stream, dtype, device):
+    """The final norm handed to the loss as its factors (``residual_rmsnorm_factors`` ->
+    ``linear_cross_entropy(h, W, t, row_scale=rstd)``, the drop-in's last layer): the
+    stream, the loss and every gradient (y's or its gate's and up's, w_o, the residual,
+    gamma, the head) within twice PyTorch's own error of K1 + RMSNorm + F.linear +
+    F.cross_entropy; the stream's own gradient from downstream too; a float32 stream over
+    the GEMMs' dtype (the cast mode); the logits GEMM is CE_LOGITS_SCALED's."""
+    from codetta.kernels.launch import recording
+    from codetta.ops import SwiGLU, linear_cross_entropy, residual_rmsnorm_factors
+
+    if stream == "float32" and dtype == torch.float32:
+        pytest.skip("a float32 stream over float32 GEMMs is the same stream")
+    M, K, d, V = (45, 48, 64, 130) if not ON_GPU else (1000, 2048, 2048, 32000)
+    f32 = torch.float32
+    sdt = f32 if stream == "float32" else dtype
+    gate, up = (rand(M, K, dtype=dtype, device=device) for _ in range(2))
+    y = rand(M, K, dtype=dtype, device=device)
+    w_o = rand(d, K, dtype=dtype, device=device, scale=K**-0.5)
+    res = rand(M, d, dtype=sdt, device=device, scale=4.0)
+    g = torch.rand(d, device=device) + 0.5
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    t[::7] = -100
+    dloss = torch.rand(M, device=device) + 0.5
+    dxs = rand(M, d, dtype=sdt, device=device, scale=0.1)  # (the stream's gradient from downstream)
+    leaves = [gate, up] if swiglu else [y]
+    leaves += [w_o, res, g, w]
+
+    def run(lo, ts):
+        ts = [v.detach().clone().requires_grad_() for v in ts]
+        *ys, w_o_, res_, g_, w_ = ts
+        if lo is None:  # codetta's
+            y_ = SwiGLU(torch.nn.functional.silu(ys[0]) * ys[1], *ys) if swiglu else ys[0]
+            x, h, r = residual_rmsnorm_factors(y_, w_o_, res_, g_, EPS)
+            loss = linear_cross_entropy(h, w_, t, row_scale=r, reduction="none")
+        else:
+            y_ = torch.nn.functional.silu(ys[0]) * ys[1] if swiglu else ys[0]
+            up64 = (lambda v: v) if lo == torch.float64 else (lambda v: v.to(res_.dtype))
+            x = res_ + up64(y_ @ w_o_.t())
+            xf = x if lo == torch.float64 else x.float()
+            n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g_.to(xf.dtype)).to(lo)
+            logits = n @ w_.t()
+            loss = F.cross_entropy(logits if lo == torch.float64 else logits.float(), t, reduction="none")
+            loss = loss.to(lo)
+        ((loss.double() * dloss.double()).sum() + (x.double() * dxs.double()).sum()).backward()
+        return [x.detach(), loss.detach()] + [v.grad for v in ts]
+
+    with recording(compute=True) as rec:
+        ours = run(None, leaves)
+    assert "ce_logits_scaled" in {c.program.name for c in rec}
+    ref = run(torch.float64, [v.double() for v in leaves])
+    same = run(dtype, leaves)
+    names = ["x", "loss"] + (["dgate", "dup"] if swiglu else ["dy"]) + ["dw_o", "dres", "dgamma", "dW"]
+    assert ours[0].dtype == sdt and ours[4 + swiglu].dtype == sdt  # the stream and its gradient
+    for name, a, b, c in zip(names, ours, ref, same):
+        assert_within(name, a, b, c)
