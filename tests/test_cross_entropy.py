@@ -216,8 +216,15 @@ def test_compile_fullgraph(device):
         return linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, label_smoothing=0.1, z_loss=1e-3,
                                     softcap=20.0, vocab_chunk=64)  # fmt: skip
 
+    r = (torch.rand(M, device=device) + 0.5).requires_grad_()
+
+    def k(x, w, t, r):  # a row scale (the final norm's rstd), in both modes
+        return linear_cross_entropy(x, w, t, row_scale=r, chunk_rows=rows) + linear_cross_entropy(
+            x, w, t, row_scale=r, vocab_chunk=64, label_smoothing=0.1
+        )
+
     backend = "inductor" if ON_GPU else "aot_eager"
-    for fn, args in ((f, (x, w, t)), (g, (x, w, t, b)), (h, (x, w, t, b))):
+    for fn, args in ((f, (x, w, t)), (g, (x, w, t, b)), (h, (x, w, t, b)), (k, (x, w, t, r))):
         eager = fn(*args)
         eager.backward()
         grads = [a.grad.clone() for a in args if a.requires_grad]

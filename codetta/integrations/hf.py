@@ -16,8 +16,10 @@ first layer's input norm has no GEMM before it: one row pass writes its statisti
 (``codetta.ops.rmsnorm_linear``); every layer's q and k come out of their GEMMs
 rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms or Qwen2's q/k/v
 biases, also in the epilogue) where the head dim has a RoPE program; training with labels, the
-final norm's output is formed by one pass after K1 and goes to the fused LM head +
-loss (``codetta.ops.linear_cross_entropy``); with tied embeddings (a plain
+final norm's output goes to the fused LM head + loss (``codetta.ops.linear_cross_entropy``)
+as its two factors, K1's h and the norm's rstd, which the logits GEMM's epilogue applies
+(``residual_rmsnorm_factors``; ``CODETTA_CE_NORM_FACTORS=0``: n formed by one pass after
+K1); with tied embeddings (a plain
 ``nn.Embedding``, no FSDP2) the lookup goes through ``codetta.ops.tied_embedding`` so
 the table's whole gradient is formed in one pass, and an untied one through
 ``codetta.ops.embedding`` (its gradient in one pass too). Activations other than
@@ -73,6 +75,7 @@ from ..kernels.settings import AUTOCAST_MODES, SETTINGS
 from ..ops.cross_entropy import linear_cross_entropy
 from ..ops.residual_rmsnorm import (
     residual_rmsnorm,
+    residual_rmsnorm_factors,
     residual_rmsnorm_linear,
     residual_rmsnorm_swiglu,
     rmsnorm_linear,
@@ -828,11 +831,17 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     mlp = layers[i].mlp
     h, y = mlp_half(i, h, qkv, rotated)
     if fused_loss:
-        # training with labels: the last residual add and the final norm (K1 and one pass
-        # forming n), then the LM head and the loss in one chunked operator (no logits)
+        # training with labels: the last residual add and the final norm, then the LM head
+        # and the loss in one chunked operator (no logits): K1's h and the norm's rstd
+        # handed on, rstd applied in the logits GEMM's epilogue (CODETTA_CE_NORM_FACTORS=0:
+        # one pass forming n after K1 instead)
         norm = base.norm
-        _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
-        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs, tied)
+        rstd = None
+        if SETTINGS.ce_norm_factors:
+            _, n, rstd = residual_rmsnorm_factors(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
+        else:
+            _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
+        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs, tied, row_scale=rstd)
         loss = spans.close(i + 1, spans.close(i, loss))
     elif self.lm_head.weight.shape[0] % _row_unit(self.lm_head.weight):
         # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and
@@ -888,17 +897,18 @@ def _silu(mlp) -> bool:
     )
 
 
-def _causal_lm_loss(n, head_weight, labels, kwargs: dict, tied=None):
+def _causal_lm_loss(n, head_weight, labels, kwargs: dict, tied=None, row_scale=None):
     """Hugging Face's causal-LM loss (``ForCausalLMLoss``: tokens < t predict t, or the
     given ``shift_labels``; ``ignore_index``, -100 by default; mean, or a sum over
-    ``num_items_in_batch``) through ``linear_cross_entropy``, in float32."""
+    ``num_items_in_batch``) through ``linear_cross_entropy``, in float32. ``row_scale``:
+    the final norm's rstd, ``n`` then its h (``residual_rmsnorm_factors``)."""
     ignore = kwargs.get("ignore_index", -100)
     shift = kwargs.get("shift_labels")
     if shift is None:
         shift = torch.nn.functional.pad(labels, (0, 1), value=ignore)[..., 1:]
     shift = shift.to(n.device)
     num_items_in_batch = kwargs.get("num_items_in_batch")
-    common = dict(ignore_index=ignore, loss_dtype=torch.float32, tied=tied)
+    common = dict(ignore_index=ignore, loss_dtype=torch.float32, tied=tied, row_scale=row_scale)
     if num_items_in_batch is None:
         return linear_cross_entropy(n, head_weight, shift, **common)
     total = linear_cross_entropy(n, head_weight, shift, reduction="sum", **common)

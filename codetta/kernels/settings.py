@@ -120,6 +120,9 @@ class Settings:
     ce_finish: bool = True
     # True: the loss's dX stays float32 until the backward's scale (ops/cross_entropy.py)
     ce_dx_f32: bool = False
+    # False: the drop-in's final norm forms its output n for the loss, instead of handing
+    # on h and rstd (ops/residual_rmsnorm.py: residual_rmsnorm_factors; integrations/hf.py)
+    ce_norm_factors: bool = True
     # under torch.autocast to another dtype than the parameters': "own-forward" or "cast"
     # (integrations/hf.py)
     autocast: str = "cast"
@@ -173,6 +176,7 @@ class Settings:
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
             ce_dx_f32=flag("CODETTA_CE_DX_F32", False),
+            ce_norm_factors=flag("CODETTA_CE_NORM_FACTORS", True),
             autocast=_choice("CODETTA_AUTOCAST", env.get("CODETTA_AUTOCAST", "cast"), AUTOCAST_MODES),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),
             direct_launch=flag("CODETTA_DIRECT_LAUNCH", True),
