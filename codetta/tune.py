@@ -13,8 +13,8 @@ boundaries of a Llama-family decoder: the attention output projection with the
 residual and the MLP's norm (next GEMMs: gate and up, [f, d] each), the MLP's
 down projection with the residual and the next layer's norm (next GEMMs: q, k, v),
 and, for the last layer, the LM head + loss operator over its chunks of rows
-(``codetta.ops.linear_cross_entropy``; the last down projection and final norm run
-in PyTorch there).
+(``codetta.ops.linear_cross_entropy`` with the final norm's rstd as its row scale; the
+last down projection and final norm run in PyTorch there).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from .kernels import configs
 from .kernels.launch import RecordedCall, recording
 from .kernels.program import Kind
-from .kernels.settings import override
+from .kernels.settings import SETTINGS, override
 from .kernels.tuning import CACHE_FORMAT, Chooser, policy_allows
 from .models import Widths
 from .ops.cross_entropy import linear_cross_entropy, rows_per_chunk
@@ -97,11 +97,15 @@ def _probe_loss(w: Widths, dtype: torch.dtype, chunks: int = 3) -> list[Recorded
     T, d = _PROBE_TOKENS, w.hidden
     if d in (_PROBE_TOKENS, _PROBE_VOCAB, 2 * _PROBE_TOKENS, 3 * _PROBE_TOKENS):
         raise ValueError(f"model {w.name}: its width {d} equals a probe dimension")
+    # (the final norm's rstd as the loss's row scale, as the drop-in passes it: its own
+    # logits program, CE_LOGITS_SCALED, unless CODETTA_CE_NORM_FACTORS=0)
+    scaled = SETTINGS.ce_norm_factors
     with override(force_reference=True), recording() as rec:
         n = torch.empty(chunks * T, d, dtype=dtype, requires_grad=True)
         head = torch.empty(_PROBE_VOCAB, d, dtype=dtype, requires_grad=True)
         target = torch.zeros(chunks * T, dtype=torch.long)
-        linear_cross_entropy(n, head, target, chunk_rows=T).backward()
+        row_scale = torch.ones(chunks * T, requires_grad=True) if scaled else None
+        linear_cross_entropy(n, head, target, chunk_rows=T, row_scale=row_scale).backward()
         return list(rec)
 
 

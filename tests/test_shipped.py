@@ -9,7 +9,7 @@ import triton
 from util import load_script
 
 from codetta import models, tune
-from codetta.kernels import configs, tuning
+from codetta.kernels import configs, settings, tuning
 from codetta.kernels.engines import PINGPONG, TRITON
 from codetta.programs import RMS_SCALE, STORE
 
@@ -155,8 +155,8 @@ def test_model_calls_cover_the_step():
     w = models.KNOWN["llama3-8b"]
     calls = tune.model_calls(w, (16384,))
     progs = {c.program.name for c in calls.values()}
-    assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits", "store_f32",
-                     "accumulate_f32", "finish_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128",
+    assert progs == {"residual_rms", "rms_scale", "store", "store_k2", "store_k3", "ce_logits_scaled",
+                     "store_f32", "accumulate_f32", "finish_f32", "swiglu_rms", "dswiglu_y", "rms_rope_128",
                      "residual_rms_f32"}  # fmt: skip
     shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in calls.values()}
     assert ("residual_rms", False, False, 16384, 4096, 4096) in shapes  # o_proj + residual
@@ -171,7 +171,13 @@ def test_model_calls_cover_the_step():
     }
     assert ("rms_rope_128", False, False, 16384, 1024, 4096) in shapes  # k (q: N 4096)
     assert ("rms_scale", False, False, 16384, 1024, 4096) in shapes  # v
-    assert ("ce_logits", False, False, 4096, 128256, 4096) in shapes  # LM head + loss, 4096-row chunks
+    # LM head + loss, 4096-row chunks, the final norm's rstd as the logits' row scale
+    assert ("ce_logits_scaled", False, False, 4096, 128256, 4096) in shapes
+    with settings.override(ce_norm_factors=False):  # (n formed: the plain logits program)
+        plain = tune.model_calls(w, (16384,))
+    assert ("ce_logits", False, False, 4096, 128256, 4096) in {
+        (c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in plain.values()
+    }
     assert ("store_f32", True, True, 128256, 4096, 4096) in shapes  # its dW, the first chunk
     assert ("accumulate_f32", True, True, 128256, 4096, 4096) in shapes  # the others, summed in place
     assert ("store_k2", False, True, 16384, 4096, 14336) in shapes  # dh = d(gate) W_gate + d(up) W_up
@@ -558,3 +564,31 @@ def test_tune_refuses_bad_widths_and_tokens(capsys):
                       (["--model", "llama3-1b", "--tokens", "0"], "--tokens must be >= 1")):  # fmt: skip
         assert main(["tune", *args, "--list"]) == 2
         assert why in capsys.readouterr().err
+
+
+def test_scaled_logits_take_the_plain_logits_picks(monkeypatch):
+    """``ce_logits_scaled`` (the LM head's logits with the final norm's rstd, not tuned
+    yet) takes ``ce_logits``'s shipped picks at its shapes, among its own candidates
+    (its ping-pong candidates leave out the whole-sub-tile epilogue that spills: the
+    8B head's e1 pick gives way to the nearest e2 one), not the shape rule."""
+    import types
+
+    from codetta.programs import CE_LOGITS, CE_LOGITS_SCALED
+
+    assert CE_LOGITS_SCALED.tuned_like is CE_LOGITS
+    data = json.loads((tuning.SHIPPED_DIR / f"{configs.gpu_slug(H200[0])}.json").read_text())
+    entries = {k: configs.config_from_dict(v) for k, v in data["entries"].items()}
+    chooser = tuning.Chooser()
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    cands = TRITON.candidates(CE_LOGITS_SCALED) + PINGPONG.candidates(CE_LOGITS_SCALED)
+    for M, N, K in ((4096, 131072, 2048), (4096, 131072, 4096), (4096, 262144, 4096)):
+        call = types.SimpleNamespace(program=CE_LOGITS_SCALED, dtype=torch.bfloat16, a_t=False, b_t=False,
+                                     M=M, N=N, k_total=K, device=torch.device("cpu"))  # fmt: skip
+        plain = types.SimpleNamespace(**{**vars(call), "program": CE_LOGITS})
+        own = entries[chooser.key(plain, True)]
+        with settings.override(prefer_pingpong=False):
+            got = chooser.untuned(call, True, cands)
+        assert got in cands and got.pingpong and got.epi_split >= 2
+        if own in cands:
+            assert got == own, (M, N, K)

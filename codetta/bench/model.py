@@ -94,6 +94,8 @@ SETTING_VARIANTS = {
     "no-tied-grad": {"tied_grad": False},
     "no-embed-grad": {"embed_grad": False},
     "no-ce-finish": {"ce_finish": False},
+    # the final norm's output n formed for the loss (instead of h and rstd handed on)
+    "no-norm-factors": {"ce_norm_factors": False},
     # the loss's dX kept in float32 to the backward's scale (one rounding; NOTES.md)
     "ce-dx-f32": {"ce_dx_f32": True},
     # the loss's logits chunks at 2 GiB (half as many passes over the float32 dW, 1 GiB more)

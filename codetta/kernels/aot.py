@@ -52,6 +52,14 @@ def _shipped_picks() -> frozenset:
                      for key, cfg in shipped_table(gpu, (9, 0), 132).items())  # fmt: skip
 
 
+def _runs_shipped(program, cfg) -> bool:
+    """Whether a shipped table's entry makes ``program`` run ``cfg``: its own, or, for a
+    program ``tuned_like`` another, that program's (its untuned keys take those picks)."""
+    picks = _shipped_picks()
+    like = program.tuned_like
+    return (program.name, cfg) in picks or (like is not None and (like.name, cfg) in picks)
+
+
 @dataclass
 class Report:
     name: str
@@ -199,7 +207,7 @@ def _check_one(i: int) -> tuple[str, list[str]]:
     program, cfg, dtype, a_t, b_t, tail_only = (*_JOBS[i], False)[:6]
     name = f"{program.name} {cfg.short()} {str(dtype)[6:]} {'t' if a_t else 'n'}{'t' if b_t else 'n'}"
     name += " (ping-pong tail)" if tail_only else ""
-    shipped = (program.name, cfg) in _shipped_picks()
+    shipped = _runs_shipped(program, cfg)
     # the SASS read (a serialized wgmma fails the check) for ping-pong kernels, shipped picks
     # and portable tails; not for the Triton mainloop's other candidates, for the check's
     # time (the paired programs' flattened loops serialize in both dtypes: NOTES.md)
@@ -244,12 +252,11 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     # fp16 (first layout): the shipped picks of both mainloops (fp16 calls take bf16 picks),
     # where fp16's packed converts made ptxas serialize the wgmma when bf16's did not
     # (ce_logits, residual_rms: run 216)
-    picks = _shipped_picks()
     jobs += [
         (program, cfg, torch.float16, *program.layouts[0])
         for program in programs
         for cfg in PINGPONG.candidates(program) + TRITON.candidates(program)
-        if (program.name, cfg) in picks
+        if _runs_shipped(program, cfg)
     ]
     # CODETTA_TAIL_LAUNCH: the portable kernels that run the ping-pong candidates' split
     # tails, and the K-part programs' tail-split candidates (their K split across the parts)

@@ -76,7 +76,11 @@ CE_LOGITS_SCALED = Program(
     outputs=(Tile("logits"), RowLogSumExp("lse")),
     reference=_scaled_reference,
     configs=CE_LOGITS.configs,
-    # the same tiles and mainloop with one product more an element: CE_LOGITS's picks
+    # the stored values and their products held at once: a whole 128x128 sub-tile spills
+    # 80 B on the ping-pong mainloop in bf16 (sm_90a check), halves and quarters do not
+    pingpong_configs=PINGPONG_STREAMING_CANDIDATES,
+    # the same tiles and mainloop with one product more an element: CE_LOGITS's picks (the
+    # nearest of them among these candidates)
     tuned_like=CE_LOGITS,
 )
 
