@@ -25,6 +25,7 @@ ROLES = {
     ("store_m3", "tt"): "q, k and v weight gradients in one GEMM (CODETTA_QKV_ONE_LAUNCH=1)",
     ("store", "tt"): "weight gradient dW = dY^T @ X",
     ("ce_logits", "nn"): "LM head: a chunk of logits and its rows' log-sum-exp",
+    ("ce_logits_scaled", "nn"): "LM head on the final norm's h, x 1/rms(x) per row; logits' log-sum-exp",
 }
 for _hd in (16, 32, 64, 128, 256):
     ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
