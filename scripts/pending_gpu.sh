@@ -5,6 +5,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 2    # Qwen2.5 tuning keys, then test_hf whole
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 3    # H200: the seeded programs re-tuned, then a step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 4    # H100: its table's most-used pending keys
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors: tests, keys, step A/B
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -50,8 +51,26 @@ case "${1:-}" in
     CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=520 \
       TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 4096 8192 32768" bash scripts/gpu_call.sh tune
     ;;
+  5)
+    # (either GPU) the final norm handed to the loss as h and rstd (row_scale, CE_LOGITS_SCALED,
+    # rms_backward_factors; built on the CPU in the twenty-sixth session): its GPU tests, its
+    # logits keys tuned at 16384 tokens into a copy of the shipped table (until then
+    # ce_logits' picks stand in), the logits GEMM against ce_logits and cuBLAS, and the 1B
+    # step with it against CODETTA_CE_NORM_FACTORS=0 (n formed)
+    TEST_TIMEOUT=200 bash scripts/gpu_call.sh \
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py -k 'row_scale or factors or compile_fullgraph or scaled_logits'"
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
+      bash scripts/gpu_call.sh tune
+    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+    RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
+    CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=90 bash scripts/gpu_call.sh \
+      "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits"
+    BENCH_TIMEOUT=200 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:no-norm-factors --rounds 2" \
+      bash scripts/gpu_call.sh bench:model
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5" >&2
     exit 2
     ;;
 esac
