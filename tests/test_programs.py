@@ -487,6 +487,7 @@ def _program_operands(name, M, N, device, K=64):
         },
         "row_lse": {"scale": 2.0},
         "ce_logits": {},
+        "ce_logits_scaled": {"scale": torch.rand(M, **f32) + 0.5},
         "ce_logits_ext": {
             "bias": rand(N, dtype=dtype, device=device),
             "softcap": 3.0,
