@@ -295,9 +295,37 @@ def test_row_scale_matches_float64(opts, reduction, dtype, device):
     _check_options(opts, reduction, dtype, device)
 
 
+def test_row_scale_float16_range(device):
+    """float16 with a row scale forms input * row_scale first: the unscaled products (the
+    logits times the rows' RMS, with the final norm's h and rstd) may pass float16's
+    65504 where the logits do not; the loss stays finite and within twice PyTorch's error.
+    The row-scaled logits program runs in bf16 (and float32), whose range holds them."""
+    from codetta.kernels.launch import recording
+
+    M, d, V = (64, 32, 96) if not ON_GPU else (1024, 2048, 32000)
+    h = rand(M, d, dtype=torch.float16, device=device, scale=1000.0)  # rows' RMS ~1000
+    w = rand(V, d, dtype=torch.float16, device=device, scale=d**-0.5 * 16)  # |logits| up to ~100
+    r = (h.float().pow(2).mean(-1) + 1e-6).rsqrt()
+    t = torch.randint(0, V, (M,), device=device)
+
+    def loss_of(h, w, r, how):
+        if how == "ours":
+            return linear_cross_entropy(h, w, t, row_scale=r)
+        up = torch.float64 if how == "f64" else torch.float32
+        n = (h.to(up) * r.to(up)[:, None]).to(h.dtype if how == "torch" else up)
+        return F.cross_entropy(F.linear(n, w.to(n.dtype)).to(up), t).to(h.dtype if how == "torch" else up)
+
+    with recording(compute=True) as rec:
+        ours = loss_of(h, w, r, "ours")
+    assert "ce_logits_scaled" not in {c.program.name for c in rec}
+    assert (h.float() @ w.float().t()).abs().max() > 65504  # (the unscaled products would overflow)
+    assert torch.isfinite(ours)
+    assert_within("loss", ours, loss_of(h.double(), w.double(), r.double(), "f64"), loss_of(h, w, r, "torch"))
+
+
 # (every option: the plain path's values are checked through the drop-in in test_hf)
 VOCAB_CHUNK_CASES = [(OPTIONS[-1][0], "none"), (OPTIONS[-1][0], "mean"),
-                     (ROW_SCALE_OPTIONS[3][0], "mean")]  # fmt: skip
+                     (ROW_SCALE_OPTIONS[3][0], "mean"), (ROW_SCALE_OPTIONS[3][0], "none")]  # fmt: skip
 
 
 @pytest.mark.parametrize("opts,reduction", VOCAB_CHUNK_CASES, ids=lambda o: str(o))
@@ -404,6 +432,11 @@ def test_return_lse_module_and_torch_semantics(device):
     loss2, lse2 = sliced(x, w, t, b)
     torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse2, lse, rtol=1e-5, atol=1e-5)
+    # a row scale through the module: the function's loss (3-D input, the scale [2, M / 2])
+    r = torch.rand(2, M // 2, device=device) + 0.5
+    plain = LinearCrossEntropyLoss(reduction="none")
+    want = linear_cross_entropy(x, w, t, reduction="none", row_scale=r)
+    torch.testing.assert_close(plain(x, w, t, row_scale=r), want, rtol=0, atol=0)
     if hasattr(F, "linear_cross_entropy") and not ON_GPU:
         cw = torch.rand(V, device=device) + 0.5
         for kw in (dict(), dict(linear_bias=b, weight=cw, label_smoothing=0.1)):

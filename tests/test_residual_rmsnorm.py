@@ -649,7 +649,8 @@ def test_final_norm_factors_into_the_loss(swiglu, stream, dtype, device):
 
     with recording(compute=True) as rec:
         ours = run(None, leaves)
-    assert "ce_logits_scaled" in {c.program.name for c in rec}
+    # (float16: the scaled rows formed first, linear_cross_entropy's range guard)
+    assert ("ce_logits" if dtype == torch.float16 else "ce_logits_scaled") in {c.program.name for c in rec}
     ref = run(torch.float64, [v.double() for v in leaves])
     same = run(dtype, leaves)
     names = ["x", "loss"] + (["dgate", "dup"] if swiglu else ["dy"]) + ["dw_o", "dres", "dgamma", "dW"]

@@ -149,15 +149,17 @@ def test_weight_grad_is_deterministic(device):
     assert torch.equal(alone, embedding_weight_grad(g, ids, None, V, torch.float16, sparse=True))
 
 
-def _tied_step(x, w, ids, t, dtype, tie):
-    """h = the lookup of ids; the loss over (x + h) through the head w: w's gradient has both
-    terms, formed through a TiedLink."""
+def _tied_step(x, w, ids, t, dtype, tie, r=None):
+    """h = the lookup of ids; the loss over (x + h) through the head w (its rows scaled by
+    ``r``, the final norm's rstd, where given): w's gradient has both terms, formed through
+    a TiedLink."""
     link = TiedLink()
     h = tied_embedding(ids, w, None, link)
-    return linear_cross_entropy((x + h).to(dtype), w, t, tied=link)
+    return linear_cross_entropy((x + h).to(dtype), w, t, tied=link, row_scale=r)
 
 
-def test_tied_loss_gradients_match(dtype, device, monkeypatch):
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "row_scale"])
+def test_tied_loss_gradients_match(scaled, dtype, device, monkeypatch):
     V, d, T = (100, 32, 48) if not ON_GPU else (32000, 2048, 4096)
     calls = []
     real = tied_mod.tied_weight_grad
@@ -167,15 +169,19 @@ def test_tied_loss_gradients_match(dtype, device, monkeypatch):
     ids = torch.randint(0, V, (T,), device=device)
     t = torch.randint(0, V, (T,), device=device)
     t[:5] = -100
+    r0 = torch.rand(T, device=device) + 0.5 if scaled else None
     grads = {}
     for name, dt, tie in (("ours", dtype, True), ("torch", dtype, False), ("f64", torch.float64, False)):
         x = x0.to(dt).clone().requires_grad_()
         w = w0.to(dt).clone().requires_grad_()
         if tie:
-            loss = _tied_step(x, w, ids, t, dt, tie)
+            loss = _tied_step(x, w, ids, t, dt, tie, r0)
         else:  # PyTorch itself: the float64 reference, and its own error in the same dtype
-            logits = torch.nn.functional.linear(x + torch.nn.functional.embedding(ids, w), w)
-            loss = torch.nn.functional.cross_entropy(logits, t)
+            rows = x + torch.nn.functional.embedding(ids, w)
+            if scaled:  # (PyTorch's own: the scaled rows rounded to the dtype)
+                up = torch.float64 if dt == torch.float64 else torch.float32
+                rows = (rows.to(up) * r0.to(up)[:, None]).to(dt)
+            loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(rows, w), t)
         (loss * 1.7).backward()  # an incoming gradient other than 1
         grads[name] = (w.grad, x.grad)
     assert calls == [1], "the tied pass did not run"

@@ -18,8 +18,8 @@ rotated (RoPE in the epilogue, after Qwen3's per-head q/k norms or Qwen2's q/k/v
 biases, also in the epilogue) where the head dim has a RoPE program; training with labels, the
 final norm's output goes to the fused LM head + loss (``codetta.ops.linear_cross_entropy``)
 as its two factors, K1's h and the norm's rstd, which the logits GEMM's epilogue applies
-(``residual_rmsnorm_factors``; ``CODETTA_CE_NORM_FACTORS=0``: n formed by one pass after
-K1); with tied embeddings (a plain
+(``residual_rmsnorm_factors``; in float16 or with ``CODETTA_CE_NORM_FACTORS=0``, n formed
+by one pass after K1); with tied embeddings (a plain
 ``nn.Embedding``, no FSDP2) the lookup goes through ``codetta.ops.tied_embedding`` so
 the table's whole gradient is formed in one pass, and an untied one through
 ``codetta.ops.embedding`` (its gradient in one pass too). Activations other than
@@ -833,15 +833,16 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     if fused_loss:
         # training with labels: the last residual add and the final norm, then the LM head
         # and the loss in one chunked operator (no logits): K1's h and the norm's rstd
-        # handed on, rstd applied in the logits GEMM's epilogue (CODETTA_CE_NORM_FACTORS=0:
-        # one pass forming n after K1 instead)
-        norm = base.norm
+        # handed on, rstd applied in the logits GEMM's epilogue (in float16, or with
+        # CODETTA_CE_NORM_FACTORS=0, one pass forming n after K1 instead: float16's range
+        # may not hold h's unscaled logits, linear_cross_entropy's row_scale)
+        norm, head = base.norm, _w(self.lm_head)
         rstd = None
-        if SETTINGS.ce_norm_factors:
+        if SETTINGS.ce_norm_factors and head.dtype != torch.float16:
             _, n, rstd = residual_rmsnorm_factors(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
         else:
             _, n = residual_rmsnorm(y, _w(mlp.down_proj), h, norm.weight, norm.variance_epsilon)
-        loss = _causal_lm_loss(n, _w(self.lm_head), labels, kwargs, tied, row_scale=rstd)
+        loss = _causal_lm_loss(n, head, labels, kwargs, tied, row_scale=rstd)
         loss = spans.close(i + 1, spans.close(i, loss))
     elif self.lm_head.weight.shape[0] % _row_unit(self.lm_head.weight):
         # an odd vocabulary: TMA cannot store its logits rows; the final norm here (K1 and

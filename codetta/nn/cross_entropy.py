@@ -8,8 +8,8 @@ from ..ops.cross_entropy import linear_cross_entropy
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
-    """``loss = LinearCrossEntropyLoss(...)(input, linear_weight, target, linear_bias=None)``:
-    the LM head and its cross-entropy without fp32 logits (options as
+    """``loss = LinearCrossEntropyLoss(...)(input, linear_weight, target, linear_bias=None,
+    row_scale=None)``: the LM head and its cross-entropy without fp32 logits (options as
     ``codetta.ops.linear_cross_entropy``; ``weight``: class weights, a buffer)."""
 
     def __init__(self, weight=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
@@ -20,9 +20,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss, self.softcap, self.return_lse = z_loss, softcap, return_lse
         self.vocab_chunk = vocab_chunk
 
-    def forward(self, input, linear_weight, target, linear_bias=None):
+    def forward(self, input, linear_weight, target, linear_bias=None, row_scale=None):
         return linear_cross_entropy(
-            input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
+            input, linear_weight, target, linear_bias=linear_bias, row_scale=row_scale, weight=self.weight,
             reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, return_lse=self.return_lse,
             vocab_chunk=self.vocab_chunk,

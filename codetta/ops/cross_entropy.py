@@ -46,6 +46,12 @@ stored one); class weights, label smoothing and z-loss
 only change each row's coefficients in the gradient pass (``programs/ce.py:
 ce_grad_``), which also forms the smoothing term's row sums. Still one logits GEMM
 per chunk plus the dX and dW GEMMs.
+
+A row scale (``row_scale=r``, the final RMSNorm's rstd with its h as the input): the
+logits GEMM's epilogue (``CE_LOGITS_SCALED``) stores a = round(x W^T) and takes the
+statistics of l = r a; the gradient pass forms l from a again, writes r g (so the dX
+and dW GEMMs on x give x's and W's gradients) and sums r's gradient, sum_n g a, in the
+same read (docs/design.md, "The final norm for free").
 """
 
 from __future__ import annotations
@@ -147,7 +153,9 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     dr = torch.empty(M, dtype=torch.float32, device=x.device) if want_grads and rs is not None else None
     bad, valid, wt, w_sum = target_rows(target, V, ignore_index, opts)
     scale = scales(valid, wt.sum(), reduction, grad) if want_grads else None
-    gained = gain(scale, opts, x.dtype) if want_grads and grad is None else None
+    gained = None
+    if want_grads and grad is None:  # (the gain sized to the gradient as stored: with a row scale, r g)
+        gained = gain(scale if opts.row_scale is None else scale * opts.row_scale, opts, x.dtype)
     if gained is not None:
         if finish:
             raise ValueError("float16's gradients at a gain are summed in float32: finish must be off")
@@ -506,9 +514,11 @@ def linear_cross_entropy(
     differentiable like the other inputs. For the final RMSNorm of a decoder:
     ``x, h, rstd = residual_rmsnorm_factors(...)`` and ``linear_cross_entropy(h, W, t,
     row_scale=rstd)``: the norm's output ``h * rstd`` is never formed (one pass over
-    [M, d] less in the forward, no n written in the backward). With ``linear_bias`` or
-    ``softcap`` the product ``input * row_scale`` is formed first instead (in input's dtype,
-    as PyTorch would: no program scales rows there).
+    [M, d] less in the forward, no n written in the backward). With ``linear_bias``,
+    ``softcap`` or a float16 input, ``input * row_scale`` is formed first instead (in
+    float32, rounded once into input's dtype): no program scales rows under a bias or a
+    cap, and float16's range may not hold the unscaled products (logits / row_scale:
+    with rstd, the logits times the rows' RMS).
     """
     check_tensor("input", input)
     check_tensor("linear_weight", linear_weight)
@@ -545,8 +555,10 @@ def linear_cross_entropy(
             )
         if not row_scale.is_floating_point():
             raise TypeError(f"row_scale must be a floating-point tensor, got {row_scale.dtype}")
-        if linear_bias is not None or softcap is not None:
-            # (no program scales the rows under a bias or a cap: the scaled input, as PyTorch)
+        if linear_bias is not None or softcap is not None or input.dtype == torch.float16:
+            # the scaled input formed first (rounded once into input's dtype): no program
+            # scales the rows under a bias or a cap, and in float16 the unscaled products
+            # input @ W^T (logits / row_scale) could overflow its range where the logits do not
             input = (input.float() * row_scale.float()[..., None]).to(input.dtype)
             row_scale = None
     check_layouts({"linear_weight": linear_weight})  # (input: made contiguous where it is not)

@@ -7,6 +7,8 @@ dgamma = colsum(dn x r), dW = dz^T n. The modes (``BACKWARDS``; the module docst
 dx_total and n are formed: a row pass after the plain dX GEMM ("rowwise", the default),
 the dX epilogue plus an elementwise pass ("two_pass"), or the dX epilogue alone after
 zeta from the saved z ("folded"); ``fold_gamma`` applies gamma to the next weight.
+``FACTORS`` (no next GEMM, the norm's output handed on as h = x gamma and r): from dh and
+dr, dx_total = gamma dh - x r^3 dr / d + dx, dgamma = colsum(dh x), one row pass, no n.
 """
 
 from __future__ import annotations

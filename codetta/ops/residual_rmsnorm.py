@@ -6,6 +6,10 @@
 Forward: K1 (o-proj GEMM; residual seeds the accumulator; stores x, h = x*gamma
 and the row sums of x^2) -> z = r * (h @ w^T), r = rsqrt(sumsq / d + eps)
 formed in the next GEMM's epilogue (RMS_SCALE). Neither n nor r is written.
+Without a next GEMM, ``residual_rmsnorm`` forms n in one pass after K1, and
+``residual_rmsnorm_factors`` returns h and r themselves (the mode ``FACTORS``: a
+consumer that scales rows, the loss's ``row_scale``; its backward takes dh and dr,
+``norm_backward.py``).
 
 Backward, given dx (gradient of the stream from downstream) and dz, with
 dn = dz @ w (the dX GEMM) and zeta = rowsum(dn * n):
