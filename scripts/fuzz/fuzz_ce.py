@@ -17,7 +17,10 @@ from fuzz_common import DTYPE, ON_GPU, compare, drawn_settings, grow, run_seeds,
 from codetta.ops import linear_cross_entropy
 
 
-def ref_loss(x, w, b, t, cw, reduction, ii, ls, zl, cap, logits_dtype):
+def ref_loss(x, w, b, t, cw, reduction, ii, ls, zl, cap, logits_dtype, r=None):
+    if r is not None:  # (the row scale: the scaled rows, rounded to x's dtype as PyTorch would)
+        up = torch.float64 if x.dtype == torch.float64 else torch.float32
+        x = (x.to(up) * r.to(up)[:, None]).to(x.dtype)
     logits = F.linear(x, w, b).to(logits_dtype)
     if logits_dtype != torch.float64:
         logits = logits.float()
@@ -76,6 +79,10 @@ def run_case(seed):
     if M > 2:
         t[rng.randrange(M)] = -100
     weights = (torch.rand(V) + 0.5) if cw else None
+    # a row scale (the final norm's rstd), drawn apart so that the other draws of a seed
+    # stay what they were before it existed
+    scaled = random.Random(seed + 11).random() < 0.3
+    r = torch.rand(M) + 0.5 if scaled else None
     desc = dict(
         M=M,
         d=d,
@@ -88,6 +95,7 @@ def run_case(seed):
         cap=cap,
         chunk=chunk,
         vchunk=vchunk,
+        row_scale=scaled,
     )
     kw = dict(
         linear_bias=None,
@@ -105,6 +113,9 @@ def run_case(seed):
     )
     if bias:
         kw["linear_bias"] = leaves[2]
+    if scaled:
+        leaves.append(r.clone().requires_grad_())
+        kw["row_scale"] = leaves[-1]
     with drawn_settings(
         seed, desc, ce_finish=[True, False], poison_outputs=[False, True], ce_dx_f32=[False, True]
     ):
@@ -118,7 +129,8 @@ def run_case(seed):
     def ref(dtype):
         ls_ = [leaf.detach().to(dtype).requires_grad_() for leaf in leaves]
         o = ref_loss(
-            ls_[0], ls_[1], ls_[2] if bias else None, t, weights, reduction, -100, ls, zl, cap, dtype
+            ls_[0], ls_[1], ls_[2] if bias else None, t, weights, reduction, -100, ls, zl, cap, dtype,
+            ls_[-1] if scaled else None,
         )
         if dtype != torch.float64:
             o = o.to(dtype)  # (the loss in input's dtype, as codetta's and torch's on fp16 logits)
@@ -127,7 +139,8 @@ def run_case(seed):
 
     o64, g64 = ref(torch.float64)
     o16, g16 = ref(dt)
-    return desc, compare(["loss", "dx", "dw", "db"], [out, *grads], [o64, *g64], [o16, *g16])
+    names = ["loss", "dx", "dw"] + ["db"] * bias + ["dr"] * scaled
+    return desc, compare(names, [out, *grads], [o64, *g64], [o16, *g16])
 
 
 if __name__ == "__main__":
