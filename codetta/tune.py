@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .kernels import configs
+from .kernels.engines import PINGPONG, TRITON
 from .kernels.launch import RecordedCall, recording
 from .kernels.program import Kind
 from .kernels.settings import SETTINGS, override
@@ -292,7 +293,7 @@ def main(args) -> int:
     print(f"{len(calls)} distinct tuning keys", file=sys.stderr)
     if args.list:
         if getattr(args, "gpu", None):
-            return _list_coverage(sorted(calls), args.gpu)
+            return _list_coverage(calls, args.gpu)
         for k in sorted(calls):
             print(k)
         return 0
@@ -324,9 +325,11 @@ def main(args) -> int:
     return _tune_all(args, calls, out)
 
 
-def _list_coverage(keys: list, gpu: str) -> int:
-    """``tune --list --gpu NAME``: each key with where its configuration comes from on that
-    GPU (the shipped tables only: a user's tuning cache comes first at run time)."""
+def _list_coverage(calls: dict, gpu: str) -> int:
+    """``tune --list --gpu NAME``: each key of ``calls`` ({key: RecordedCall}) with where its
+    configuration comes from on that GPU (the shipped tables only: a user's tuning cache
+    comes first at run time): its own table, another GPU's (lent), the same shape's entry
+    of the program it is ``tuned_like``, or neither."""
     from .kernels.tuning import shipped_gpus, shipped_table
 
     idents = shipped_gpus()
@@ -336,8 +339,17 @@ def _list_coverage(keys: list, gpu: str) -> int:
         return 2
     entries = shipped_table(gpu, tuple(idents[gpu]["capability"]), idents[gpu]["num_sms"])
     counts: dict = {}
-    for key in keys:
-        if key not in entries:
+    for key in sorted(calls):
+        like = calls[key].program.tuned_like
+        sibling = None
+        if like is not None:  # (the untuned key takes that program's pick at the same shape)
+            stand_in = replace(calls[key], program=like)
+            sibling = Chooser.key(stand_in, not key.endswith("|no-pingpong"))
+        if key not in entries and sibling in entries:
+            prog = calls[key].program
+            same = entries[sibling] in TRITON.candidates(prog) + PINGPONG.candidates(prog)
+            where = f"none, {like.name}'s {'pick' if same else 'nearest usable entry'} (tuned_like)"
+        elif key not in entries:
             where = "none (nearest entry or rule)"
         else:
             where = f"lent ({entries.borrowed[key]})" if key in entries.borrowed else "own"

@@ -538,7 +538,8 @@ def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):
 
 def test_tune_list_names_each_keys_source(capsys):
     """``tune --list --gpu NAME`` says, for each key, whether that GPU's own table has it,
-    another GPU's lends it, or neither; an unknown name lists the GPUs there are."""
+    another GPU's lends it, the program it is tuned like has a pick there, or neither; an
+    unknown name lists the GPUs there are."""
     from codetta.__main__ import main
 
     args = ["tune", "--model", "llama3-8b", "--tokens", "16384", "32768", "--list", "--gpu", H100[0]]
@@ -548,8 +549,11 @@ def test_tune_list_names_each_keys_source(capsys):
     own = json.loads((tuning.SHIPPED_DIR / f"{configs.gpu_slug(H100[0])}.json").read_text())["entries"]
     assert rows and all((w == "own") == (k in own) for k, w in rows.items())
     others = {w for k, w in rows.items() if k not in own}
-    assert others <= {"lent (NVIDIA H200)", "none (nearest entry or rule)"}
+    like = {"none, ce_logits's pick (tuned_like)", "none, ce_logits's nearest usable entry (tuned_like)"}
+    assert others <= {"lent (NVIDIA H200)", "none (nearest entry or rule)"} | like
     assert "own" in err and "lent (NVIDIA H200)" in err
+    # (the LM head's row-scaled logits, untuned: ce_logits's entries stand in)
+    assert {w for k, w in rows.items() if k.startswith("ce_logits_scaled@")} <= like
     assert main(["tune", "--model", "llama3-8b", "--list", "--gpu", "NVIDIA A1"]) == 2
     assert "NVIDIA H200" in capsys.readouterr().err
 
