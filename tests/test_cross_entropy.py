@@ -12,11 +12,13 @@ from codetta.kernels import settings
 from codetta.ops import linear_cross_entropy
 from codetta.ops.cross_entropy import rows_per_chunk
 
-# (M, d, V, rows per chunk)
+# (M, d, V, rows per chunk): issue 15's vocabularies, 1000, 50257 (odd), 32000, 128256 and
+# 262144 on the GPU; 1000 and two small ones on the CPU
 SHAPES = (
-    [(77, 64, 520, 32), (40, 32, 257, None)]  # V 520: 17 column tiles of 32, the last one partial
+    [(77, 64, 520, 32), (40, 32, 257, None), (24, 32, 1000, 16)]  # V 520: 17 tiles of 32, the last partial
     if not ON_GPU
-    else [(4000, 2048, 32000, 1024), (999, 4096, 128256, None), (1000, 2048, 50257, None)]
+    else [(4000, 2048, 32000, 1024), (999, 4096, 128256, None), (1000, 2048, 50257, None),
+          (2048, 1024, 1000, 512), (512, 2048, 262144, None)]  # fmt: skip
 )
 
 
@@ -130,7 +132,7 @@ def test_float16_gain_is_a_bounded_power_of_two():
 def test_large_logits_and_3d_input(dtype, device):
     """Logits of large magnitude (|logit| ~ 30) and a [B, T, d] input (the smaller CPU
     shape: magnitude, not shape, is the point here)."""
-    M, d, V, rows = SHAPES[-1] if not ON_GPU else SHAPES[0]
+    M, d, V, rows = SHAPES[1] if not ON_GPU else SHAPES[0]
     rows = rows or 16  # several chunks
     t = torch.randint(0, V, (M,), device=device)
     _check(M, d, V, rows, dtype, device, "mean", t, scale=30.0)
