@@ -58,7 +58,7 @@ case "${1:-}" in
     # ce_logits' picks stand in), the logits GEMM against ce_logits and cuBLAS, and the 1B
     # step with it against CODETTA_CE_NORM_FACTORS=0 (n formed)
     TEST_TIMEOUT=200 bash scripts/gpu_call.sh \
-      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py -k 'row_scale or factors or compile_fullgraph or scaled_logits'"
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64'"
     CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
       TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
       bash scripts/gpu_call.sh tune
