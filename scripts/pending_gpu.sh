@@ -6,6 +6,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 3    # H200: the seeded programs re-tuned, then a step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 4    # H100: its table's most-used pending keys
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors: tests, keys, step A/B
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 6    # H100: where its 1B step's time over the floor goes
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -69,8 +70,16 @@ case "${1:-}" in
     BENCH_TIMEOUT=200 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:no-norm-factors --rounds 2" \
       bash scripts/gpu_call.sh bench:model
     ;;
+  6)
+    # (an H100) its 1B step is 1.13x its floor where the H200's is 1.09x (runs 218, 214): the
+    # profile of codetta's and Liger's steps (kernels by name, the GPU's idle time, the
+    # GEMM calls against cuBLAS), to tell the bandwidth-bound passes' share (the H100 has
+    # 3.35 TB/s to the H200's 4.8) from the GEMMs' and the clock's
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 6 is for an H100" >&2; exit 2; }
+    PROF_TIMEOUT=420 bash scripts/gpu_call.sh "profstep:llama-3.2-1B:codetta,liger"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6" >&2
     exit 2
     ;;
 esac
