@@ -163,6 +163,7 @@ def test_ce_part_on_cpu():
     assert set(errs) == {"loss", "dx", "dw"}
     assert ce.same_bits(p)
     assert set(ce.check(p, ce.codetta_dx_f32, tol=1e-4)) == {"loss", "dx", "dw"}  # (the A/B variant)
+    assert set(ce.check(p, ce.codetta_row_scale, tol=1e-4)) == {"loss", "dx", "dw"}  # (the row-scaled one)
     assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
 
 

@@ -3,8 +3,10 @@ and forward+backward, at 8192 and 16384 tokens, d 2048 and 4096, V 128256 (and V
 262144 at 16384 x 4096 for memory), against the cuBLAS time of the same GEMMs (the
 logits; plus dX and dW), eager PyTorch (``F.cross_entropy(F.linear(x, w).float(), t)``),
 torch.compile of it and Liger's fused linear cross-entropy, and codetta's low-memory
-mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes) and ``codetta:dx-f32`` (dX kept
-in float32 to the backward's scale, ``CODETTA_CE_DX_F32``). Also each variant's peak
+mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes), ``codetta:dx-f32`` (dX kept
+in float32 to the backward's scale, ``CODETTA_CE_DX_F32``) and ``codetta:row-scale`` (the
+logits' rows scaled in the epilogue, ``row_scale=``, as the drop-in's final norm passes its
+rstd; a scale of ones here, so the values are the plain ones). Also each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
 """
 
@@ -47,6 +49,12 @@ def codetta_dx_f32(x, w, t):
     A/B of its cost: a float32 dX write and a cast pass; NOTES.md)."""
     with override(ce_dx_f32=True):
         return linear_cross_entropy(x, w, t)
+
+
+def codetta_row_scale(x, w, t):
+    """codetta with a row scale (ones: the same values as ``codetta``): the row-scaled logits
+    program and gradient pass the drop-in's final norm runs, timed against the plain ones."""
+    return linear_cross_entropy(x, w, t, row_scale=torch.ones(t.shape, device=t.device))
 
 
 def liger_fn():
@@ -113,11 +121,12 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
     p = problem(tokens, d, V)
     (x, w), t = p["leaves"], p["target"]
     variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta,
-                "codetta:low-memory": codetta_low_memory, "codetta:dx-f32": codetta_dx_f32}  # fmt: skip
+                "codetta:low-memory": codetta_low_memory, "codetta:dx-f32": codetta_dx_f32,
+                "codetta:row-scale": codetta_row_scale}  # fmt: skip
     liger = liger_fn()
     if liger is not None:
         variants["liger"] = liger
-    for name in ("codetta", "codetta:low-memory", "codetta:dx-f32"):
+    for name in ("codetta", "codetta:low-memory", "codetta:dx-f32", "codetta:row-scale"):
         fn = variants[name]
         errs = check(p, fn)
         print(f"  {case}: {name} vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "

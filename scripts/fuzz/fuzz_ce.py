@@ -129,7 +129,17 @@ def run_case(seed):
     def ref(dtype):
         ls_ = [leaf.detach().to(dtype).requires_grad_() for leaf in leaves]
         o = ref_loss(
-            ls_[0], ls_[1], ls_[2] if bias else None, t, weights, reduction, -100, ls, zl, cap, dtype,
+            ls_[0],
+            ls_[1],
+            ls_[2] if bias else None,
+            t,
+            weights,
+            reduction,
+            -100,
+            ls,
+            zl,
+            cap,
+            dtype,
             ls_[-1] if scaled else None,
         )
         if dtype != torch.float64:
