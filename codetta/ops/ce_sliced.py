@@ -100,8 +100,8 @@ def sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int
     for v0, v1 in slices(V, width):
         logits, _ = slice_logits(x, w, v0, v1, buf, opts, bias, want_lse=False)
         cw = None if opts.weight is None else opts.weight[v0:v1]
-        _, dr_v = ce_grad_(logits, lse, target - v0, scale if rs is None else scale * rs, weight=cw,
-                           smooth=opts.smoothing / V, softcap=opts.softcap, row_scale=rs, **coef)  # fmt: skip
+        _, dr_v = ce_grad_(logits, lse, target - v0, scale, weight=cw, smooth=opts.smoothing / V,
+                           softcap=opts.softcap, row_scale=rs, **coef)  # fmt: skip
         if dr_v is not None:
             dr += dr_v
         gemm(logits.t(), x.t(), out=dw[v0:v1])  # dW slice = dl^T x
@@ -112,4 +112,4 @@ def sliced_backward(grad, x, w, target, lse, ignore_index, reduction, width: int
         if db32 is not None:
             torch.sum(logits, 0, dtype=torch.float32, out=db32[v0:v1])
     db = db32.to(opts.bias.dtype) if db32 is not None else w.new_empty(0)
-    return dx32.to(x.dtype), dw, db, dr * scale if rs is not None else dr
+    return dx32.to(x.dtype), dw, db, dr

@@ -187,11 +187,11 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
         if want_grads:
             # (with a row scale r the stored gradient is r g: what dX = dl W and dW = dl^T x
             # need of x = h, the norm's output n = h r being never formed)
-            sums, dr_c = ce_grad_(logits, lse, tc, scale[sl] if rs is None else scale[sl] * rs[sl],
-                                  weight=opts.weight, smooth=smooth, softcap=opts.softcap, want_sum=bool(eps),
+            sums, dr_c = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
+                                  softcap=opts.softcap, want_sum=bool(eps),
                                   row_scale=None if rs is None else rs[sl], **coef)  # fmt: skip
             if dr is not None:
-                dr[sl] = dr_c * scale[sl]
+                dr[sl] = dr_c
             gemm(logits, w.t(), epilogue=STORE_F32 if dx_f32 else None, out=dx[sl])
             if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
                 if start == 0:

@@ -142,8 +142,10 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
         a = tl.load(a_ptr + row)
         b = tl.load(b_ptr + row)
     r = 1.0
+    row_scale = scale
     if ROWSCALE:  # stored: the unscaled a; the logits l = r a (CE_LOGITS_SCALED's product)
         r = tl.load(r_ptr + row)
+        row_scale = scale * r  # (what the written gradient carries: x's and W's GEMMs run on h)
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     dr = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, V, BLOCK):
@@ -170,11 +172,11 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
                 g = g * (1.0 - t * t)
             if ROWSCALE:  # d loss / d r = sum_n g a (the scale's gradient, before the row's scale)
                 dr += tl.where(mask, g * stored, 0.0)
-            tl.store(l_ptr + row * stride + cols, (g * scale).to(l_ptr.dtype.element_ty), mask=mask)
+            tl.store(l_ptr + row * stride + cols, (g * row_scale).to(l_ptr.dtype.element_ty), mask=mask)
     if SUM:
         tl.store(sum_ptr + row, tl.sum(total, axis=0))
     if ROWSCALE and WRITE:
-        tl.store(dr_ptr + row, tl.sum(dr, axis=0))
+        tl.store(dr_ptr + row, tl.sum(dr, axis=0) * scale)
 
 
 def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, scale: torch.Tensor):
@@ -195,9 +197,10 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
     (a = b = 1 and w = 1 when not given; a target outside [0, V) subtracts nothing).
     Returns (sums, dr): sum_n w[n] c[m, n] per row (fp32 [M]) with ``want_sum``, else None;
     ``write=False`` leaves the logits as they are. ``row_scale`` (fp32 [M], r): the stored
-    values are CE_LOGITS_SCALED's unscaled a and l = r a; dr (fp32 [M], with ``write``) is
-    then sum_n g[m, n] a[m, n], g the bracket above before ``scale`` (the loss's gradient
-    with respect to r, up to the row's scale), else None."""
+    values are CE_LOGITS_SCALED's unscaled a and l = r a; the written gradient is then also
+    times r[m] (so that dX and dW, GEMMs on the unscaled input, are its gradients), and dr
+    (fp32 [M], with ``write``) is scale[m] sum_n g[m, n] a[m, n], g the bracket above (the
+    loss's gradient with respect to r); else None."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
@@ -223,9 +226,11 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
                 g = g - smooth * w
             if softcap > 0:
                 g = g * (1 - (c / softcap) ** 2)
+            row = scale.float()
             if dr is not None:
-                dr.copy_((g * stored).sum(1))
-            logits.copy_(g * scale.float()[:, None])
+                dr.copy_((g * stored).sum(1) * row)
+                row = row * row_scale.float()
+            logits.copy_(g * row[:, None])
         return sums, dr
     coef = a is not None
     with device.on_device(logits.device):
