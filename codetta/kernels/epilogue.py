@@ -172,11 +172,13 @@ def row_sum_part(val, cols, N):
 
 @triton.jit
 def row_lse_part(val, cols, N):
-    """log sum exp of each row over the sub-tile's existing columns: [BM]."""
+    """Each row's max over the sub-tile's existing columns and sum exp(val - max): two
+    [BM] (a row with no finite value: -inf and 0). Kept as a pair, not as max + log(sum),
+    whose rounding at the max's magnitude the row's log-sum-exp would carry (reductions.py)."""
     x = tl.where((cols < N)[None, :], val, float("-inf"))
     m = tl.max(x, axis=1)
-    m = tl.where(m == float("-inf"), 0.0, m)  # padding rows: avoid inf - inf
-    return m + tl.log(tl.sum(tl.exp(x - m[:, None]), axis=1))
+    safe = tl.where(m == float("-inf"), 0.0, m)  # padding rows: avoid inf - inf
+    return m, tl.sum(tl.exp(x - safe[:, None]), axis=1)
 
 
 @triton.jit
@@ -199,6 +201,15 @@ def store_row_partial(ws, part, rows, M, j, T):
 
 
 @triton.jit
+def store_row_pair(ws, first, second, rows, M, j, T):
+    """Two [BM] partials as columns j and T + j of a row-major fp32 [M, 2T] workspace."""
+    mask = (rows < M) & (j < T)
+    base = ws + rows.to(tl.int64) * (2 * T) + j
+    tl.store(base, first, mask=mask)
+    tl.store(base + T, second, mask=mask)
+
+
+@triton.jit
 def store_col_partial(ws, part, cols, N, i):
     """part [BNs] as row i of a row-major fp32 [cdiv(M, BM), N] workspace."""
     tl.store(ws + i.to(tl.int64) * N + cols, part, mask=cols < N)
@@ -207,13 +218,14 @@ def store_col_partial(ws, part, cols, N, i):
 @triton.jit
 def store_reductions(res, ops, OUT_KINDS: tl.constexpr, rows, cols, M, N, j, T, i):
     """Every reduction output of the sub-tile into its workspace: row partials as column
-    j of [M, T], column partials as row i of [cdiv(M, BM), N]. Tile outputs are the
-    engine's."""
+    j of [M, T] (a log-sum-exp's (max, sum) pair as columns j and T + j of [M, 2T]),
+    column partials as row i of [cdiv(M, BM), N]. Tile outputs are the engine's."""
     for o in tl.static_range(len(OUT_KINDS)):
         if OUT_KINDS[o][0] == K_ROW_SUM:
             store_row_partial(ops[OUT_KINDS[o][1]], row_sum_part(res[o], cols, N), rows, M, j, T)
         elif OUT_KINDS[o][0] == K_ROW_LSE:
-            store_row_partial(ops[OUT_KINDS[o][1]], row_lse_part(res[o], cols, N), rows, M, j, T)
+            m, s = row_lse_part(res[o], cols, N)
+            store_row_pair(ops[OUT_KINDS[o][1]], m, s, rows, M, j, T)
         elif OUT_KINDS[o][0] == K_ROW_PICK:
             idx = load_per_row_index(ops[OUT_KINDS[o][2]], rows, M)
             store_row_partial(ops[OUT_KINDS[o][1]], row_pick_part(res[o], cols, idx), rows, M, j, T)

@@ -143,7 +143,7 @@ class _Bound:
             kernel_outs = [w if w is not None else o for o, w in zip(outs, ws)]
             self.launch = engine_of(cfg).bind(call, cfg, kernel_outs, kernel)
             self.finishers = tuple(
-                None if w is None else reductions.bind_finish(op.kind, w, f)
+                None if w is None else reductions.bind_finish(op.kind, w, f, op.split)
                 for op, w, f in zip(prog.outputs, ws, finishers)
             )  # fmt: skip
             if self.launch is None or any(w is not None and f is None for w, f in zip(ws, self.finishers)):
@@ -295,7 +295,12 @@ def _reference(call: GemmCall, outs: list) -> None:
             raise KeyError(
                 f"program {prog.name!r}: its reference returned no {op.name!r} (it returned {sorted(got)})"
             )
-        out.copy_(got[op.name])
+        value = got[op.name]
+        if op.kind is Kind.ROW_LSE and op.split and value.dim() == 1:
+            # [M] in any dtype (a float64 sum keeps what float32 rounds off) -> (hi, lo)
+            hi = value.float()
+            value = torch.stack([hi, (value.double() - hi.double()).float()])
+        out.copy_(value)
 
 
 def _uses_reference(call: GemmCall) -> bool:

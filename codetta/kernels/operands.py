@@ -228,6 +228,8 @@ def output_shape(op, M: int, N: int, dtype: torch.dtype, dims: tuple | None = No
         return ((M, N) if dims is None else tuple(dims)), op.dtype or dtype
     if op.kind is Kind.HALF_TILE:
         return (M, N // 2), op.dtype or dtype
+    if op.kind is Kind.ROW_LSE and op.split:
+        return (2, M), torch.float32
     return ((N,) if op.kind is Kind.COL_SUM else (M,)), torch.float32
 
 

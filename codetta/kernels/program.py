@@ -52,6 +52,7 @@ Outputs (what the body returns -> what the caller gets):
   ``HalfTile``   fp32 [BM, BNs/2] -> [M, N/2] (paired-column results: SwiGLU)
   ``RowSum``     fp32 [BM, BNs] -> fp32 [M], the sum over all N columns
   ``RowLogSumExp``  fp32 [BM, BNs] -> fp32 [M], log sum exp over all N columns
+                 (``split=True``: fp32 [2, M], the sum rounded and its remainder)
   ``RowPick(index=...)``  fp32 [BM, BNs] -> fp32 [M], the value in column
                  index[m] (0 where index[m] is outside [0, N): e.g. ignore_index)
   ``ColSum``     fp32 [BM, BNs] -> fp32 [N], the sum over all M rows
@@ -129,6 +130,7 @@ class Operand:
     kind: Kind
     dtype: Any = None
     index: str | None = None
+    split: bool = False  # a RowLogSumExp finished as (hi, lo) rows: fp32 [2, M]
 
     @property
     def is_tile(self) -> bool:
@@ -239,9 +241,16 @@ def RowSum(name: str) -> Operand:  # noqa: N802
     return Operand(name, Kind.ROW_SUM)
 
 
-def RowLogSumExp(name: str) -> Operand:  # noqa: N802
-    """fp32 [M]: log sum exp of the body's value over all N columns of each row."""
-    return Operand(name, Kind.ROW_LSE)
+def RowLogSumExp(name: str, *, split: bool = False) -> Operand:  # noqa: N802
+    """fp32 [M]: log sum exp of the body's value over all N columns of each row.
+
+    ``split=True``: fp32 [2, M], row 0 the log-sum-exp rounded to fp32 (hi), row 1 what
+    that rounding left out (lo): hi + lo is the row's max + log sum exp(v - max) exactly,
+    so its error is that of the small log term, not half an ulp of hi. A consumer forms
+    exp(v - lse) as exp((v - hi) - lo), where v - hi is exact for the row's large values:
+    the error of PyTorch's (v - max) - log(sum). (At |lse| ~ 64 one fp32 ulp is 7.6e-6,
+    which every probability formed from hi alone would carry.)"""
+    return Operand(name, Kind.ROW_LSE, split=split)
 
 
 def RowPick(name: str, *, index: str) -> Operand:  # noqa: N802
@@ -261,7 +270,8 @@ class Program:
     ``reference(acc, **inputs) -> {output name: tensor}`` is the same math in
     PyTorch on the fp32 product ``acc`` [M, N] (seed added): the CPU path and
     the documentation of what the program computes; reductions come finished
-    ([M] or [N]). ``check(M, N)`` raises ValueError for shapes the program
+    ([M] or [N]; a split RowLogSumExp as [M] in any dtype, float64 for its lo part, or
+    as its [2, M] pair). ``check(M, N)`` raises ValueError for shapes the program
     cannot serve. ``configs`` overrides the Triton mainloop's candidate
     configurations (default: by the number of tile operands). ``layouts``: the
     (A transposed, B transposed) layouts the program is used with, for the

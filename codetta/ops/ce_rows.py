@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..kernels.reductions import two_sum
 from ..programs.ce import cap, pick_stored
 
 
@@ -105,10 +106,11 @@ def logits_bias(x, V: int, opts: CEOptions):
 
 
 def coefs(lse, wc, opts: CEOptions, V: int, w_sum) -> dict:
-    """The gradient pass's per-row coefficients a, b (none: a = b = 1)."""
+    """The gradient pass's per-row coefficients a, b (none: a = b = 1); lse: the rows'
+    [2, M] (hi, lo) log-sum-exps."""
     eps = opts.smoothing
     if eps or opts.z_loss:
-        a = (1 - eps) * wc + eps / V * w_sum + 2 * opts.z_loss * lse
+        a = (1 - eps) * wc + eps / V * w_sum + 2 * opts.z_loss * lse[0]
         return dict(a=a, b=(1 - eps) * wc)
     if opts.weight is not None:
         return dict(a=wc, b=wc)
@@ -116,15 +118,30 @@ def coefs(lse, wc, opts: CEOptions, V: int, w_sum) -> dict:
 
 
 def row_loss(lse, picked, wc, sums, opts: CEOptions, V: int, w_sum):
-    """Each row's loss from its log-sum-exp, its target's (capped) logit and, with label
-    smoothing, sum_n w[n] c[m, n] (the chunked pass's docstring, ``cross_entropy.py``)."""
+    """Each row's loss from its log-sum-exp (fp32 [2, M], hi + lo), its target's (capped)
+    logit and, with label smoothing, sum_n w[n] c[m, n] (the chunked pass's docstring,
+    ``cross_entropy.py``). lse - c[t] is formed as (hi - c[t]) + lo: exact where c[t] is
+    near hi, as PyTorch's (c[t] - max) - log(sum)."""
+    hi, lo = lse[0], lse[1]
     eps = opts.smoothing
-    loss = (1 - eps) * wc * (lse - picked)
+    loss = (1 - eps) * wc * ((hi - picked) + lo)
     if opts.z_loss:
-        loss = loss + opts.z_loss * lse * lse
+        loss = loss + opts.z_loss * hi * hi
     if eps:
-        loss = loss + eps / V * (lse * w_sum - sums)
+        loss = loss + eps / V * ((hi * w_sum - sums) + lo * w_sum)
     return loss
+
+
+def combine_lse(parts: list) -> torch.Tensor:
+    """The log-sum-exp over several column slices of the same rows from each slice's
+    [2, M] (hi, lo) pair, as one [2, M] pair (``ce_sliced``): max + log sum exp(lse_s -
+    max), each slice's hi - max exact where it matters, lo added after."""
+    if len(parts) == 1:
+        return parts[0]
+    hi, lo = torch.stack(parts).unbind(1)  # [S, M] each
+    top = hi.max(0).values
+    top = torch.where(top.isfinite(), top, 0.0)
+    return torch.stack(two_sum(top, torch.log(torch.exp((hi - top) + lo).sum(0))))
 
 
 def checks_on_host(device: torch.device) -> bool:  # (a test switches the GPU behaviour on for CPU tensors)

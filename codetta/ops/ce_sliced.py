@@ -9,7 +9,7 @@ import torch
 from ..kernels.launch import gemm
 from ..programs.basic import ACCUMULATE_F32, STORE_F32
 from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, CE_LOGITS_SCALED, ce_grad_
-from .ce_rows import CEOptions, coefs, logits_bias, row_loss, scaled_pick, scales, target_rows
+from .ce_rows import CEOptions, coefs, combine_lse, logits_bias, row_loss, scaled_pick, scales, target_rows
 
 
 def slices(V: int, width: int) -> list:
@@ -48,7 +48,7 @@ def slice_setup(x, w, width: int, opts: CEOptions):
 
 def sliced_forward(x, w, target, ignore_index, width: int, opts: CEOptions):
     """Low-memory forward (``vocab_chunk``): each row's loss (fp32, 0 where ignored, NaN
-    where the target is bad) and log-sum-exp, over vocabulary slices of ``width``
+    where the target is bad) and log-sum-exp (fp32 [2, M], hi + lo), over vocabulary slices of ``width``
     classes: per slice one logits GEMM into a [M, width] buffer with its rows'
     log-sum-exp, the target's logit picked where it falls in the slice, and the
     smoothing term's sums; the slices' log-sum-exps combined at the end."""
@@ -64,9 +64,9 @@ def sliced_forward(x, w, target, ignore_index, width: int, opts: CEOptions):
         picked += scaled_pick(logits, target - v0, opts)  # (0 outside the slice)
         if sums is not None:
             cw = None if opts.weight is None else opts.weight[v0:v1]
-            sums += ce_grad_(logits, lse, target, lse, weight=cw, softcap=opts.softcap, write=False,
+            sums += ce_grad_(logits, lse, target, lse[0], weight=cw, softcap=opts.softcap, write=False,
                              want_sum=True, row_scale=opts.row_scale)[0]  # fmt: skip
-    lse = parts[0] if len(parts) == 1 else torch.logsumexp(torch.stack(parts), 0)
+    lse = combine_lse(parts)
     losses = torch.where(valid, row_loss(lse, picked, wt, sums, opts, V, w_sum), 0.0)
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)

@@ -116,7 +116,7 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
           finish=True, dx_f32=False):  # fmt: skip
-    """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [M]) and, with ``want_grads``,
+    """Loss rows (fp32 [M]), each row's log-sum-exp (fp32 [2, M]: hi, lo) and, with ``want_grads``,
     dX (input dtype), dW and dbias (fp32), the gain they were formed at (``ce_rows.
     gain``: float16's mean and sum, a 0-dim float32 power of 2 the backward divides out;
     else None) and, with ``opts.row_scale``, its gradient (fp32 [M], at that gain; else
@@ -132,7 +132,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     + eps/V sum(w) + 2 z_loss lse, b = (1 - eps) w[t]."""
     M, V = x.shape[0], w.shape[0]
     losses = torch.empty(M, dtype=torch.float32, device=x.device)
-    lse_all = torch.empty(M, dtype=torch.float32, device=x.device)
+    lse_all = torch.empty(2, M, dtype=torch.float32, device=x.device)  # (hi, lo): RowLogSumExp(split=True)
     dx = (
         torch.empty(x.shape, dtype=torch.float32 if dx_f32 else x.dtype, device=x.device)
         if want_grads
@@ -181,7 +181,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             lse = gemm(xc, w, epilogue=CE_LOGITS_EXT, bias=bias, softcap=opts.softcap, out=(logits, None)).lse
         picked = scaled_pick(logits, tc, opts, sl)
         wc = wt[sl]
-        lse_all[sl] = lse
+        lse_all[:, sl] = lse
         coef = coefs(lse, wc, opts, V, w_sum)
         sums = None
         if want_grads:
@@ -205,7 +205,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             if db32 is not None:
                 db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
         elif eps:
-            sums, _ = ce_grad_(logits, lse, tc, lse, weight=opts.weight, softcap=opts.softcap, write=False,
+            sums, _ = ce_grad_(logits, lse, tc, lse[0], weight=opts.weight, softcap=opts.softcap, write=False,
                                want_sum=True, row_scale=None if rs is None else rs[sl])  # fmt: skip
         losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
     if bad is not None:
@@ -250,9 +250,12 @@ def _forward_impl(
     if reduction == "none":
         loss = losses
     else:
-        loss = losses.sum()
+        # (summed in float64, as PyTorch's CPU loss does: a float32 sum of rows of loss ~60
+        # rounds at the total's ulp, several times PyTorch's error at 48 rows, NOTES.md)
+        loss = losses.sum(dtype=torch.float64)
         if reduction == "mean":  # 0/0 = nan when every row is ignored, as torch
-            loss = loss / row_weights(target, target != ignore_index, opts).sum()
+            loss = loss / row_weights(target, target != ignore_index, opts).sum(dtype=torch.float64)
+        loss = loss.float()
     # dW in the weight's dtype (the backward scales it in place where its incoming gradient
     # is not 1), or float32 for a tied embedding's one pass (_finishes)
     dw = dw32 if grads else w.new_empty(0)
@@ -279,7 +282,7 @@ def _(x, w, target, bias, row_scale, class_weight, ignore_index, reduction, smoo
     gained = x.new_empty(() if grads and x.dtype == torch.float16 else (0,), dtype=f32)
     dx = x.new_empty(x.shape, dtype=f32) if grads and dx_f32 else x.new_empty(x.shape if grads else (0,))
     dr = x.new_empty((x.shape[0],) if grads and row_scale is not None else (0,), dtype=f32)
-    return (loss, x.new_empty(x.shape[0], dtype=f32), dx,
+    return (loss, x.new_empty((2, x.shape[0]), dtype=f32), dx,
             w.new_empty(w.shape if grads else (0,), dtype=dw_dtype), db, gained, dr)  # fmt: skip
 
 
@@ -614,4 +617,4 @@ def linear_cross_entropy(
             _TIED.reset(token)
     loss = loss.to(loss_dtype or input.dtype)
     loss = loss.reshape(target.shape) if reduction == "none" else loss
-    return (loss, lse.reshape(target.shape)) if return_lse else loss
+    return (loss, lse[0].reshape(target.shape)) if return_lse else loss

@@ -21,9 +21,10 @@ from .norm_rows import torch_path, traced
 
 @triton.jit
 def ce_logits(acc, elem):
-    """l = acc rounded to the GEMM's dtype (stored); lse[m] = log sum_n exp(l). The
-    statistics are those of the stored logits, so the gradient pass's exp(l - lse) sums
-    to one over the row (as PyTorch's own chain on logits in that dtype). The target
+    """l = acc rounded to the GEMM's dtype (stored); lse[m] = log sum_n exp(l), split as
+    (hi, lo) (``RowLogSumExp(split=True)``). The statistics are those of the stored
+    logits, so the gradient pass's exp((l - hi) - lo) sums to one over the row (as
+    PyTorch's own chain on logits in that dtype). The target
     logit is read back from the stored chunk (``pick_stored``): the same rounded value,
     without a RowPick here (with one, the GEMM took twice as long, run 47, NOTES.md).
     (``P.rounded``: in fp16 ptxas serialized this GEMM's wgmma without its guard, run 216.)"""
@@ -43,14 +44,14 @@ CE_LOGITS = Program(
     "ce_logits",
     ce_logits,
     inputs=(DType("elem"),),
-    outputs=(Tile("logits"), RowLogSumExp("lse")),
+    outputs=(Tile("logits"), RowLogSumExp("lse", split=True)),
     reference=lambda acc, elem: _lse_reference(acc.to(elem).to(acc.dtype)),
     configs=tuple(BACKWARD_CANDIDATES) + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2),
 )
 
 
 def _lse_reference(logit):
-    return {"logits": logit, "lse": logit.logsumexp(1)}
+    return {"logits": logit, "lse": logit.double().logsumexp(1)}  # (split by the launcher)
 
 
 @triton.jit
@@ -66,14 +67,14 @@ def ce_logits_scaled(acc, scale, elem):
 
 def _scaled_reference(acc, scale, elem):
     raw = acc.to(elem).to(acc.dtype)
-    return {"logits": raw, "lse": (raw * scale.to(acc.dtype)[:, None]).logsumexp(1)}
+    return {"logits": raw, "lse": (raw * scale.to(acc.dtype)[:, None]).double().logsumexp(1)}
 
 
 CE_LOGITS_SCALED = Program(
     "ce_logits_scaled",
     ce_logits_scaled,
     inputs=(PerRow("scale"), DType("elem")),
-    outputs=(Tile("logits"), RowLogSumExp("lse")),
+    outputs=(Tile("logits"), RowLogSumExp("lse", split=True)),
     reference=_scaled_reference,
     configs=CE_LOGITS.configs,
     # the stored values and their products held at once: a whole 128x128 sub-tile spills
@@ -111,14 +112,14 @@ def cap(logit, softcap: float):
 
 def _ext_reference(acc, bias, softcap, elem):
     logit = (acc + bias.to(acc.dtype)).to(elem).to(acc.dtype)
-    return {"logits": logit, "lse": cap(logit, float(softcap)).logsumexp(1)}
+    return {"logits": logit, "lse": cap(logit, float(softcap)).double().logsumexp(1)}
 
 
 CE_LOGITS_EXT = Program(
     "ce_logits_ext",
     ce_logits_ext,
     inputs=(PerCol("bias"), Scalar("softcap"), DType("elem")),
-    outputs=(Tile("logits"), RowLogSumExp("lse")),
+    outputs=(Tile("logits"), RowLogSumExp("lse", split=True)),
     reference=_ext_reference,
     configs=CE_LOGITS.configs,
     # the logits and their capped values (tanh's temporaries) held at once: a whole
@@ -129,11 +130,12 @@ CE_LOGITS_EXT = Program(
 
 @triton.jit
 def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, r_ptr, dr_ptr, smooth,
-                    softcap, V, stride, HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr,
+                    softcap, V, stride, lse_stride, HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr,
                     SMOOTH: tl.constexpr, WRITE: tl.constexpr, SUM: tl.constexpr, ROWSCALE: tl.constexpr,
                     BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    lse = tl.load(lse_ptr + row)
+    lse = tl.load(lse_ptr + row)  # the row's log-sum-exp as hi + lo (RowLogSumExp(split=True))
+    lse_lo = tl.load(lse_ptr + lse_stride + row)
     scale = tl.load(s_ptr + row)
     target = tl.load(t_ptr + row).to(tl.int64)
     a = 1.0
@@ -164,7 +166,8 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
         if SUM:
             total += tl.where(mask, wc * c, 0.0)
         if WRITE:
-            g = a * tl.exp(c - lse) - b * tl.where(cols == target, 1.0, 0.0)
+            # (c - hi is exact where p is large: p carries lo's error, not one ulp of hi)
+            g = a * tl.exp((c - lse) - lse_lo) - b * tl.where(cols == target, 1.0, 0.0)
             if SMOOTH:
                 g -= smooth * wc
             if SOFTCAP:
@@ -179,18 +182,11 @@ def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, 
         tl.store(dr_ptr + row, tl.sum(dr, axis=0) * scale)
 
 
-def softmax_grad_(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, scale: torch.Tensor):
-    """In place: logits[m, n] <- (exp(logits[m, n] - lse[m]) - [n == target[m]]) * scale[m]
-    (a target outside [0, V) subtracts nothing; scale 0 zeroes an ignored row). fp32
-    math, one rounding to the logits' dtype."""
-    ce_grad_(logits, lse, target, scale)
-    return logits
-
-
 def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0, softcap=0.0,
              write=True, want_sum=False, row_scale=None):  # fmt: skip
     """The cross-entropy gradient over stored logits l, in place, in fp32 with one
-    rounding: with c = softcap * tanh(l / softcap) (softcap 0: c = l) and p = exp(c - lse),
+    rounding: with c = softcap * tanh(l / softcap) (softcap 0: c = l), lse the rows' fp32
+    [2, M] (hi, lo) log-sum-exps (the CE programs' split ``lse``) and p = exp((c - hi) - lo),
 
         l[m, n] <- (a[m] p - b[m] [n == target[m]] - smooth w[n]) * dc/dl * scale[m]
 
@@ -204,6 +200,8 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
+    if lse.shape != (2, M) or lse.stride(1) != 1:
+        raise ValueError(f"lse must be the rows' [2, M] (hi, lo) log-sum-exps, M = {M}, got {tuple(lse.shape)}")
     sums = torch.empty(M, dtype=torch.float32, device=logits.device) if want_sum else None
     scaled = write and row_scale is not None
     dr = torch.empty(M, dtype=torch.float32, device=logits.device) if scaled else None
@@ -216,7 +214,7 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
         if want_sum:
             sums.copy_((c * w).sum(1))
         if write:
-            g = torch.exp(c - lse.float()[:, None])
+            g = torch.exp((c - lse[0].float()[:, None]) - lse[1].float()[:, None])
             if a is not None:
                 g = g * a.float()[:, None]
             valid = (target >= 0) & (target < V)
@@ -238,7 +236,7 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
             logits, lse, target, scale, a if coef else scale, b if coef else scale,
             scale if weight is None else weight, scale if sums is None else sums,
             scale if row_scale is None else row_scale, scale if dr is None else dr, float(smooth),
-            float(softcap), V, logits.stride(0), HAS_COEF=coef, HAS_W=weight is not None,
+            float(softcap), V, logits.stride(0), lse.stride(0), HAS_COEF=coef, HAS_W=weight is not None,
             SOFTCAP=softcap > 0, SMOOTH=bool(smooth), WRITE=write, SUM=want_sum,
             ROWSCALE=row_scale is not None, BLOCK=1024, num_warps=4,
         )  # fmt: skip
