@@ -42,6 +42,7 @@ def _time(fns: dict) -> dict:
 def _finish_reps(parts, out, c) -> None:
     """REPS launches back to back (one alone would time the host's launch latency)."""
     M, T = parts.shape
+    T = T // 2 if c["LSE"] else T  # (a log-sum-exp's partials: (max, sum) pairs, [M, 2T])
     for _ in range(REPS):
         precompile.launch(reductions._rows_kernel, (triton.cdiv(M, c["BLOCK_M"]),), parts, out, M, T, **c)
 
@@ -50,13 +51,16 @@ def row_finish(tokens: int) -> None:
     print("== row finish of partials [M, T] (old: 64 x 32 block; new: reductions._rows_consts)")
     for M, T, lse in ((4096, 2004, True), (4096, 1002, True), (tokens, 64, False), (tokens, 128, False)):
         parts = torch.randn(M, T, device="cuda") * 3
+        if lse:  # each sub-tile's max, then its sum of exp(v - max), >= 1
+            parts = torch.cat([parts, parts.abs() * 20 + 1], 1)
         outs = {k: torch.empty(M, device="cuda") for k in ("old", "new")}
-        geo = {"old": {"LSE": lse, "BLOCK_M": 64, "BLOCK_T": 32}, "new": reductions._rows_consts(lse, T)}
+        old = {"LSE": lse, "SPLIT": False, "BLOCK_M": 64, "BLOCK_T": 32}
+        geo = {"old": old, "new": reductions._rows_consts(lse, T)}
 
         fns = {k: partial(_finish_reps, parts, outs[k], geo[k]) for k in geo}
         t = {k: ms / REPS for k, ms in _time(fns).items()}
         err = ((outs["old"] - outs["new"]).abs() / outs["old"].abs().clamp_min(1e-30)).max().item()
-        gbs = M * T * 4 / 1e6
+        gbs = parts.numel() * 4 / 1e6
         print(f"  [{M}, {T}] {'lse' if lse else 'sum'}: old {t['old'] * 1e3:7.1f} us "
               f"({gbs / t['old']:6.0f} GB/s), new {geo['new']} {t['new'] * 1e3:7.1f} us "
               f"({gbs / t['new']:6.0f} GB/s); max rel diff {err:.1e}")  # fmt: skip
@@ -65,7 +69,7 @@ def row_finish(tokens: int) -> None:
 def ce_grad(V: int = 128256, M: int = 4096) -> None:
     print(f"== ce grad over stored logits [{M}, {V}] bf16, in place (default BLOCK 1024, 4 warps)")
     logits = torch.randn(M, V, device="cuda", dtype=torch.bfloat16)
-    lse = torch.logsumexp(logits.float(), 1)
+    lse = torch.stack([torch.logsumexp(logits.float(), 1), torch.zeros(M, device="cuda")])  # (hi, lo)
     target = torch.randint(0, V, (M,), device="cuda")
     scale = torch.full((M,), 1.0 / M, device="cuda")
     fns = {}
@@ -76,9 +80,9 @@ def ce_grad(V: int = 128256, M: int = 4096) -> None:
 
             def fn(block=block, warps=warps):
                 precompile.launch(ce._ce_grad_kernel, (M,), logits, lse, target, scale, scale, scale, scale,
-                                  scale, scale, scale, 0.0, 0.0, V, logits.stride(0), HAS_COEF=False,
-                                  HAS_W=False, SOFTCAP=False, SMOOTH=False, WRITE=True, SUM=False,
-                                  ROWSCALE=False, BLOCK=block, num_warps=warps)  # fmt: skip
+                                  scale, scale, scale, 0.0, 0.0, V, logits.stride(0), lse.stride(0),
+                                  HAS_COEF=False, HAS_W=False, SOFTCAP=False, SMOOTH=False, WRITE=True,
+                                  SUM=False, ROWSCALE=False, BLOCK=block, num_warps=warps)  # fmt: skip
 
             fns[(block, warps)] = fn
     t = _time(fns)

@@ -139,6 +139,36 @@ def test_row_pick_and_lse(M, N, K, dtype, device):
     assert_within("lse", out.lse, acc64.logsumexp(1), acc_t.logsumexp(1))
 
 
+def _picked(acc, target):
+    return {"picked": PICK_LSE.reference(acc, target)["picked"]}
+
+
+SPLIT_LSE = codetta.Program(
+    "test_split_lse",
+    _pick_lse,
+    inputs=(codetta.PerRow("target", index=True),),
+    outputs=(codetta.RowLogSumExp("lse", split=True), codetta.RowPick("picked", index="target")),
+    reference=lambda acc, target: {"lse": acc.double().logsumexp(1), **_picked(acc, target)},
+)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=str)
+def test_split_row_lse(M, N, K, dtype, device):
+    """``RowLogSumExp(split=True)``: [2, M], row 0 the log-sum-exp rounded (what the [M]
+    form gives), row 1 the remainder (under half an ulp of row 0)."""
+    y, w = _inputs(M, N, K, dtype, device)
+    target = torch.randint(0, N, (M,), device=device)
+    out = codetta.gemm(y, w, epilogue=SPLIT_LSE, target=target)
+    plain = codetta.gemm(y, w, epilogue=PICK_LSE, target=target)
+    assert out.lse.shape == (2, M) and out.lse.dtype == torch.float32
+    hi, lo = out.lse.double()
+    acc64, acc_t = _acc(y, w)
+    assert_within("lse", hi + lo, acc64.logsumexp(1), acc_t.logsumexp(1))
+    assert ((hi + lo).float() == hi.float()).all()
+    ulp = 2.0**-23 * plain.lse.abs().max().item()
+    torch.testing.assert_close(out.lse[0], plain.lse, rtol=0, atol=ulp)  # (the same up to the finish's order)
+
+
 @triton.jit
 def _table_scale(acc, pos, cos):
     """out = acc * cos_table[pos[m], n % W]."""

@@ -1,5 +1,7 @@
 """Operators I: residual add + RMSNorm folded into GEMM epilogues, forward and backward."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -395,8 +397,21 @@ def test_row_finish(M, T, device):
     parts = torch.randn(M, T, device=device) * 3
     out = torch.full((M,), float("nan"), device=device)
     assert_within("sum", row_finish(parts, out), parts.double().sum(1), parts.sum(1))
+    # a log-sum-exp's partials: each sub-tile's (max, sum exp(v - max)) as [M, 2T]; rows
+    # around 1000 (one float32 ulp there is 6.1e-5)
+    m = torch.randn(M, T, device=device) * 3 + 1000
+    s = torch.rand(M, T, device=device) * 63 + 1
+    pairs = torch.cat([m, s], 1)
+    want = (m.double() + s.double().log()).logsumexp(1)
     out = torch.full((M,), float("nan"), device=device)
-    assert_within("lse", row_finish(parts, out, lse=True), parts.double().logsumexp(1), parts.logsumexp(1))
+    assert_within("lse", row_finish(pairs, out, lse=True), want, (m + s.log()).logsumexp(1))
+    split = torch.full((2, M), float("nan"), device=device)
+    hi, lo = row_finish(pairs, split, lse=True).double()
+    assert torch.equal(hi.float(), out)  # (row 0: the [M] form's value)
+    assert ((hi + lo).float() == hi.float()).all()  # lo: below half an ulp of hi
+    # hi + lo errs by the small log term's ulp (log of a sum up to 64 T: at most ~12), not hi's
+    bound = 4 * 2.0**-24 * max(1.0, math.log(64 * T))
+    assert (hi + lo - want).abs().max().item() <= bound
 
 
 @pytest.mark.parametrize("R,D", [(1, 1), (37, 17), (300, 40), (528, 100)])

@@ -62,9 +62,12 @@ def _rows_kernel(p_ptr, out_ptr, M, T, LSE: tl.constexpr, SPLIT: tl.constexpr, B
         else:
             acc += tl.sum(x, 1)
     if LSE:
-        # max + log(sum): the max is one of the row's values (exact), the log small
-        hi, lo = _two_sum(tl.where(run_max == float("-inf"), 0.0, run_max), tl.log(acc))
-        acc = hi
+        # max + log(sum): the max is one of the row's values (exact), the log small; a row
+        # of no finite value (padding, or all -inf) is -inf, as log(0)
+        some = acc > 0.0
+        hi, lo = _two_sum(tl.where(run_max == float("-inf"), 0.0, run_max), tl.log(tl.where(some, acc, 1.0)))
+        acc = tl.where(some, hi, float("-inf"))
+        lo = tl.where(some, lo, 0.0)
         if SPLIT:
             tl.store(out_ptr + M + rows, lo, mask=rmask)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
@@ -93,6 +96,16 @@ def _rows_consts(lse: bool, T: int, split: bool = False) -> dict:
     64 programs of 63 serial steps, 86.6 us; this block takes 15.5 us (NOTES.md, run 114)."""
     block_t = max(16, min(256, triton.next_power_of_2(max(T, 1))))
     return {"LSE": lse, "SPLIT": split, "BLOCK_M": 2048 // block_t, "BLOCK_T": block_t}
+
+
+def row_pass_jobs() -> list[tuple]:
+    """The row finish as the sm_90a check compiles it (``programs/sm90_check.py``): sums,
+    and log-sum-exps into [M] and [2, M], over the LM head's ~2000 sub-tiles."""
+    types = {"p_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "T": "i32"}
+    return [
+        (f"row finish {what}", _rows_kernel, types, _rows_consts(lse, 2004, split), 4)
+        for what, lse, split in (("sum", False, False), ("lse", True, False), ("lse split", True, True))
+    ]
 
 
 def _cols_consts(R: int) -> dict:

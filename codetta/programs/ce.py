@@ -130,9 +130,9 @@ CE_LOGITS_EXT = Program(
 
 @triton.jit
 def _ce_grad_kernel(l_ptr, lse_ptr, t_ptr, s_ptr, a_ptr, b_ptr, w_ptr, sum_ptr, r_ptr, dr_ptr, smooth,
-                    softcap, V, stride, lse_stride, HAS_COEF: tl.constexpr, HAS_W: tl.constexpr, SOFTCAP: tl.constexpr,
-                    SMOOTH: tl.constexpr, WRITE: tl.constexpr, SUM: tl.constexpr, ROWSCALE: tl.constexpr,
-                    BLOCK: tl.constexpr):  # fmt: skip
+                    softcap, V, stride, lse_stride, HAS_COEF: tl.constexpr, HAS_W: tl.constexpr,
+                    SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, WRITE: tl.constexpr, SUM: tl.constexpr,
+                    ROWSCALE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lse = tl.load(lse_ptr + row)  # the row's log-sum-exp as hi + lo (RowLogSumExp(split=True))
     lse_lo = tl.load(lse_ptr + lse_stride + row)
@@ -201,7 +201,7 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
     if lse.shape != (2, M) or lse.stride(1) != 1:
-        raise ValueError(f"lse must be the rows' [2, M] (hi, lo) log-sum-exps, M = {M}, got {tuple(lse.shape)}")
+        raise ValueError(f"lse must be the rows' [2, M] (hi, lo) log-sum-exps, M {M}, got {tuple(lse.shape)}")
     sums = torch.empty(M, dtype=torch.float32, device=logits.device) if want_sum else None
     scaled = write and row_scale is not None
     dr = torch.empty(M, dtype=torch.float32, device=logits.device) if scaled else None
@@ -241,6 +241,25 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
             ROWSCALE=row_scale is not None, BLOCK=1024, num_warps=4,
         )  # fmt: skip
     return sums, dr
+
+
+def row_pass_jobs() -> list[tuple]:
+    """The gradient pass (``ce_grad_``) as the sm_90a check compiles it (``sm90_check.py``):
+    (label, kernel, argument types, constexprs, warps), bf16 logits, its default launch,
+    plain and with every option (coefficients, class weights, soft-cap, smoothing, the sum,
+    a row scale)."""
+    f32 = "*fp32"
+    types = {"l_ptr": "*bf16", "lse_ptr": f32, "t_ptr": "*i64", "s_ptr": f32, "a_ptr": f32, "b_ptr": f32,
+             "w_ptr": f32, "sum_ptr": f32, "r_ptr": f32, "dr_ptr": f32, "smooth": "fp32", "softcap": "fp32",
+             "V": "i32", "stride": "i32", "lse_stride": "i32"}  # fmt: skip
+    jobs = []
+    for every in (False, True):
+        consts = {k: every for k in ("HAS_COEF", "HAS_W", "SOFTCAP", "SMOOTH", "SUM", "ROWSCALE")}
+        consts.update(WRITE=True, BLOCK=1024)
+        jobs.append(
+            (f"ce_grad {'every option' if every else 'plain'}, 4 warps", _ce_grad_kernel, types, consts, 4)
+        )
+    return jobs
 
 
 @triton.jit

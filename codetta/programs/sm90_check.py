@@ -3,23 +3,26 @@ candidate configuration of both mainloops for sm_90a (bf16; in fp16 the shipped
 picks), without a GPU, and read the PTX, SASS and resource use
 (wgmma, TMA, the ping-pong kernels' and shipped picks' wgmma not serialized by ptxas, no
 spills, shared memory fits); and the row passes of the backward (RoPE's, the norms', the
-embedding gradient's) at their default launches (no spills). CI runs it (tests/test_sass.py).
+embedding gradient's, the loss's) and the row finish at their default launches (no
+spills). CI runs it (tests/test_sass.py).
 """
 
 import os
 import sys
 
 from .. import programs
+from ..kernels import reductions
 from ..kernels.aot import check_all, compile_kernel_sm90, inspect
-from . import embedding, norm_rows, rope
+from . import ce, embedding, norm_rows, rope
 
 
 def check_row_passes() -> list[str]:
     """The row passes of the backward (RoPE's inverse rotation, the q/k-norm backward, the
-    RMSNorm backward, the embedding gradient's) at their default launches, bf16: one line
-    per spill found."""
+    RMSNorm backward, the embedding gradient's, the loss's gradient pass) and the reductions'
+    row finish at their default launches, bf16: one line per spill found."""
     problems = []
     jobs = rope.row_pass_jobs() + norm_rows.row_pass_jobs() + embedding.row_pass_jobs()
+    jobs += ce.row_pass_jobs() + reductions.row_pass_jobs()
     for label, fn, types, consts, warps in jobs:
         sig = {a: types.get(a, "constexpr") for a in fn.arg_names}  # (the kernel's argument order)
         rep = inspect(compile_kernel_sm90(fn, sig, consts, warps), label)
