@@ -5,7 +5,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 2    # Qwen2.5 tuning keys, then test_hf whole
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 3    # H200: the seeded programs re-tuned, then a step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 4    # H100: its table's most-used pending keys
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors: tests, keys, step A/B
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors, the split LSE: tests, keys, step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 6    # H100: where its 1B step's time over the floor goes
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
@@ -58,8 +58,12 @@ case "${1:-}" in
     # logits keys tuned at 16384 tokens into a copy of the shipped table (until then
     # ce_logits' picks stand in), the logits GEMM against ce_logits and cuBLAS, and the 1B
     # step with it against CODETTA_CE_NORM_FACTORS=0 (n formed)
+    # (and the split log-sum-exp of the twenty-seventh session: float32 without slack, the
+    # split program output, the row finish on pairs; the finish and gradient pass timed
+    # against run 114's 15.5 us and ~540-552 us)
     TEST_TIMEOUT=200 bash scripts/gpu_call.sh \
-      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64'"
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish'" \
+      "script:row_sweep.py 16384 finish ce"
     CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
       TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
       bash scripts/gpu_call.sh tune

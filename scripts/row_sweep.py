@@ -14,7 +14,9 @@ chunks), timed paired, as us and GB/s (bytes read and written / time):
   warps x programs per SM. Its outputs must equal the default launch's bit for bit
   (dgamma's partials follow the programs' rows, so only their sum is compared, 1e-5).
 
-Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens]   (default 16384)
+Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens] [finish] [ce] [rms]
+(default 16384 tokens, every sweep). The LSE partials are (max, sum) pairs, [M, 2T], since
+the split log-sum-exp (NOTES.md); run 114 timed the single-value [M, T] ones.
 """
 
 from __future__ import annotations
@@ -133,10 +135,14 @@ def rms_rows(tokens: int) -> None:
 
 def main() -> None:
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    parts = sys.argv[2:] or ["finish", "ce", "rms"]  # (which sweeps: all by default)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "tokens", tokens)
-    row_finish(tokens)
-    ce_grad()
-    rms_rows(tokens)
+    if "finish" in parts:
+        row_finish(tokens)
+    if "ce" in parts:
+        ce_grad()
+    if "rms" in parts:
+        rms_rows(tokens)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ON_GPU
-from util import assert_within, check_compile_matches_eager, rand
+from util import assert_within, check_compile_matches_eager, err, rand
 
 import codetta
 from codetta.nn import ResidualRMSNormLinear
@@ -420,7 +420,18 @@ def test_col_sum(R, D, device):
     from codetta.kernels.reductions import col_sum
 
     parts = torch.randn(R, D, device=device) * 3
-    assert_within("col_sum", col_sum(parts), parts.double().sum(0), parts.sum(0))
+    same = parts.sum(0)
+    if device == "cpu":
+        # the interpreter's tl.sum over axis 0 is numpy's add.reduce along rows, one row
+        # after another (numpy sums pairwise only along the contiguous axis): at R 528 its
+        # error is ~3x PyTorch's pairwise one. The bound there is twice the worse of the two
+        # (a GPU reduces by a tree: PyTorch's alone)
+        seq = torch.zeros(D)
+        for row in parts:
+            seq += row
+        if err(seq, parts.double().sum(0)) > err(same, parts.double().sum(0)):
+            same = seq
+    assert_within("col_sum", col_sum(parts), parts.double().sum(0), same)
     half = col_sum(parts, torch.float16)
     assert half.dtype == torch.float16
     assert_within("col_sum fp16", half, parts.double().sum(0), parts.sum(0).half())
