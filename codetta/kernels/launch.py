@@ -299,7 +299,8 @@ def _reference(call: GemmCall, outs: list) -> None:
         if op.kind is Kind.ROW_LSE and op.split and value.dim() == 1:
             # [M] in any dtype (a float64 sum keeps what float32 rounds off) -> (hi, lo)
             hi = value.float()
-            value = torch.stack([hi, (value.double() - hi.double()).float()])
+            lo = torch.where(hi.isfinite(), value.double() - hi.double(), 0.0).float()
+            value = torch.stack([hi, lo])
         out.copy_(value)
 
 
