@@ -4,8 +4,6 @@ Nothing here imports the rest of codetta. Functions take and return float
 tensors; callers choose the precision (the tests use float64).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -29,12 +27,6 @@ def row_partials(x: torch.Tensor, width: int) -> torch.Tensor:
 def col_partials(x: torch.Tensor, height: int) -> torch.Tensor:
     """[M, N] -> [cdiv(M, height), N]: column sums over each block of ``height`` rows."""
     return row_partials(x.t(), height).t()
-
-
-def row_partial_lse(x: torch.Tensor, width: int) -> torch.Tensor:
-    """[M, N] -> [M, cdiv(N, width)]: log-sum-exp of each row over each column block."""
-    xp = _pad_cols(x, width, value=-math.inf)
-    return torch.logsumexp(xp.reshape(x.shape[0], -1, width), dim=-1)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

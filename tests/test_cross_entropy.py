@@ -422,23 +422,33 @@ def _strictly_within(name, ours, ref64, same):
     assert e_ours <= 2 * e_torch + slack, f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e}"
 
 
-@pytest.mark.parametrize("mode", ["chunks", "vocab_chunk", "row_scale", "options"])
+@pytest.mark.parametrize("mode", ["chunks", "vocab_chunk", "row_scale", "options", "exact"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_float32_large_logits_without_slack(mode, reduction, device):
-    """float32 logits up to ~100 in magnitude: the loss and every gradient within twice
-    PyTorch's error with no absolute slack. Each row's log-sum-exp is carried as hi + lo
-    (``RowLogSumExp(split=True)``) from (max, sum) partials: formed as one float32 it
-    rounds at |lse|'s ulp (7.6e-6 at 64), which every probability then carried, 2-5x
-    PyTorch's error in dW and up to 11x in the loss (NOTES.md); the mean's rows are summed
-    in float64, as PyTorch's CPU loss does."""
+    """float32 logits up to ~100 in magnitude, a third of the rows' targets their top
+    logit: the loss and every gradient within twice PyTorch's error with no absolute
+    slack. Each row's log-sum-exp is carried as hi + lo (``RowLogSumExp(split=True)``)
+    from (max, sum) partials: formed as one float32 it rounds at |lse|'s ulp (7.6e-6 at
+    64), which every probability then carried, 2-5x PyTorch's error in dW and up to 11x
+    in the loss (NOTES.md); the mean's rows are summed in float64, as PyTorch's CPU loss
+    does. ``exact``: small integers and halves, whose logits the GEMM forms exactly, so
+    the loss's own error is all there is (else the logits' rounding, ~1e-5 at 100, hides
+    much of it)."""
     M, d, V, rows = (48, 64, 520, 16) if not ON_GPU else (1024, 256, 32000, 256)
     f32 = torch.float32
     x = rand(M, d, dtype=f32, device=device)
     w = rand(V, d, dtype=f32, device=device, scale=30.0 * d**-0.5)  # |logits| up to ~100
+    if mode == "exact":
+        x = torch.randint(-4, 5, (M, d), device=device).float()
+        w = torch.randint(-4, 5, (V, d), device=device).float() * 0.5
     r = torch.rand(M, device=device) + 0.5 if mode == "row_scale" else None
     cw = torch.rand(V, device=device) + 0.5 if mode == "options" else None
     kw = dict(eps=0.1, z=1e-4) if mode == "options" else {}
     t = torch.randint(0, V, (M,), device=device)
+    # a third of the rows predicted with confidence (the target the top logit: a loss near
+    # 0 whose float32 error is tiny, where one ulp of |lse| stands out)
+    logits = (x.double() if r is None else x.double() * r.double()[:, None]) @ w.double().t()
+    t[1::3] = logits.argmax(1)[1::3]
     t[::6] = -100
     grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
     slices = 128 if mode == "vocab_chunk" else None
@@ -466,6 +476,26 @@ def test_float32_large_logits_without_slack(mode, reduction, device):
     assert (x @ w.t()).abs().max() > 60
     for name, a, e, s_ in zip(("loss", "dinput", "dweight", "drow_scale"), got, want, same):
         _strictly_within(name, a, e, s_)
+    # the confident rows on their own (the others' larger errors set the maxima above)
+    sure = torch.arange(1, M, 3, device=device)
+    for i, name in ((0, "loss"), (1, "dinput")):
+        if got[i].dim():
+            _strictly_within(f"{name} (confident rows)", got[i][sure], want[i][sure], same[i][sure])
+
+
+def test_a_nan_row_stays_nan(dtype, device):
+    """A row whose input holds a NaN: its loss, its log-sum-exp and the mean are NaN, as
+    PyTorch's (the row finish's max drops NaNs; the NaN sum carries it), the others as usual."""
+    M, d, V = 6, 32, 96
+    x = rand(M, d, dtype=dtype, device=device)
+    x[2, 3] = float("nan")
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    loss, lse = linear_cross_entropy(x, w, t, reduction="none", return_lse=True)
+    assert loss[2].isnan() and lse[2].isnan()
+    keep = torch.arange(M, device=device) != 2
+    assert loss[keep].isfinite().all() and lse[keep].isfinite().all()
+    assert linear_cross_entropy(x, w, t).isnan()
 
 
 def test_return_lse_module_and_torch_semantics(device):

@@ -389,9 +389,20 @@ def test_public_api():
 @pytest.mark.parametrize(
     "M,T", [(1, 1), (77, 5), (130, 40), (64, 16), (200, 32), (33, 100), (9, 300), (19, 2004)]
 )
-def test_row_finish(M, T, device):
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+def test_row_finish(M, T, path, device):
     """The finish of row partials: sums, and log-sum-exps, in a fixed order; rows wider
-    than one block step (the LM head's ~2000 sub-tiles) too."""
+    than one block step (the LM head's ~2000 sub-tiles) too; the kernel and, on the CPU,
+    the PyTorch path (``reductions.lse_pairs_finish``)."""
+    from codetta.kernels.settings import override
+
+    if path == "reference" and device != "cpu":
+        pytest.skip("the PyTorch path serves CPU tensors")
+    with override(force_reference=path == "reference"):
+        _check_row_finish(M, T, device)
+
+
+def _check_row_finish(M, T, device):
     from codetta.kernels.reductions import row_finish
 
     parts = torch.randn(M, T, device=device) * 3
@@ -412,6 +423,13 @@ def test_row_finish(M, T, device):
     # hi + lo errs by the small log term's ulp (log of a sum up to 64 T: at most ~12), not hi's
     bound = 4 * 2.0**-24 * max(1.0, math.log(64 * T))
     assert (hi + lo - want).abs().max().item() <= bound
+    # a row of -inf only is -inf (log 0); a NaN in a sum (a NaN value, or an +inf one,
+    # whose exp(inf - inf) is NaN) stays NaN, though max drops NaNs
+    pairs = torch.tensor([[float("-inf")] * T + [0.0] * T, [1.0] * T + [float("nan")] + [1.0] * (T - 1)])
+    got = row_finish(pairs.to(device), torch.empty(2, 2, device=device), lse=True)
+    assert got[0, 0] == float("-inf") and got[1, 0] == 0.0 and got[0, 1].isnan()
+    with pytest.raises(ValueError, match="pairs"):
+        row_finish(torch.zeros(3, 5, device=device), torch.empty(3, device=device), lse=True)
 
 
 @pytest.mark.parametrize("R,D", [(1, 1), (37, 17), (300, 40), (528, 100)])

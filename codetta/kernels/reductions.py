@@ -63,11 +63,12 @@ def _rows_kernel(p_ptr, out_ptr, M, T, LSE: tl.constexpr, SPLIT: tl.constexpr, B
             acc += tl.sum(x, 1)
     if LSE:
         # max + log(sum): the max is one of the row's values (exact), the log small; a row
-        # of no finite value (padding, or all -inf) is -inf, as log(0)
-        some = acc > 0.0
-        hi, lo = _two_sum(tl.where(run_max == float("-inf"), 0.0, run_max), tl.log(tl.where(some, acc, 1.0)))
-        acc = tl.where(some, hi, float("-inf"))
-        lo = tl.where(some, lo, 0.0)
+        # of only -inf (or padding) is -inf, as log(0); a NaN or +inf value makes it NaN (max
+        # drops NaNs: a NaN sub-tile's sum carries it)
+        none = (run_max == float("-inf")) & (acc == 0.0)
+        hi, lo = _two_sum(tl.where(none, 0.0, run_max), tl.log(tl.where(none, 1.0, acc)))
+        acc = tl.where(none, float("-inf"), hi)
+        lo = tl.where(none, 0.0, lo)
         if SPLIT:
             tl.store(out_ptr + M + rows, lo, mask=rmask)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
@@ -133,6 +134,8 @@ def _row_launch(parts: torch.Tensor, out: torch.Tensor, lse: bool):
     """Launch the row finish; returns the compiled kernel (None on the PyTorch path).
     ``lse``: [M, 2T] pairs into ``out`` [M] (the log-sum-exp) or [2, M] (hi, lo)."""
     M = parts.shape[0]
+    if lse and parts.shape[1] % 2:
+        raise ValueError(f"log-sum-exp partials are (max, sum) pairs, [M, 2T]: got {tuple(parts.shape)}")
     T = parts.shape[1] // 2 if lse else parts.shape[1]
     split = lse and out.dim() == 2
     if M == 0:
