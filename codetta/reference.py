@@ -5,28 +5,11 @@ tensors; callers choose the precision (the tests use float64).
 """
 
 import torch
-import torch.nn.functional as F
 
 
 def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x rounded to ``dtype`` and back to x's dtype (what a store then load does)."""
     return x.to(dtype).to(x.dtype)
-
-
-def _pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
-    pad = (-x.shape[1]) % width
-    return F.pad(x, (0, pad), value=value) if pad else x
-
-
-def row_partials(x: torch.Tensor, width: int) -> torch.Tensor:
-    """[M, N] -> [M, cdiv(N, width)]: row sums over each block of ``width`` columns."""
-    xp = _pad_cols(x, width)
-    return xp.reshape(x.shape[0], -1, width).sum(-1)
-
-
-def col_partials(x: torch.Tensor, height: int) -> torch.Tensor:
-    """[M, N] -> [cdiv(M, height), N]: column sums over each block of ``height`` rows."""
-    return row_partials(x.t(), height).t()
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
