@@ -5,8 +5,9 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 2    # Qwen2.5 tuning keys, then test_hf whole
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 3    # H200: the seeded programs re-tuned, then a step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 4    # H100: its table's most-used pending keys
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors, the split LSE: tests, keys, step A/B
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors, the split LSE: tests, keys, ratios
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 6    # H100: where its 1B step's time over the floor goes
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 7    # the split LSE against the tree before it; the factors step A/B
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -56,8 +57,8 @@ case "${1:-}" in
     # (either GPU) the final norm handed to the loss as h and rstd (row_scale, CE_LOGITS_SCALED,
     # rms_backward_factors; built on the CPU in the twenty-sixth session): its GPU tests, its
     # logits keys tuned at 16384 tokens into a copy of the shipped table (until then
-    # ce_logits' picks stand in), the logits GEMM against ce_logits and cuBLAS, and the 1B
-    # step with it against CODETTA_CE_NORM_FACTORS=0 (n formed)
+    # ce_logits' picks stand in), the logits GEMM against ce_logits and cuBLAS (the 1B step
+    # with it against CODETTA_CE_NORM_FACTORS=0, n formed: step 7)
     # (and the split log-sum-exp of the twenty-seventh session: float32 without slack, the
     # split program output, the row finish on pairs; the finish and gradient pass timed
     # against run 114's 15.5 us and ~540-552 us)
@@ -71,6 +72,24 @@ case "${1:-}" in
     RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
     CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=90 bash scripts/gpu_call.sh \
       "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits"
+    ;;
+  7)
+    # (either GPU; after 5, whose tuned keys it copies in if $OUT holds them) the split
+    # log-sum-exp's cost: the tree before it (b9d56f3, carried as .old: `git archive b9d56f3
+    # codetta scripts | tar -x -C .old`) against this one, one process each, the same steps:
+    # the loss at issue 15's shapes against cuBLAS's three GEMMs (bench ce, codetta), the
+    # row finish and the gradient pass; then the 1B step with the final norm as factors
+    # against CODETTA_CE_NORM_FACTORS=0
+    [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    for tree in .old .; do
+      name=$([ "$tree" = . ] && echo new || echo old)
+      echo "=== tree $name ($(date +%T))"
+      (cd "$tree" && PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site CODETTA_CACHE_DIR=/tmp/codetta-cache-$name \
+        timeout 130 python3 -m codetta bench --parts ce --variants codetta --out "$OUT/ce-$name" 2>&1 \
+        | tee "$OUT/ce-$name.txt" | grep -E "fwd|GPU|codetta " | tail -14)
+      (cd "$tree" && PYTHONPATH=.:/tmp/site timeout 45 python3 scripts/row_sweep.py 16384 finish ce 2>&1 \
+        | tee "$OUT/sweep-$name.txt" | tail -12)
+    done
     BENCH_TIMEOUT=200 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:no-norm-factors --rounds 2" \
       bash scripts/gpu_call.sh bench:model
     ;;
@@ -83,7 +102,7 @@ case "${1:-}" in
     PROF_TIMEOUT=420 bash scripts/gpu_call.sh "profstep:llama-3.2-1B:codetta,liger"
     ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7" >&2
     exit 2
     ;;
 esac
