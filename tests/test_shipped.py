@@ -552,8 +552,14 @@ def test_tune_list_names_each_keys_source(capsys):
     like = {"none, ce_logits's pick (tuned_like)", "none, ce_logits's nearest usable entry (tuned_like)"}
     assert others <= {"lent (NVIDIA H200)", "none (nearest entry or rule)"} | like
     assert "own" in err and "lent (NVIDIA H200)" in err
-    # (the LM head's row-scaled logits, untuned: ce_logits's entries stand in)
+    # (the LM head's row-scaled logits: the H100 tuned Llama-3-8B's, run 221; where it has
+    # not, as Mistral-7B's, ce_logits's entries stand in)
+    assert {w for k, w in rows.items() if k.startswith("ce_logits_scaled@")} <= like | {"own"}
+    assert main(["tune", "--model", "mistral-7b", "--tokens", "16384", "--list", "--gpu", H100[0]]) == 0
+    out, _ = capsys.readouterr()
+    rows = dict(line.split("  ", 1) for line in out.splitlines())
     assert {w for k, w in rows.items() if k.startswith("ce_logits_scaled@")} <= like
+    assert any(k.startswith("ce_logits_scaled@") for k in rows)
     assert main(["tune", "--model", "llama3-8b", "--list", "--gpu", "NVIDIA A1"]) == 2
     assert "NVIDIA H200" in capsys.readouterr().err
 
