@@ -76,7 +76,9 @@ case "${1:-}" in
   7)
     # (either GPU; after 5, whose tuned keys it copies in if $OUT holds them) the split
     # log-sum-exp's cost: the tree before it (b9d56f3, carried as .old: `git archive b9d56f3
-    # codetta scripts | tar -x -C .old`) against this one, one process each, the same steps:
+    # codetta scripts | tar -x -C .old`; .whl and .old together pass the device's 64 MiB carry
+    # limit: move hf_xet, pygments, execnet and pytest_xdist out of .whl for this call)
+    # against this one, one process each, the same steps:
     # the loss at issue 15's shapes against cuBLAS's three GEMMs (bench ce, codetta), the
     # row finish and the gradient pass; then the 1B step with the final norm as factors
     # against CODETTA_CE_NORM_FACTORS=0
