@@ -62,8 +62,10 @@ case "${1:-}" in
     # (and the split log-sum-exp of the twenty-seventh session: float32 without slack, the
     # split program output, the row finish on pairs; the finish and gradient pass timed
     # against run 114's 15.5 us and ~540-552 us)
+    # (and CE_LOGITS_SCALED's tile stored before its reductions, stores_first: its whole-sub-tile
+    # ping-pong config e1 no longer spills, a candidate again: test_pingpong runs each candidate)
     TEST_TIMEOUT=200 bash scripts/gpu_call.sh \
-      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish'" \
+      "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py tests/test_pingpong.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish or ce_logits'" \
       "script:row_sweep.py 16384 finish ce"
     CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
       TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \

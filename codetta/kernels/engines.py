@@ -471,7 +471,7 @@ class PingPongEngine:
             "A_T": a_t, "B_T": b_t, "STAGES": cfg.num_stages,
             "CONSUMER_REGS": program.pingpong_regs or pingpong.CONSUMER_REGS,
             "IN_TILES": _in_tiles(program), "PREFETCH": self.prefetches(program, cfg, dtype),
-            "RING_SLOTS": self.ring_slots(program, cfg, dtype),
+            "RING_SLOTS": self.ring_slots(program, cfg, dtype), "STORES_FIRST": program.stores_first,
         }  # fmt: skip
 
     def signature(self, program: Program, cfg: Config, dtype, a_t: bool, b_t: bool) -> dict:

@@ -263,7 +263,8 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
 def _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M, N, ops,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, SEED: gl.constexpr,
               ELEM: gl.constexpr, PAIRED: gl.constexpr, IN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
-              EPI_SPLIT: gl.constexpr, OUT_PARTS: gl.constexpr, seg, start_m, start_n):  # fmt: skip
+              EPI_SPLIT: gl.constexpr, OUT_PARTS: gl.constexpr, seg, start_m, start_n,
+              STORES_FIRST: gl.constexpr):  # fmt: skip
     """The program over the tile's EPI_SPLIT column sub-tiles; returns the load and seed
     barriers' next phases. With PAIRED, acc holds the two products side by side and the
     body gets each sub-tile as their pair. A ring of fewer slots than sub-tiles streams
@@ -299,10 +300,15 @@ def _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n
             tiles, ld_phase = _load_tiles(ops, IN_KINDS, ring, ld_bar, ld_phase, like, off_m, sub_n)
         vals = E.body_inputs(ops, tiles, IN_KINDS, rows, cols, M, N, ELEM)
         res = E.call_body(BODY, a, vals, len(OUT_KINDS))
-        # reductions first: they shrink their values to vectors before the tile stores
+        # reductions first (they shrink their values to vectors before the tile stores), or
+        # (STORES_FIRST) the tile outputs first: their registers free before values formed
+        # only for a reduction (CE_LOGITS_SCALED's products) are held
+        if STORES_FIRST:
+            _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n, OUT_PARTS, seg, start_m, start_n)
         E.store_reductions(res, ops, OUT_KINDS, rows, cols, M, N, sub_n // SUB_N, gl.cdiv(N, SUB_N),
                            off_m // BLOCK_M)  # fmt: skip
-        _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n, OUT_PARTS, seg, start_m, start_n)
+        if not STORES_FIRST:
+            _store_tiles(res, ops, OUT_KINDS, ring, j, off_m, sub_n, OUT_PARTS, seg, start_m, start_n)
     return ld_phase, sd_phase
 
 
@@ -330,7 +336,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
               OUT_PARTS: gl.constexpr,
               BODY: gl.constexpr, IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr,
               A_T: gl.constexpr, B_T: gl.constexpr, C: gl.constexpr, PAIRED: gl.constexpr,
-              IN_TILES: gl.constexpr, PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr):  # fmt: skip
+              IN_TILES: gl.constexpr, PREFETCH: gl.constexpr, EPI_SPLIT: gl.constexpr,
+              STORES_FIRST: gl.constexpr):  # fmt: skip
     STAGES: gl.constexpr = a_bufs.shape[0]
     SLOTS: gl.constexpr = ring.shape[0]
     BLOCK_M: gl.constexpr = a_bufs.shape[2] if A_T else a_bufs.shape[1]
@@ -400,7 +407,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, ring, inb, seed_bar, ld_bar, go_mine
         seg, start_m, start_n = E.part_of(off_m, off_n, M, N, ops, MPARTS, NPARTS, A_T, B_T)
         ld_phase, sd_phase = _epilogue(acc, ring, inb, ld_bar, ld_phase, seed_bar, sd_phase, off_m, off_n, M,
                                        N, ops, BODY, IN_KINDS, OUT_KINDS, SEED, ELEM, PAIRED, IN_TILES,
-                                       PREFETCH, EPI_SPLIT, OUT_PARTS, seg, start_m, start_n)  # fmt: skip
+                                       PREFETCH, EPI_SPLIT, OUT_PARTS, seg, start_m, start_n,
+                                       STORES_FIRST)  # fmt: skip
         j += 2
         n_done += 1
     tma.store_wait(0)
@@ -413,7 +421,8 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, TILES, o0, o1, o2, o3, o4,
                     IN_KINDS: gl.constexpr, OUT_KINDS: gl.constexpr, RING_DTYPE: gl.constexpr,
                     RING_LAYOUT: gl.constexpr, EPI_SPLIT: gl.constexpr, A_T: gl.constexpr, B_T: gl.constexpr,
                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, IN_TILES: gl.constexpr,
-                    PREFETCH: gl.constexpr, RING_SLOTS: gl.constexpr):  # fmt: skip
+                    PREFETCH: gl.constexpr, RING_SLOTS: gl.constexpr,
+                    STORES_FIRST: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1] if A_T else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_T else b_desc.block_type.shape[0]
     PAIRED: gl.constexpr = PAIR >= 0
@@ -455,14 +464,14 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, TILES, o0, o1, o2, o3, o4,
                          NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
                          B_T, 0, PAIRED, IN_TILES,
                          PREFETCH,
-                         EPI_SPLIT)),
+                         EPI_SPLIT, STORES_FIRST)),
             (_consumer, (a_bufs, b_bufs, ready, empty, ring1, inb1, seed_bars.index(1), ld_bars.index(1),
                          go.index(1), go.index(0), M, N, K, GROUP_M, TILES,
                          o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11,
                          NUM_OPS, SEED, KPARTS, NPARTS, MPARTS, OUT_PARTS, BODY, IN_KINDS, OUT_KINDS, A_T,
                          B_T, 1, PAIRED, IN_TILES,
                          PREFETCH,
-                         EPI_SPLIT)),
+                         EPI_SPLIT, STORES_FIRST)),
             (_loader, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, TILES,
                        o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, NUM_OPS, KPARTS, NPARTS, MPARTS, A_T,
                        B_T, PAIRED)),

@@ -284,6 +284,10 @@ class Program:
     (default ``pingpong.CONSUMER_REGS``, 232; the first consumer gets what the loader and
     the second leave of the 512 three warpgroups share), for an epilogue that spills
     in one consumer at the default split but not at an even one (240 / 248).
+    ``stores_first``: the ping-pong mainloop stores a sub-tile's tile outputs before its
+    reductions (default: the reductions first, which shrink their values to vectors
+    before the stores): for a body whose reduced values are formed from its stored ones
+    (CE_LOGITS_SCALED's l = r a), so the two are not held at once.
     ``sub_tile_width``: every epilogue sub-tile is exactly this many columns wide
     (and N a multiple of it): a body that works on one group of columns at a time,
     e.g. one attention head for RoPE's rotate-half; other configurations are left out.
@@ -305,6 +309,7 @@ class Program:
     sub_tile_width: int = 0
     pingpong_configs: tuple | None = None
     pingpong_regs: int = 0
+    stores_first: bool = False
     result: type = field(init=False, repr=False, compare=False)
     # K parts: whether their summed K may be split in a tail all the same (the program allowed
     # a tail split before its parts turned it off; used with CODETTA_TAIL_LAUNCH=1)
