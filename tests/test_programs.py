@@ -365,7 +365,10 @@ def test_both_mainloops_run_the_body():
             is prog.body
         )
         for cfg in PINGPONG.candidates(prog):
-            assert PINGPONG.constexprs(prog, kinds, cfg, torch.bfloat16, 0, 0)["BODY"] is prog.body
+            consts = PINGPONG.constexprs(prog, kinds, cfg, torch.bfloat16, 0, 0)
+            assert consts["BODY"] is prog.body
+            # (the store order reaches the kernel: CE_LOGITS_SCALED's e1 spills without it)
+            assert consts["STORES_FIRST"] is (prog is pg.CE_LOGITS_SCALED)
 
 
 @triton.jit
