@@ -587,7 +587,9 @@ def test_scaled_logits_take_the_plain_logits_picks(monkeypatch):
 
     assert CE_LOGITS_SCALED.tuned_like is CE_LOGITS
     data = json.loads((tuning.SHIPPED_DIR / f"{configs.gpu_slug(H200[0])}.json").read_text())
-    entries = {k: configs.config_from_dict(v) for k, v in data["entries"].items()}
+    # (its own tuned keys left out: the shapes a table has not tuned for it)
+    entries = {k: configs.config_from_dict(v) for k, v in data["entries"].items()
+               if not k.startswith("ce_logits_scaled@")}  # fmt: skip
     chooser = tuning.Chooser()
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
     monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
