@@ -8,6 +8,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 5    # the final norm as factors, the split LSE: tests, keys, ratios
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 6    # H100: where its 1B step's time over the floor goes
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 7    # the split LSE against the tree before it; the factors step A/B
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 8    # the ping-pong store order A/B; the ce programs' GPU tests
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -104,6 +105,15 @@ case "${1:-}" in
     # 3.35 TB/s to the H200's 4.8) from the GEMMs' and the clock's
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 6 is for an H100" >&2; exit 2; }
     PROF_TIMEOUT=420 bash scripts/gpu_call.sh "profstep:llama-3.2-1B:codetta,liger"
+    ;;
+  8)
+    # (either GPU) the ping-pong epilogue's store order (Program.stores_first, set by
+    # CE_LOGITS_SCALED so its e1 does not spill): both orders of ce_logits, ce_logits_scaled
+    # and residual_rms at each epilogue split, against cuBLAS, one process; first the ce
+    # programs' ping-pong tests (each candidate, e1 included; run 223's test step was cut)
+    TEST_TIMEOUT=180 TEST_WORKERS=4 bash scripts/gpu_call.sh \
+      "tests:tests/test_pingpong.py tests/test_programs.py tests/test_shipped.py -k 'ce_logits or scaled_logits or split_row_lse or row_finish or row_scale or factors or shipped'"
+    SCRIPT_TIMEOUT=260 bash scripts/gpu_call.sh "script:order_ab.py --out $OUT/order_ab.json"
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7" >&2
