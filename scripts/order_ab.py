@@ -9,6 +9,7 @@ splits in both orders (the order that spills at e1 left out), with cuBLAS's GEMM
 same shape, under paired and sustained-block timing in one run.
 
 Usage (repo root): PYTHONPATH=. python scripts/order_ab.py [--tokens 16384] [--out FILE]
+    [--only ce_logits ce_logits_scaled residual_rms]
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from codetta.tune import _probe, _probe_loss, _scaled, call_inputs, rows_per_chu
 _SPILLS = {("ce_logits_scaled", False, 1), ("residual_rms", False, 1), ("residual_rms", True, 1)}
 
 
-def cases(tokens: int):
-    for spec in ("llama3-1b", "llama3-8b"):
+def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
+    for spec in ("llama3-8b", "llama3-1b"):
         w = widths_of(spec)
         chunk = rows_per_chunk(tokens, w.vocab, 2)
         recs = [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
@@ -42,7 +43,7 @@ def cases(tokens: int):
         seen = set()
         for rec in recs:
             name = rec.program.name
-            if name not in ("ce_logits", "ce_logits_scaled", "residual_rms") or name in seen:
+            if name not in only or name in seen:
                 continue
             seen.add(name)
             yield spec, rec
@@ -52,10 +53,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="+", default=["ce_logits", "ce_logits_scaled", "residual_rms"])
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     rows = []
-    for spec, rec in cases(args.tokens):
+    for spec, rec in cases(args.tokens, args.only):
         a, w, ops = call_inputs(rec)
         prog = rec.program
         fns = {"cublas": lambda a=a, w=w: a @ w.t()}

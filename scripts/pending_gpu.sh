@@ -111,6 +111,12 @@ case "${1:-}" in
     # CE_LOGITS_SCALED so its e1 does not spill): both orders of ce_logits, ce_logits_scaled
     # and residual_rms at each epilogue split, against cuBLAS, one process; first the ce
     # programs' ping-pong tests (each candidate, e1 included; run 223's test step was cut)
+    # (ORDER_SHORT=1: the ce programs' ping-pong tests and the ce A/B alone, for ~5 min)
+    if [ -n "${ORDER_SHORT:-}" ]; then
+      TEST_TIMEOUT=110 TEST_WORKERS=4 bash scripts/gpu_call.sh "tests:tests/test_pingpong.py -k ce_logits"
+      SCRIPT_TIMEOUT=170 bash scripts/gpu_call.sh "script:order_ab.py --only ce_logits ce_logits_scaled --out $OUT/order_ab.json"
+      exit
+    fi
     TEST_TIMEOUT=180 TEST_WORKERS=4 bash scripts/gpu_call.sh \
       "tests:tests/test_pingpong.py tests/test_programs.py tests/test_shipped.py -k 'ce_logits or scaled_logits or split_row_lse or row_finish or row_scale or factors or shipped'"
     SCRIPT_TIMEOUT=260 bash scripts/gpu_call.sh "script:order_ab.py --out $OUT/order_ab.json"
