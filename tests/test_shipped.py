@@ -577,10 +577,11 @@ def test_tune_refuses_bad_widths_and_tokens(capsys):
 
 
 def test_scaled_logits_take_the_plain_logits_picks(monkeypatch):
-    """``ce_logits_scaled`` (the LM head's logits with the final norm's rstd, not tuned
-    yet on the H200) takes ``ce_logits``'s shipped picks at its shapes, not the shape
-    rule: every one of them is its candidate (its whole-sub-tile ping-pong epilogue, e1,
-    the 8B head's pick, spilled until its tile was stored first, ``stores_first``)."""
+    """``ce_logits_scaled`` (the LM head's logits with the final norm's rstd) takes, at a
+    shape its own entries leave untuned (here: the H200 table without them),
+    ``ce_logits``'s shipped picks, not the shape rule: every one of them is its candidate
+    (its whole-sub-tile ping-pong epilogue, e1, the 8B head's pick, spilled until its tile
+    was stored first, ``stores_first``)."""
     import types
 
     from codetta.programs import CE_LOGITS, CE_LOGITS_SCALED
