@@ -453,7 +453,11 @@ def pingpong_kernel(a_desc, b_desc, M, N, K, GROUP_M, TILES, o0, o1, o2, o3, o4,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
-        mbarrier.init(seed_bars.index(i), count=1)
+        # (the seed barriers only where a seed uses them: the allocator may place a column
+        # sum's scratch over unused ones, and PTX asks an initialized mbarrier's memory to be
+        # invalidated before any other use)
+        if SEED >= 0:
+            mbarrier.init(seed_bars.index(i), count=1)
         mbarrier.init(ld_bars.index(i), count=1)
         mbarrier.init(go.index(i), count=1)
     gl.warp_specialize(
