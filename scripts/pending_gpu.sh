@@ -117,8 +117,10 @@ case "${1:-}" in
       SCRIPT_TIMEOUT=170 bash scripts/gpu_call.sh "script:order_ab.py --only ce_logits ce_logits_scaled --out $OUT/order_ab.json"
       exit
     fi
-    TEST_TIMEOUT=180 TEST_WORKERS=4 bash scripts/gpu_call.sh \
-      "tests:tests/test_pingpong.py tests/test_programs.py tests/test_shipped.py -k 'ce_logits or scaled_logits or split_row_lse or row_finish or row_scale or factors or shipped'"
+    # (and the seed barriers initialized only where a seed uses them, dee6979: every
+    # ping-pong program, test_pingpong whole)
+    TEST_TIMEOUT=240 TEST_WORKERS=4 bash scripts/gpu_call.sh "tests:tests/test_pingpong.py" \
+      "tests:tests/test_programs.py tests/test_shipped.py -k 'ce_logits or scaled_logits or split_row_lse or row_finish or row_scale or factors or shipped'"
     SCRIPT_TIMEOUT=260 bash scripts/gpu_call.sh "script:order_ab.py --out $OUT/order_ab.json"
     ;;
   *)
