@@ -17,6 +17,7 @@ from ..kernels import primitives as P
 from ..kernels.configs import (
     BACKWARD_CANDIDATES,
     PINGPONG_CANDIDATES,
+    PINGPONG_HEAVY_CANDIDATES,
     PINGPONG_STREAMING_CANDIDATES,
     PLAIN_CANDIDATES,
 )
@@ -87,7 +88,7 @@ CE_LOGITS_SCALED = Program(
     # with the tile stored first, no sub-tile spills: CE_LOGITS's candidates (e1, e2) and the
     # quarters (e4) of the H100's tuned entries
     stores_first=True,
-    pingpong_configs=tuple(dict.fromkeys(PINGPONG_CANDIDATES + PINGPONG_STREAMING_CANDIDATES)),
+    pingpong_configs=PINGPONG_CANDIDATES + PINGPONG_HEAVY_CANDIDATES,
     # the same tiles and mainloop with one product more an element: CE_LOGITS's picks (the
     # nearest of them among these candidates)
     tuned_like=CE_LOGITS,
