@@ -333,6 +333,16 @@ def test_source_key_follows_the_code():
     assert _code_of(base) == _code_of(same) == _code_of(nested) != _code_of(other)
 
 
+def test_source_key_follows_the_store_order():
+    """The ping-pong store order (``stores_first``) is in the key: entries tuned under one
+    order are not taken under the other (its configs time, and spill, otherwise)."""
+    import dataclasses
+
+    flipped = dataclasses.replace(pg.CE_LOGITS_SCALED, stores_first=False)
+    assert flipped.source_key != pg.CE_LOGITS_SCALED.source_key
+    assert dataclasses.replace(flipped, stores_first=True).source_key == pg.CE_LOGITS_SCALED.source_key
+
+
 @triton.jit
 def _body_through_module(acc, elem):
     return P.rounded(acc, elem) * 2.0

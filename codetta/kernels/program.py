@@ -401,8 +401,13 @@ class Program:
         (by name or through one of codetta's modules, ``P.rounded``; theirs in turn),
         docstrings, comments and layout left out (``_code_of``): the
         same whether or not the interpreter is on, so tuning keys (``tuning.Chooser.key``)
-        made on a CPU match a GPU's, and a documentation edit keeps a body's tuned entries."""
-        return _source_hash(self.body, self.sm90_body)
+        made on a CPU match a GPU's, and a documentation edit keeps a body's tuned entries.
+        ``stores_first`` is hashed in too: the same math in another kernel, whose configs
+        time (and spill) otherwise, so entries tuned under the other order are not taken."""
+        key = _source_hash(self.body, self.sm90_body)
+        if self.stores_first:
+            key = hashlib.sha256(f"{key}|stores_first".encode()).hexdigest()[:10]
+        return key
 
     @functools.cached_property
     def caller_inputs(self) -> tuple[Operand, ...]:
