@@ -14,8 +14,9 @@ chunks), timed paired, as us and GB/s (bytes read and written / time):
   warps x programs per SM. Its outputs must equal the default launch's bit for bit
   (dgamma's partials follow the programs' rows, so only their sum is compared, 1e-5).
 
-Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens] [finish] [ce] [rms]
-(default 16384 tokens, every sweep). The LSE partials are (max, sum) pairs, [M, 2T], since
+Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens] [finish] [ce] [cegrid] [rms]
+(default 16384 tokens, every sweep but cegrid: the gradient pass's launch at five vocabulary
+widths, plain and row-scaled, against the default). The LSE partials are (max, sum) pairs, [M, 2T], since
 the split log-sum-exp (NOTES.md); run 114 timed the single-value [M, T] ones.
 """
 
@@ -93,6 +94,45 @@ def ce_grad(V: int = 128256, M: int = 4096) -> None:
         print(f"  BLOCK {k[0]:5d} warps {k[1]:2d}: {ms * 1e3:7.1f} us  {gb / ms:6.0f} GB/s")
 
 
+def ce_grad_shapes(M: int = 4096) -> None:
+    """The gradient pass's launch at other vocabulary widths (a vocab slice's 32768 and
+    65536, Llama 3's 128256, Qwen's 151936, Gemma's 262144), plain and with the row scale
+    (the final norm as factors: dr formed too): each launch's output the default's bits
+    (dr within 1e-5 relative: its sum follows the block)."""
+    print(f"== ce grad launch by vocabulary width, [{M}, V] bf16 (time / the default 1024 x 4 warps)")
+    launches = ((1024, 4), (2048, 8), (4096, 16), (8192, 16), (8192, 8))
+    for V in (32768, 65536, 128256, 151936, 262144):
+        src = torch.randn(M, V, device="cuda", dtype=torch.bfloat16) * 4
+        lse = torch.stack([torch.logsumexp(src.float(), 1), torch.zeros(M, device="cuda")])
+        target = torch.randint(0, V, (M,), device="cuda")
+        scale = torch.full((M,), 1.0 / M, device="cuda")
+        r = torch.rand(M, device="cuda") + 0.5
+        for rowscale in (False, True):
+            outs, fns = {}, {}
+            for block, warps in launches:
+                logits, dr = src.clone(), torch.empty(M, device="cuda")
+
+                fn = partial(precompile.launch, ce._ce_grad_kernel, (M,), logits, lse, target, scale, scale,
+                             scale, scale, scale, r, dr, 0.0, 0.0, V, logits.stride(0), lse.stride(0),
+                             HAS_COEF=False, HAS_W=False, SOFTCAP=False, SMOOTH=False, WRITE=True, SUM=False,
+                             ROWSCALE=rowscale, BLOCK=block, num_warps=warps)  # fmt: skip
+                fn()  # (once on the fresh logits: the outputs compared below)
+                outs[(block, warps)] = (logits.clone(), dr.clone())
+                fns[(block, warps)] = fn
+            t = _time(fns)
+            base = launches[0]
+            row = []
+            for k in launches:
+                same = torch.equal(outs[k][0], outs[base][0])
+                if rowscale:
+                    ref = outs[base][1]
+                    same = same and ((outs[k][1] - ref).abs().max() <= 1e-5 * ref.abs().max()).item()
+                row.append(f"{k[0]}x{k[1]} {t[k] / t[base]:.3f}{'' if same else ' DIFFERS'}")
+            print(f"  V {V:6d} {'row scale' if rowscale else 'plain    '} default {t[base] * 1e3:7.1f} us: "
+                  + ", ".join(row[1:]), flush=True)  # fmt: skip
+        del src
+
+
 def rms_rows(tokens: int) -> None:
     print("== rowwise RMSNorm backward (dh, x, dres read; dx, n written), bf16, with gamma")
     sms = device.num_sms(0)
@@ -141,6 +181,8 @@ def main() -> None:
         row_finish(tokens)
     if "ce" in parts:
         ce_grad()
+    if "cegrid" in parts:
+        ce_grad_shapes()
     if "rms" in parts:
         rms_rows(tokens)
 
