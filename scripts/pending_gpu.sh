@@ -9,7 +9,8 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 6    # H100: where its 1B step's time over the floor goes
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 7    # the split LSE against the tree before it; the factors step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 8    # the ping-pong store order A/B; the ce programs' GPU tests
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 9    # step 5's GPU tests whole; the H100's scaled logits keys
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 9    # step 5's GPU tests whole; the grad pass launch; GROUP_M
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # H100: its scaled logits keys re-tuned under the store order
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -127,22 +128,25 @@ case "${1:-}" in
     ;;
   9)
     # (either GPU) step 5's GPU tests whole (run 223 cut them at ~60 %; test_pingpong's ce
-    # checks fixed for the split lse in 398372a: e1 with the tile stored first among them);
-    # then on an H100 its ce_logits_scaled keys at 16384 tokens re-tuned under the store
-    # order (5133acd re-keyed them: its entries were tuned reductions-first, run 221)
-    TEST_TIMEOUT=280 TEST_WORKERS=4 bash scripts/gpu_call.sh \
+    # checks fixed for the split lse in 398372a: e1 with the tile stored first among them)
+    TEST_TIMEOUT=240 TEST_WORKERS=4 bash scripts/gpu_call.sh \
       "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py tests/test_pingpong.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish or ce_logits'"
-    # (and the gradient pass's launch by vocabulary width: 8192 x 16 warps beat the default
-    # 1024 x 4 by 2.3-2.5 % at V 128256 on both GPUs, runs 221 and 223)
-    SCRIPT_TIMEOUT=100 bash scripts/gpu_call.sh "script:row_sweep.py 16384 cegrid"
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100; then
-      CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=200 \
-        TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
-        bash scripts/gpu_call.sh tune
-    fi
+    # the gradient pass's launch by vocabulary width (8192 x 16 warps beat the default
+    # 1024 x 4 by 2.3-2.5 % at V 128256 on both GPUs, runs 221 and 223), then the LM head's
+    # raster row-group height (GROUP_M 4-32)
+    SCRIPT_TIMEOUT=80 bash scripts/gpu_call.sh "script:row_sweep.py 16384 cegrid"
+    SCRIPT_TIMEOUT=110 bash scripts/gpu_call.sh "script:group_ab.py --out $OUT/group_ab.json"
+    ;;
+  10)
+    # (an H100) its ce_logits_scaled keys at 16384 tokens re-tuned under the store order
+    # (5133acd re-keyed them: its entries were tuned reductions-first, run 221)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 10 is for an H100" >&2; exit 2; }
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=200 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
+      bash scripts/gpu_call.sh tune
     ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10" >&2
     exit 2
     ;;
 esac
