@@ -21,12 +21,11 @@ import dataclasses
 import json
 
 import torch
-from order_ab import _tensors, cases
+from order_ab import _tensors, cases, time_against_cublas
 
 from codetta.kernels import launch
 from codetta.kernels.launch import gemm
 from codetta.kernels.operands import make_call
-from codetta.kernels.timing import paired_ms, sustained_ms
 from codetta.kernels.tuning import CHOOSER
 from codetta.tune import call_inputs
 
@@ -56,11 +55,7 @@ def main() -> int:
         for k, got in outs.items():
             if k != "cublas" and not all(torch.equal(x, y) for x, y in zip(got, ref)):
                 print(f"   MISMATCH {k} against group_m {chosen.group_m}", flush=True)
-        p = paired_ms(fns, min_s=0.8, warm_s=0.3)
-        s = sustained_ms(fns, block_ms=60.0, blocks=3, warm_s=0.2)
-        for k in fns:
-            ratio = f"{p[k] / p['cublas']:.3f} / {s[k] / s['cublas']:.3f}"
-            print(f"  {k:<12} {p[k]:7.3f} / {s[k]:7.3f}   {ratio}")
+        p, s = time_against_cublas(fns, 12)
         rows.append(dict(widths=spec, program=prog.name, M=rec.M, N=rec.N, K=rec.K, chosen=chosen.short(),
                          paired=p, sustained=s))  # fmt: skip
     if args.out:

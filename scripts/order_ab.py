@@ -37,6 +37,17 @@ def _tensors(out) -> list:
     return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
 
 
+def time_against_cublas(fns: dict, width: int) -> tuple[dict, dict]:
+    """Paired and sustained-block ms of each variant (``fns["cublas"]`` among them), each
+    printed with its ratios to cuBLAS's."""
+    p = paired_ms(fns, min_s=0.8, warm_s=0.3)
+    s = sustained_ms(fns, block_ms=60.0, blocks=3, warm_s=0.2)
+    for k in fns:
+        ratio = f"{p[k] / p['cublas']:.3f} / {s[k] / s['cublas']:.3f}"
+        print(f"  {k:<{width}} {p[k]:7.3f} / {s[k]:7.3f}   {ratio}")
+    return p, s
+
+
 def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
     for spec in ("llama3-8b", "llama3-1b"):
         w = widths_of(spec)
@@ -102,11 +113,7 @@ def main() -> int:
             if not (all(tiles) and all(close)):
                 print(f"   MISMATCH {k} against {ref_key}: tiles equal {tiles}, close {close}", flush=True)
         print(f"   every variant checked against {ref_key}", flush=True)
-        p = paired_ms(fns, min_s=0.8, warm_s=0.3)
-        s = sustained_ms(fns, block_ms=60.0, blocks=3, warm_s=0.2)
-        for k in fns:
-            ratio = f"{p[k] / p['cublas']:.3f} / {s[k] / s['cublas']:.3f}"
-            print(f"  {k:<36} {p[k]:7.3f} / {s[k]:7.3f}   {ratio}")
+        p, s = time_against_cublas(fns, 36)
         rows.append(dict(widths=spec, program=prog.name, M=rec.M, N=rec.N, K=rec.K, paired=p, sustained=s,
                          same_bits=same))  # fmt: skip
     if args.out:
