@@ -12,6 +12,7 @@ cuBLAS's GEMM of the same shape, paired and sustained-block timing; every varian
 outputs the chosen one's bits (the raster moves no arithmetic).
 
 Usage (repo root): PYTHONPATH=. python scripts/group_ab.py [--tokens 16384] [--out FILE]
+    [--groups 4 8 16 32] [--only ce_logits ce_logits_scaled [residual_rms]]
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--out", default=None)
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--only", nargs="+", default=["ce_logits", "ce_logits_scaled"])
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     rows = []
-    for spec, rec in cases(args.tokens, ("ce_logits", "ce_logits_scaled")):
+    for spec, rec in cases(args.tokens, args.only):
         a, w, ops = call_inputs(rec)
         prog = rec.program
         call = make_call(prog, a, w, ops)
