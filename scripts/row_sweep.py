@@ -70,7 +70,8 @@ def row_finish(tokens: int) -> None:
 
 
 def ce_grad(V: int = 128256, M: int = 4096) -> None:
-    print(f"== ce grad over stored logits [{M}, {V}] bf16, in place (default BLOCK 1024, 4 warps)")
+    print(f"== ce grad over stored logits [{M}, {V}] bf16, in place "
+          f"(default BLOCK {ce.GRAD_BLOCK}, {ce.GRAD_WARPS} warps)")  # fmt: skip
     logits = torch.randn(M, V, device="cuda", dtype=torch.bfloat16)
     lse = torch.stack([torch.logsumexp(logits.float(), 1), torch.zeros(M, device="cuda")])  # (hi, lo)
     target = torch.randint(0, V, (M,), device="cuda")
@@ -99,7 +100,8 @@ def ce_grad_shapes(M: int = 4096) -> None:
     65536, Llama 3's 128256, Qwen's 151936, Gemma's 262144), plain and with the row scale
     (the final norm as factors: dr formed too): each launch's output the default's bits
     (dr within 1e-5 relative: its sum follows the block)."""
-    print(f"== ce grad launch by vocabulary width, [{M}, V] bf16 (time / the default 1024 x 4 warps)")
+    print(f"== ce grad launch by vocabulary width, [{M}, V] bf16 (time / 1024 x 4 warps, the launch "
+          f"before {ce.GRAD_BLOCK} x {ce.GRAD_WARPS})")  # fmt: skip
     launches = ((1024, 4), (2048, 8), (4096, 16), (8192, 16), (8192, 8))
     for V in (32768, 65536, 128256, 151936, 262144):
         src = torch.randn(M, V, device="cuda", dtype=torch.bfloat16) * 4
