@@ -20,6 +20,7 @@ from ..kernels.configs import (
     PINGPONG_HEAVY_CANDIDATES,
     PINGPONG_STREAMING_CANDIDATES,
     PLAIN_CANDIDATES,
+    with_row_groups,
 )
 from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, Scalar, Tile
 from .norm_rows import torch_path, traced
@@ -53,6 +54,9 @@ CE_LOGITS = Program(
     outputs=(Tile("logits"), RowLogSumExp("lse", split=True)),
     reference=lambda acc, elem: _lse_reference(acc.to(elem).to(acc.dtype)),
     configs=tuple(BACKWARD_CANDIDATES) + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2),
+    # (the held-tiles rule's candidates, e1 and e2) at raster row groups of 8 and 4: the LM
+    # head's chunks are few row-tiles by many column-tiles (configs.with_row_groups)
+    pingpong_configs=with_row_groups(PINGPONG_CANDIDATES),
 )
 
 
@@ -88,7 +92,7 @@ CE_LOGITS_SCALED = Program(
     # with the tile stored first, no sub-tile spills: CE_LOGITS's candidates (e1, e2) and the
     # quarters (e4) of the H100's tuned entries
     stores_first=True,
-    pingpong_configs=PINGPONG_CANDIDATES + PINGPONG_HEAVY_CANDIDATES,
+    pingpong_configs=with_row_groups(PINGPONG_CANDIDATES + PINGPONG_HEAVY_CANDIDATES),
     # the same tiles and mainloop with one product more an element: CE_LOGITS's picks (the
     # nearest of them among these candidates)
     tuned_like=CE_LOGITS,
@@ -133,7 +137,7 @@ CE_LOGITS_EXT = Program(
     configs=CE_LOGITS.configs,
     # the logits and their capped values (tanh's temporaries) held at once: a whole
     # 128x128 sub-tile spills on the ping-pong mainloop (sm_90a check), halves do not
-    pingpong_configs=PINGPONG_STREAMING_CANDIDATES,
+    pingpong_configs=with_row_groups(PINGPONG_STREAMING_CANDIDATES),
 )
 
 
