@@ -197,8 +197,10 @@ PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
 def with_row_groups(cfgs, groups=(8, 4)) -> tuple:
     """Each ping-pong candidate at each raster row-group height (``group_m``; the first
     is the candidates' own). The ping-pong kernel takes GROUP_M at run time: one binary.
-    The vocabulary-wide logits (4096-row chunks of V 128256) ran 8-15 % faster at 4 than
-    at 8 on an H100 (run 225, scripts/group_ab.py; K1's shapes did not gain)."""
+    The vocabulary-wide logits (4096-row chunks of V 128256, e1) took 8-15 % less time at 4
+    than at 8 under paired timing and 2-7 % under sustained-block timing on an H100 (run
+    225, three runs, scripts/group_ab.py; K1's shapes did not gain, the portable mainloop's
+    Triton pick lost at 4)."""
     return tuple(replace(c, group_m=g) for g in groups for c in cfgs)
 
 
