@@ -10,7 +10,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 7    # the split LSE against the tree before it; the factors step A/B
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 8    # the ping-pong store order A/B; the ce programs' GPU tests
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 9    # step 5's GPU tests whole; the grad pass launch; GROUP_M
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # H100: its scaled logits keys re-tuned under the store order
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # the LM head's keys re-tuned with GROUP_M 8 and 4 (H200 first)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -127,23 +127,29 @@ case "${1:-}" in
     SCRIPT_TIMEOUT=260 bash scripts/gpu_call.sh "script:order_ab.py --out $OUT/order_ab.json"
     ;;
   9)
-    # (either GPU) step 5's GPU tests whole (run 223 cut them at ~60 %; test_pingpong's ce
-    # checks fixed for the split lse in 398372a: e1 with the tile stored first among them)
-    TEST_TIMEOUT=240 TEST_WORKERS=4 bash scripts/gpu_call.sh \
+    # (either GPU; run 225 did it on an H100: use TEST_WORKERS=2 there, 4 workers ran the
+    # V 262144 cases out of its 80 GB) step 5's GPU tests whole (test_pingpong's ce checks
+    # fixed for the split lse in 398372a: e1 with the tile stored first among them); the
+    # gradient pass's launch by vocabulary width; the LM head's raster row group (GROUP_M)
+    TEST_TIMEOUT=240 TEST_WORKERS=${TEST_WORKERS:-4} bash scripts/gpu_call.sh \
       "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py tests/test_pingpong.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish or ce_logits'"
-    # the gradient pass's launch by vocabulary width (8192 x 16 warps beat the default
-    # 1024 x 4 by 2.3-2.5 % at V 128256 on both GPUs, runs 221 and 223), then the LM head's
-    # raster row-group height (GROUP_M 4-32)
     SCRIPT_TIMEOUT=80 bash scripts/gpu_call.sh "script:row_sweep.py 16384 cegrid"
     SCRIPT_TIMEOUT=110 bash scripts/gpu_call.sh "script:group_ab.py --out $OUT/group_ab.json"
     ;;
   10)
-    # (an H100) its ce_logits_scaled keys at 16384 tokens re-tuned under the store order
-    # (5133acd re-keyed them: its entries were tuned reductions-first, run 221)
-    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 10 is for an H100" >&2; exit 2; }
-    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=200 \
-      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
+    # (either GPU; the H200 first) the LM head's logits programs re-tuned at 16384 tokens
+    # with their candidates at GROUP_M 8 and 4 (08e10be; the H100's three e1 keys were set
+    # to 4 by hand from run 225, the H200's are untried), into a copy of the shipped table;
+    # on the H100 this also re-tunes ce_logits_scaled under the store order (5133acd
+    # re-keyed it; its 8B-width entry is a Triton pick from run 221). First the raster A/B
+    # and the gradient pass's launch (run 225 had them on an H100 only)
+    SCRIPT_TIMEOUT=70 bash scripts/gpu_call.sh "script:group_ab.py --groups 4 8 --out $OUT/group_ab.json"
+    SCRIPT_TIMEOUT=60 bash scripts/gpu_call.sh "script:row_sweep.py 16384 cegrid"
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=280 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits ce_logits_scaled" \
       bash scripts/gpu_call.sh tune
+    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+    RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits ce_logits_scaled"
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10" >&2
