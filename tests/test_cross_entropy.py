@@ -824,3 +824,60 @@ def test_dx_f32_rounds_dx_once(device, finish):
         backend = "inductor" if ON_GPU else "aot_eager"
         (compiled,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(xl), xl, g)
     assert compiled.dtype == x.dtype and torch.equal(compiled, eager)
+
+
+def _grad_pass_reference(stored, lse, target, scale, a, b, w, smooth, softcap, r, dtype):
+    """The gradient pass's formula (``ce.ce_grad_``'s docstring) in ``dtype``: the written
+    gradient, the rows' sums of w c, and dr."""
+    stored = stored.to(dtype)
+    c = stored * r.to(dtype)[:, None]
+    if softcap:
+        c = softcap * torch.tanh(c / softcap)
+    p = torch.exp((c - lse[0].to(dtype)[:, None]) - lse[1].to(dtype)[:, None])
+    V = stored.shape[1]
+    hit = torch.zeros_like(p)
+    rows = torch.nonzero((target >= 0) & (target < V))[:, 0]
+    hit[rows, target[rows]] = 1.0
+    g = a.to(dtype)[:, None] * p - b.to(dtype)[:, None] * hit - smooth * w.to(dtype)
+    if softcap:
+        g = g * (1 - (c / softcap) ** 2)
+    out = g * (scale.to(dtype) * r.to(dtype))[:, None]
+    return out, (w.to(dtype) * c).sum(1), scale.to(dtype) * (g * stored).sum(1)
+
+
+@pytest.mark.parametrize("every", [False, True], ids=["plain", "every option"])
+def test_grad_pass_over_rows_longer_than_its_block(every, device):
+    """The gradient pass (``ce.ce_grad_``, in place) over rows of two and a bit launch
+    blocks (``ce.GRAD_BLOCK``): the written gradient, and the row sums carried across the
+    blocks (the smoothing term's sum of w c, the row scale's dr), against its formula in
+    float64, within twice the error of the same formula in float32 (float16 logits)."""
+    from codetta.programs import ce
+
+    M, V = 5, 2 * ce.GRAD_BLOCK + 37
+    g = torch.Generator(device=device).manual_seed(7)
+    stored = (torch.randn(M, V, device=device, generator=g) * 3).half()
+    target = torch.randint(0, V, (M,), device=device, generator=g)
+    target[1] = -100  # (an ignored row: nothing subtracted)
+    scale = torch.rand(M, device=device, generator=g) + 0.5
+    r = torch.rand(M, device=device, generator=g) + 0.5 if every else torch.ones(M, device=device)
+    a = torch.rand(M, device=device, generator=g) + 0.5 if every else torch.ones(M, device=device)
+    b = torch.rand(M, device=device, generator=g) + 0.5 if every else torch.ones(M, device=device)
+    w = torch.rand(V, device=device, generator=g) + 0.5 if every else torch.ones(V, device=device)
+    smooth, softcap = (0.1 / V, 30.0) if every else (0.0, 0.0)
+    c = stored.double() * r.double()[:, None]
+    c = softcap * torch.tanh(c / softcap) if softcap else c
+    lse64 = c.logsumexp(1)
+    hi = lse64.float()
+    lse = torch.stack([hi, (lse64 - hi.double()).float()])
+    args = (stored, lse, target, scale, a, b, w, smooth, softcap, r)
+    want = _grad_pass_reference(*args, torch.float64)
+    same = _grad_pass_reference(*args, torch.float32)
+    logits = stored.clone()
+    opts = dict(a=a, b=b, weight=w, smooth=smooth, softcap=softcap, row_scale=r) if every else {}
+    sums, dr = ce.ce_grad_(logits, lse, target, scale, want_sum=True, **opts)
+    assert_within("gradient", logits, want[0], same[0].half())
+    assert_within("sum w c", sums, want[1], same[1])
+    if every:
+        assert_within("dr", dr, want[2], same[2])
+    else:
+        assert dr is None
