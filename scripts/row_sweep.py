@@ -14,10 +14,11 @@ chunks), timed paired, as us and GB/s (bytes read and written / time):
   warps x programs per SM. Its outputs must equal the default launch's bit for bit
   (dgamma's partials follow the programs' rows, so only their sum is compared, 1e-5).
 
-Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens] [finish] [ce] [cegrid] [rms]
-(default 16384 tokens, every sweep but cegrid: the gradient pass's launch at five vocabulary
-widths, plain and row-scaled, against the default). The LSE partials are (max, sum) pairs, [M, 2T], since
-the split log-sum-exp (NOTES.md); run 114 timed the single-value [M, T] ones.
+Usage (repo root): PYTHONPATH=. python scripts/row_sweep.py [tokens] [finish] [ce] [cegrid]
+[rms] (default 16384 tokens, every sweep but cegrid: the gradient pass's launch at five
+vocabulary widths, plain and row-scaled, against 1024 x 4 warps, the launch before 4096 x
+16). The LSE partials are (max, sum) pairs, [M, 2T], since the split log-sum-exp (NOTES.md);
+run 114 timed the single-value [M, T] ones.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def ce_grad(V: int = 128256, M: int = 4096) -> None:
 def ce_grad_shapes(M: int = 4096) -> None:
     """The gradient pass's launch at other vocabulary widths (a vocab slice's 32768 and
     65536, Llama 3's 128256, Qwen's 151936, Gemma's 262144), plain and with the row scale
-    (the final norm as factors: dr formed too): each launch's output the default's bits
+    (the final norm as factors: dr formed too): each launch's output the 1024 x 4 launch's bits
     (dr within 1e-5 relative: its sum follows the block)."""
     print(f"== ce grad launch by vocabulary width, [{M}, V] bf16 (time / 1024 x 4 warps, the launch "
           f"before {ce.GRAD_BLOCK} x {ce.GRAD_WARPS})")  # fmt: skip
@@ -130,7 +131,7 @@ def ce_grad_shapes(M: int = 4096) -> None:
                     ref = outs[base][1]
                     same = same and ((outs[k][1] - ref).abs().max() <= 1e-5 * ref.abs().max()).item()
                 row.append(f"{k[0]}x{k[1]} {t[k] / t[base]:.3f}{'' if same else ' DIFFERS'}")
-            print(f"  V {V:6d} {'row scale' if rowscale else 'plain    '} default {t[base] * 1e3:7.1f} us: "
+            print(f"  V {V:6d} {'row scale' if rowscale else 'plain    '} 1024x4 {t[base] * 1e3:7.1f} us: "
                   + ", ".join(row[1:]), flush=True)  # fmt: skip
         del src
 

@@ -196,7 +196,9 @@ PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
 
 def with_row_groups(cfgs, groups=(8, 4)) -> tuple:
     """Each ping-pong candidate at each raster row-group height (``group_m``; the first
-    is the candidates' own). The ping-pong kernel takes GROUP_M at run time: one binary.
+    is the candidates' own). The ping-pong kernel takes GROUP_M at run time: one binary
+    for 4 and 8 (Triton specializes an integer argument only at 1 and multiples of 16: a
+    group of 16 or 32 would compile again, and the sm_90a check compiles only 8's).
     The vocabulary-wide logits (4096-row chunks of V 128256, e1) took 8-15 % less time at 4
     than at 8 under paired timing and 2-7 % under sustained-block timing on an H100 (run
     225, three runs, scripts/group_ab.py; K1's shapes did not gain, the portable mainloop's

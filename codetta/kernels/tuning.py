@@ -236,7 +236,8 @@ def rule_config(call: GemmCall, cands: list[Config]) -> Config:
         if pick is not None:
             return pick
     if pingpong and tiles >= 2 * sms:
-        return pingpong[-1]
+        # (at the candidates' own row group: configs.with_row_groups appends other groups)
+        return [c for c in pingpong if c.group_m == pingpong[0].group_m][-1]
     if tiles < 2 * sms:
         pick = first(lambda c: c.occupancy == 2)
         if pick is not None:

@@ -90,7 +90,7 @@ CE_LOGITS_SCALED = Program(
     # the stored values and their products held at once spilled 80 B on the ping-pong
     # mainloop at a whole 128x128 sub-tile (bf16, sm_90a check) with the reductions first;
     # with the tile stored first, no sub-tile spills: CE_LOGITS's candidates (e1, e2) and the
-    # quarters (e4) of the H100's tuned entries
+    # quarters (e4, the H200's 1B-width pick, run 223), each at row groups 8 and 4
     stores_first=True,
     pingpong_configs=with_row_groups(PINGPONG_CANDIDATES + PINGPONG_HEAVY_CANDIDATES),
     # the same tiles and mainloop with one product more an element: CE_LOGITS's picks (the
@@ -144,7 +144,8 @@ CE_LOGITS_EXT = Program(
 # The gradient pass's launch: one program a row, 4096 columns a step over 16 warps. Against
 # 1024 over 4 (the launch before): 0.963-0.996 of its time at V 32768-262144 on an H100,
 # plain and with the row scale, and 0.977 at V 128256 on an H200 (runs 223, 225,
-# scripts/row_sweep.py; the same bits: the pass is elementwise, dr's sum aside)
+# scripts/row_sweep.py; the same bits: the pass is elementwise, its row sums' (dr, and the
+# sum of w c) order aside)
 GRAD_BLOCK, GRAD_WARPS = 4096, 16
 
 
@@ -213,10 +214,10 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
     (a = b = 1 and w = 1 when not given; a target outside [0, V) subtracts nothing).
     Returns (sums, dr): sum_n w[n] c[m, n] per row (fp32 [M]) with ``want_sum``, else None;
     ``write=False`` leaves the logits as they are. ``row_scale`` (fp32 [M], r): the stored
-    values are CE_LOGITS_SCALED's unscaled a and l = r a; the written gradient is then also
-    times r[m] (so that dX and dW, GEMMs on the unscaled input, are its gradients), and dr
-    (fp32 [M], with ``write``) is scale[m] sum_n g[m, n] a[m, n], g the bracket above (the
-    loss's gradient with respect to r); else None."""
+    values s are CE_LOGITS_SCALED's unscaled products and l = r s; the written gradient is
+    then also times r[m] (so that dX and dW, GEMMs on the unscaled input, are its
+    gradients), and dr (fp32 [M], with ``write``) is scale[m] sum_n g[m, n] s[m, n], g the
+    bracket above times dc/dl (the loss's gradient with respect to r); else None."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be a row-contiguous [M, V] tensor, got strides {logits.stride()}")
     M, V = logits.shape
