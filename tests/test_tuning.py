@@ -173,6 +173,10 @@ def test_rule_config_follows_the_shape():
     few = tuning.rule_config(call(2048, 2048), cands(pg.STORE))
     assert few.occupancy == 2
     assert tuning.rule_config(call(64, 256), TRITON.candidates(pg.STORE)).occupancy == 2
+    # candidates at two raster row groups (the LM head's logits: configs.with_row_groups):
+    # the finest split at the candidates' own group, 8, not the appended 4
+    slice_ = tuning.rule_config(call(16384, 32768, prog=pg.CE_LOGITS), cands(pg.CE_LOGITS))
+    assert slice_.pingpong and (slice_.epi_split, slice_.group_m) == (2, 8)
 
 
 def test_pingpong_policy():
