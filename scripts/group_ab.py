@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 import torch
-from order_ab import _tensors, cases, time_against_cublas
+from order_ab import _tensors, cases, save_rows, time_against_cublas
 
 from codetta.kernels import launch
 from codetta.kernels.launch import gemm
@@ -61,10 +60,7 @@ def main() -> int:
         p, s = time_against_cublas(fns, 12)
         rows.append(dict(widths=spec, program=prog.name, M=rec.M, N=rec.N, K=rec.K, chosen=chosen.short(),
                          paired=p, sustained=s))  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return save_rows(args.out, rows)
 
 
 if __name__ == "__main__":

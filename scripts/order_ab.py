@@ -2,11 +2,12 @@
 
 ``Program.stores_first`` stores a sub-tile's tile outputs before its reductions (the
 default forms the reductions first). CE_LOGITS_SCALED sets it (its whole-sub-tile e1
-spilled 80 B otherwise); whether the plain logits program, or K1, gains from it too was
-not measured. For the LM head's logits chunk (4096 rows, V 128256) at 1B and 8B width
-and K1's o_proj call (16384 x d x d): each program at each of its ping-pong epilogue
-splits in both orders (the order that spills at e1 left out), with cuBLAS's GEMM of the
-same shape, under paired and sustained-block timing in one run.
+spilled 80 B otherwise); run 224 (an H100) found that the plain logits program and K1 do
+not gain from it, and that it costs the scaled program's streaming splits 5-7 %. For the
+LM head's logits chunk (4096 rows, V 128256) at 1B and 8B width and K1's o_proj call
+(16384 x d x d): each program at each of its ping-pong epilogue splits in both orders (the
+order that spills at e1 left out), with cuBLAS's GEMM of the same shape, under paired and
+sustained-block timing in one run.
 
 Usage (repo root): PYTHONPATH=. python scripts/order_ab.py [--tokens 16384] [--out FILE]
     [--only ce_logits ce_logits_scaled residual_rms]
@@ -46,6 +47,14 @@ def time_against_cublas(fns: dict, width: int) -> tuple[dict, dict]:
         ratio = f"{p[k] / p['cublas']:.3f} / {s[k] / s['cublas']:.3f}"
         print(f"  {k:<{width}} {p[k]:7.3f} / {s[k]:7.3f}   {ratio}")
     return p, s
+
+
+def save_rows(path: str | None, rows: list) -> int:
+    """The rows as JSON at ``path`` (none: nothing written); the scripts' exit status."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
 
 
 def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
@@ -116,10 +125,7 @@ def main() -> int:
         p, s = time_against_cublas(fns, 36)
         rows.append(dict(widths=spec, program=prog.name, M=rec.M, N=rec.N, K=rec.K, paired=p, sustained=s,
                          same_bits=same))  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return save_rows(args.out, rows)
 
 
 if __name__ == "__main__":

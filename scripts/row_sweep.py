@@ -30,7 +30,7 @@ import torch
 import triton
 
 from codetta.kernels import device, precompile, reductions
-from codetta.kernels.timing import paired_ms
+from codetta.kernels.timing import paired_ms, sustained_ms
 from codetta.programs import ce, norm_rows
 
 REPS = 20
@@ -102,7 +102,7 @@ def ce_grad_shapes(M: int = 4096) -> None:
     (the final norm as factors: dr formed too): each launch's output the 1024 x 4 launch's bits
     (dr within 1e-5 relative: its sum follows the block)."""
     print(f"== ce grad launch by vocabulary width, [{M}, V] bf16 (time / 1024 x 4 warps, the launch "
-          f"before {ce.GRAD_BLOCK} x {ce.GRAD_WARPS})")  # fmt: skip
+          f"before {ce.GRAD_BLOCK} x {ce.GRAD_WARPS}; paired / sustained)")  # fmt: skip
     launches = ((1024, 4), (2048, 8), (4096, 16), (8192, 16), (8192, 8))
     for V in (32768, 65536, 128256, 151936, 262144):
         src = torch.randn(M, V, device="cuda", dtype=torch.bfloat16) * 4
@@ -123,6 +123,7 @@ def ce_grad_shapes(M: int = 4096) -> None:
                 outs[(block, warps)] = (logits.clone(), dr.clone())
                 fns[(block, warps)] = fn
             t = _time(fns)
+            s = sustained_ms(fns, block_ms=30.0, blocks=3, warm_s=0.1, settle_ms=30.0)
             base = launches[0]
             row = []
             for k in launches:
@@ -130,7 +131,8 @@ def ce_grad_shapes(M: int = 4096) -> None:
                 if rowscale:
                     ref = outs[base][1]
                     same = same and ((outs[k][1] - ref).abs().max() <= 1e-5 * ref.abs().max()).item()
-                row.append(f"{k[0]}x{k[1]} {t[k] / t[base]:.3f}{'' if same else ' DIFFERS'}")
+                ratio = f"{t[k] / t[base]:.3f} / {s[k] / s[base]:.3f}"
+                row.append(f"{k[0]}x{k[1]} {ratio}{'' if same else ' DIFFERS'}")
             print(f"  V {V:6d} {'row scale' if rowscale else 'plain    '} 1024x4 {t[base] * 1e3:7.1f} us: "
                   + ", ".join(row[1:]), flush=True)  # fmt: skip
         del src

@@ -142,10 +142,10 @@ CE_LOGITS_EXT = Program(
 
 
 # The gradient pass's launch: one program a row, 4096 columns a step over 16 warps. Against
-# 1024 over 4 (the launch before): 0.963-0.996 of its time at V 32768-262144 on an H100,
-# plain and with the row scale, and 0.977 at V 128256 on an H200 (runs 223, 225,
-# scripts/row_sweep.py; the same bits: the pass is elementwise, its row sums' (dr, and the
-# sum of w c) order aside)
+# 1024 over 4 (the launch before), under paired timing only (scripts/row_sweep.py; its
+# sustained-block timing is not yet run): 0.963-0.996 of its time at V 32768-262144 on an
+# H100, plain and with the row scale, and 0.977 at V 128256 on an H200 (runs 225, 223; the
+# same bits: the pass is elementwise, its row sums' (dr, and the sum of w c) order aside)
 GRAD_BLOCK, GRAD_WARPS = 4096, 16
 
 
