@@ -12,10 +12,23 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 9    # step 5's GPU tests whole; the grad pass launch; GROUP_M
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # the LM head's keys re-tuned with GROUP_M 8 and 4 (H200 first)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 11   # H100: its 8B-width LM-head re-pick in a model step
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 12   # H200: the loss against its peers (bench ce) after 10
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
 export OUT
+
+# The LM head's logits keys (ce_logits_scaled: every model's head hands its final norm to
+# the loss as factors) tuned at 16384 tokens within $1 s, merged into a copy of the shipped
+# table that this checkout then runs, then timed against cuBLAS (one process)
+tune_head() {
+  CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
+    TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
+    bash scripts/gpu_call.sh tune
+  cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+  RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
+}
+
 case "${1:-}" in
   1)
     # the wgmma fixes after run 216 timed (fp16 ce_logits, P.rounded: 2x cuBLAS before; the
@@ -71,11 +84,7 @@ case "${1:-}" in
     TEST_TIMEOUT=200 bash scripts/gpu_call.sh \
       "tests:tests/test_cross_entropy.py tests/test_residual_rmsnorm.py tests/test_shipped.py tests/test_programs.py tests/test_pingpong.py -k 'row_scale or factors or compile_fullgraph or scaled_logits or matches_float64 or without_slack or split_row_lse or row_finish or ce_logits'" \
       "script:row_sweep.py 16384 finish ce"
-    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
-      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
-      bash scripts/gpu_call.sh tune
-    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
-    RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
+    tune_head 150
     CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=90 bash scripts/gpu_call.sh \
       "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits"
     ;;
@@ -152,11 +161,7 @@ case "${1:-}" in
     # final norm is handed to the loss as factors: the tuner refuses a program no model runs)
     TEST_TIMEOUT=200 TEST_WORKERS=2 bash scripts/gpu_call.sh \
       "tests:tests/test_cross_entropy.py tests/test_pingpong.py tests/test_programs.py -k 'options or row_scale or vocab_chunk or longer_than or ce_logits or tanh'"
-    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=240 \
-      TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 16384 --program ce_logits_scaled" \
-      bash scripts/gpu_call.sh tune
-    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
-    RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits ce_logits_scaled"
+    tune_head 240
     ;;
   11)
     # (an H100) run 226's tuner moved the H100's ce_logits_scaled 8B-width keys from the
@@ -169,8 +174,16 @@ case "${1:-}" in
     SCRIPT_TIMEOUT=400 bash scripts/gpu_call.sh \
       "script:table_ab.py .table-before-h100.json --cases 8B-4layers+head --batch 4 --step fwd-bwd --rounds 3"
     ;;
+  12)
+    # (an H200, after 10 on the same warm machine, whose re-tuned table it then runs) the loss
+    # against cuBLAS, torch.compile and Liger at issue 15's shapes: on the H100 (run 230) it
+    # was behind the compile at every shape; the H200's last full run is 138 (30557dd),
+    # before the split log-sum-exp, the row scale, GROUP_M 4 and the gradient pass's launch
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 12 is for an H200" >&2; exit 2; }
+    BENCH_TIMEOUT=540 bash scripts/gpu_call.sh bench:ce
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12" >&2
     exit 2
     ;;
 esac
