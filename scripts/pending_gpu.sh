@@ -12,7 +12,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 9    # step 5's GPU tests whole; the grad pass launch; GROUP_M
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # the LM head's keys re-tuned with GROUP_M 8 and 4 (H200 first)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 11   # H100: its 8B-width LM-head re-pick in a model step
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 12   # H200: the loss against its peers (bench ce) after 10
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 12   # H200: the loss against its peers (bench ce)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -147,35 +147,37 @@ case "${1:-}" in
     SCRIPT_TIMEOUT=110 bash scripts/gpu_call.sh "script:group_ab.py --out $OUT/group_ab.json"
     ;;
   10)
-    # (either GPU; the H200 first) the LM head's logits programs re-tuned at 16384 tokens
-    # with their candidates at GROUP_M 8 and 4 (08e10be; the H100's three e1 keys were set
-    # to 4 by hand from run 225, the H200's are untried), into a copy of the shipped table;
-    # on the H100 this also re-tunes ce_logits_scaled under the store order (5133acd
-    # re-keyed it; its 8B-width entry is a Triton pick from run 221). First the raster A/B
-    # and the gradient pass's launch (run 225 had them on an H100 only)
+    # (the H200: run 226 did it on an H100) the LM head's logits keys (ce_logits_scaled)
+    # re-tuned at 16384 tokens with their candidates at GROUP_M 8 and 4 (08e10be; the H100's
+    # table has e1 at 4 for all three, the H200's are untried), into a copy of the shipped
+    # table. First the raster A/B and the gradient pass's launch (paired and sustained)
     # (and P.tanh made accurate, 3d8b819: the soft-capped loss and the long-row gradient
-    # pass's test on the GPU)
+    # pass's test on the GPU; they passed on the H100, run 226). Limits: 70 + 60 + 200 + 170
+    # + the ratios' 90 = 590 s of a call's 600 (run 226: the tune took ~70 s on a warm cache)
     SCRIPT_TIMEOUT=70 bash scripts/gpu_call.sh "script:group_ab.py --groups 4 8 --out $OUT/group_ab.json"
     SCRIPT_TIMEOUT=60 bash scripts/gpu_call.sh "script:row_sweep.py 16384 cegrid"
-    # (run 226, an H100: the tests need ~170 s cold; no model's head runs ce_logits, whose
-    # final norm is handed to the loss as factors: the tuner refuses a program no model runs)
+    # (run 226, an H100: the tests were cut at 100 s cold, took 53 s warm; no model's head
+    # runs ce_logits, its final norm being handed to the loss as factors: the tuner refuses
+    # a program no model runs)
     TEST_TIMEOUT=200 TEST_WORKERS=2 bash scripts/gpu_call.sh \
       "tests:tests/test_cross_entropy.py tests/test_pingpong.py tests/test_programs.py -k 'options or row_scale or vocab_chunk or longer_than or ce_logits or tanh'"
-    tune_head 240
+    tune_head 170
     ;;
   11)
     # (an H100) run 226's tuner moved the H100's ce_logits_scaled 8B-width keys from the
     # Triton pick (s4w8e4g8Ft4) to the ping-pong e1 at GROUP_M 4: paired 1.18x cuBLAS against
     # 1.26x, sustained 1.25x against 1.18x, in two calls. The model step judges: an 8B-width
     # step with the LM head against the same step with the table before (git show
-    # f2f5bf7:codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json > .table-before-h100.json)
+    # f2f5bf7:codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json > .table-before-h100.json;
+    # .table-*.json is git-ignored: name it in the call's carry, else the device's checkout
+    # must hold f2f5bf7 for the git show below). Run 227: 1.007 / 1.005 before / after, kept
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 11 is for an H100" >&2; exit 2; }
     [ -f .table-before-h100.json ] || git show f2f5bf7:codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json > .table-before-h100.json
     SCRIPT_TIMEOUT=400 bash scripts/gpu_call.sh \
       "script:table_ab.py .table-before-h100.json --cases 8B-4layers+head --batch 4 --step fwd-bwd --rounds 3"
     ;;
   12)
-    # (an H200, after 10 on the same warm machine, whose re-tuned table it then runs) the loss
+    # (an H200, with the table as committed: merge step 10's keys first, merge_tuned.py) the loss
     # against cuBLAS, torch.compile and Liger at issue 15's shapes: on the H100 (run 230) it
     # was behind the compile at every shape; the H200's last full run is 138 (30557dd),
     # before the split log-sum-exp, the row scale, GROUP_M 4 and the gradient pass's launch
