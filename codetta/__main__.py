@@ -87,6 +87,8 @@ PART_VARIANTS = (
     "codetta-keep-y",
     "codetta:low-memory",
     "codetta:dx-f32",
+    "codetta:row-scale",
+    "codetta:chunk-2g",
 )
 
 
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
         "launch through Triton's own path (no-direct) or the loss's dX kept in float32 to the "
         "backward's scale (ce-dx-f32); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
-        "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory and codetta:dx-f32 (ce). "
+        "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory, codetta:dx-f32, "
+        "codetta:row-scale and codetta:chunk-2g (ce). "
         "A name a part "
         "lacks is skipped there",
     )

@@ -181,8 +181,13 @@ case "${1:-}" in
     # against cuBLAS, torch.compile and Liger at issue 15's shapes: on the H100 (run 230) it
     # was behind the compile at every shape; the H200's last full run is 138 (30557dd),
     # before the split log-sum-exp, the row scale, GROUP_M 4 and the gradient pass's launch
-    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 12 is for an H200" >&2; exit 2; }
-    BENCH_TIMEOUT=540 bash scripts/gpu_call.sh bench:ce
+    # (H100: STEP12_ANY_GPU=1 runs it there too: run 230 lacked the chunk-2g variant)
+    [ -n "${STEP12_ANY_GPU:-}" ] || nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 \
+      || { echo "step 12 is for an H200 (STEP12_ANY_GPU=1: any GPU)" >&2; exit 2; }
+    # (and codetta:chunk-2g: 2 GiB row chunks, half the float32 dW sum's passes, one chunk at
+    # 8192 tokens; the low-memory and dx-f32 variants left out for the time)
+    BENCH_TIMEOUT=540 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:chunk-2g" \
+      bash scripts/gpu_call.sh bench:ce
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12" >&2

@@ -164,6 +164,11 @@ def test_ce_part_on_cpu():
     assert ce.same_bits(p)
     assert set(ce.check(p, ce.codetta_dx_f32, tol=1e-4)) == {"loss", "dx", "dw"}  # (the A/B variant)
     assert set(ce.check(p, ce.codetta_row_scale, tol=1e-4)) == {"loss", "dx", "dw"}  # (the row-scaled one)
+    assert set(ce.check(p, ce.codetta_chunk_2g, tol=1e-4)) == {"loss", "dx", "dw"}  # (2 GiB chunks)
+    # every codetta variant of the part can be asked for by name (--variants)
+    from codetta.__main__ import PART_VARIANTS
+
+    assert set(ce.CODETTA_VARIANTS) - {"codetta"} <= set(PART_VARIANTS)
     assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
 
 

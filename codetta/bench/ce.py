@@ -6,7 +6,9 @@ torch.compile of it and Liger's fused linear cross-entropy, and codetta's low-me
 mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes), ``codetta:dx-f32`` (dX kept
 in float32 to the backward's scale, ``CODETTA_CE_DX_F32``) and ``codetta:row-scale`` (the
 logits' rows scaled in the epilogue, ``row_scale=``, as the drop-in's final norm passes its
-rstd; a scale of ones here, so the values are the plain ones). Also each variant's peak
+rstd; a scale of ones here, so the values are the plain ones) and ``codetta:chunk-2g`` (row
+chunks of 2 GiB of logits, ``CODETTA_CE_CHUNK_MB=2048``: half the passes over the float32
+dW sum, one chunk and no sum at 8192 tokens; 1 GiB more memory). Also each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
 """
 
@@ -55,6 +57,24 @@ def codetta_row_scale(x, w, t):
     """codetta with a row scale (ones: the same values as ``codetta``): the row-scaled logits
     program and gradient pass the drop-in's final norm runs, timed against the plain ones."""
     return linear_cross_entropy(x, w, t, row_scale=torch.ones(t.shape, device=t.device))
+
+
+def codetta_chunk_2g(x, w, t):
+    """codetta with ``CODETTA_CE_CHUNK_MB=2048``: twice the rows per chunk, so half the
+    read-modify-write passes over the float32 dW sum (their cost against the memory:
+    NOTES.md, runs 226-230)."""
+    with override(ce_chunk_mb=2048):
+        return linear_cross_entropy(x, w, t)
+
+
+# codetta's variants here (the CLI's --variants offers each name: __main__.PART_VARIANTS)
+CODETTA_VARIANTS = {
+    "codetta": codetta,
+    "codetta:low-memory": codetta_low_memory,
+    "codetta:dx-f32": codetta_dx_f32,
+    "codetta:row-scale": codetta_row_scale,
+    "codetta:chunk-2g": codetta_chunk_2g,
+}
 
 
 def liger_fn():
@@ -120,14 +140,11 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
     case = f"T {tokens} d {d} V {V}"
     p = problem(tokens, d, V)
     (x, w), t = p["leaves"], p["target"]
-    variants = {"eager": eager, "torch.compile": torch.compile(eager), "codetta": codetta,
-                "codetta:low-memory": codetta_low_memory, "codetta:dx-f32": codetta_dx_f32,
-                "codetta:row-scale": codetta_row_scale}  # fmt: skip
+    variants = {"eager": eager, "torch.compile": torch.compile(eager), **CODETTA_VARIANTS}
     liger = liger_fn()
     if liger is not None:
         variants["liger"] = liger
-    for name in ("codetta", "codetta:low-memory", "codetta:dx-f32", "codetta:row-scale"):
-        fn = variants[name]
+    for name, fn in CODETTA_VARIANTS.items():
         errs = check(p, fn)
         print(f"  {case}: {name} vs eager {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; "
               f"same bits on two runs: {same_bits(p, fn)}")  # fmt: skip
