@@ -89,6 +89,7 @@ PART_VARIANTS = (
     "codetta:dx-f32",
     "codetta:row-scale",
     "codetta:chunk-2g",
+    "codetta:probs",
 )
 
 
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
         "backward's scale (ce-dx-f32); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory, codetta:dx-f32, "
-        "codetta:row-scale and codetta:chunk-2g (ce). "
+        "codetta:row-scale, codetta:chunk-2g and codetta:probs (ce). "
         "A name a part "
         "lacks is skipped there",
     )

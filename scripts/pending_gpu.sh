@@ -185,8 +185,11 @@ case "${1:-}" in
     [ -n "${STEP12_ANY_GPU:-}" ] || nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 \
       || { echo "step 12 is for an H200 (STEP12_ANY_GPU=1: any GPU)" >&2; exit 2; }
     # (and codetta:chunk-2g: 2 GiB row chunks, half the float32 dW sum's passes, one chunk at
-    # 8192 tokens; the low-memory and dx-f32 variants left out for the time)
-    BENCH_TIMEOUT=540 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:chunk-2g" \
+    # 8192 tokens; codetta:probs, CODETTA_CE_PROBS=1: no gradient pass, CPU-built, its first
+    # GPU run: first run its tests, `pytest tests/test_cross_entropy.py -k probs`; the
+    # low-memory and dx-f32 variants left out for the time)
+    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k probs"
+    BENCH_TIMEOUT=480 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:chunk-2g codetta:probs" \
       bash scripts/gpu_call.sh bench:ce
     ;;
   *)

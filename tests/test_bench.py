@@ -165,6 +165,8 @@ def test_ce_part_on_cpu():
     assert set(ce.check(p, ce.codetta_dx_f32, tol=1e-4)) == {"loss", "dx", "dw"}  # (the A/B variant)
     assert set(ce.check(p, ce.codetta_row_scale, tol=1e-4)) == {"loss", "dx", "dw"}  # (the row-scaled one)
     assert set(ce.check(p, ce.codetta_chunk_2g, tol=1e-4)) == {"loss", "dx", "dw"}  # (2 GiB chunks)
+    assert set(ce.check(p, ce.codetta_probs, tol=1e-4)) == {"loss", "dx", "dw"}  # (no gradient pass)
+    assert ce.same_bits(p, ce.codetta_probs)
     # every codetta variant of the part can be asked for by name (--variants)
     from codetta.__main__ import PART_VARIANTS
 

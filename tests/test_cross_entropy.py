@@ -426,7 +426,7 @@ def _strictly_within(name, ours, ref64, same):
     assert e_ours <= 2 * e_torch + slack, f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e}"
 
 
-@pytest.mark.parametrize("mode", ["chunks", "vocab_chunk", "row_scale", "options", "exact"])
+@pytest.mark.parametrize("mode", ["chunks", "vocab_chunk", "row_scale", "options", "exact", "probs"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_float32_large_logits_without_slack(mode, reduction, device):
     """float32 logits up to ~100 in magnitude, a third of the rows' targets their top
@@ -476,7 +476,8 @@ def test_float32_large_logits_without_slack(mode, reduction, device):
         return _torch_options(x, w, t, reduction, None, cw_, upcast=False, **kw)
 
     leaves = (x, w) if r is None else (x, w, r)
-    got = run(ours, *leaves)
+    with settings.override(ce_probs=mode == "probs"):  # (q = exp(l - ref) stored: CODETTA_CE_PROBS)
+        got = run(ours, *leaves)
     want = run(theirs, *(v.double() for v in leaves))
     same = run(theirs, *leaves)
     assert (x @ w.t()).abs().max() > 60
@@ -881,3 +882,108 @@ def test_grad_pass_over_rows_longer_than_its_block(every, device):
         assert_within("dr", dr, want[2], same[2])
     else:
         assert dr is None
+
+
+def _count_probs_chunks(monkeypatch):
+    """Counts of the chunks the probabilities path (``CODETTA_CE_PROBS``) ran, and of those
+    out of their window (whose call then ran again on the stored-logits path)."""
+    from codetta.ops import cross_entropy as ce_op
+
+    seen = {"chunks": 0, "out of window": 0}
+    real = ce_op._probs_chunk
+
+    def counted(*args):
+        ok = real(*args)
+        seen["chunks"] += 1
+        seen["out of window"] += int(not bool(ok))
+        return ok
+
+    monkeypatch.setattr(ce_op, "_probs_chunk", counted)
+    return seen
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("M,d,V,rows", SHAPES, ids=str)
+def test_probs_path_matches_float64(M, d, V, rows, reduction, device, monkeypatch):
+    """``CODETTA_CE_PROBS=1`` (experimental): the logits GEMM stores q = exp(l - ref) for a
+    per-row reference (the row's largest logit over a sample of classes, plus a margin),
+    p = q / sum q is a row factor of the dX GEMM's epilogue (CE_PROBS_DX, the target's row
+    of W subtracted there in float32) and of x in the dW GEMM (the target's rows added
+    into the float32 dW sum), so no gradient pass runs. Loss and both gradients within
+    twice PyTorch's error, ignored targets, several chunks, every chunk on that path
+    (float32 on the CPU; bf16 on the GPU, where float16 keeps the stored-logits path)."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    seen = _count_probs_chunks(monkeypatch)
+    g = torch.Generator(device=device).manual_seed(0)
+    t = torch.randint(0, V, (M,), device=device, generator=g)
+    t[::7] = -100
+    grad = torch.rand(M, device=device, generator=g) + 0.5 if reduction == "none" else None
+    with settings.override(ce_probs=True):
+        _check(M, d, V, rows, dtype, device, reduction, t, grad=grad)
+    assert seen["chunks"] >= -(-M // (rows or M)) and seen["out of window"] == 0
+
+
+def test_probs_path_same_bits_and_window(device, monkeypatch):
+    """The probabilities path gives the same bits on two runs; a row whose largest logit
+    lies far above its sampled classes' (past the window: q overflows) sends the call back
+    to the stored-logits path, whose results stand (within twice PyTorch's error); a call
+    without such a row stays on the probabilities path."""
+    from codetta.ops import cross_entropy as ce_op
+
+    if ON_GPU:
+        pytest.skip("an interpreter test (float32)")
+    seen = _count_probs_chunks(monkeypatch)
+    M, d, V, rows = 32, 32, 300, 8
+    x = rand(M, d, dtype=torch.float32, device=device)
+    w = rand(V, d, dtype=torch.float32, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    sampled = set(torch.linspace(0, V - 1, min(V, ce_op.PROBS_SAMPLE)).round().long().tolist())
+    far = next(v for v in range(V) if v not in sampled)
+    # row 3 (the first chunk): its logit for the class `far` ~200 above the rest
+    w[far] = x[3] / x[3].norm() * (200.0 / x[3].norm())
+    t[3] = far
+
+    def ours(x, w, t, r):
+        return linear_cross_entropy(x, w, t, reduction=r, chunk_rows=rows)
+
+    def exact(x, w, t, r):
+        return F.cross_entropy(F.linear(x, w), t, reduction=r)
+
+    with settings.override(ce_probs=True):  # (q overflows float32 in the first chunk: numpy warns)
+        first, again = (_run(ours, x, w, t, "sum") for _ in range(2))
+    assert seen == {"chunks": 8, "out of window": 2}  # (two runs of 4 chunks, the first out)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    t_in = t.clone()
+    t_in[3] = 0
+    w_in = w.clone()
+    w_in[far] = w[far + 1]  # (the far class gone: every chunk in its window)
+    with settings.override(ce_probs=True):
+        _run(ours, x, w_in, t_in, "sum")
+    assert seen == {"chunks": 12, "out of window": 2}
+    want = _run(exact, x.double(), w.double(), t, "sum")
+    same = _run(_torch, x, w, t, "sum")
+    for name, a, b, c in zip(("loss", "dinput", "dweight"), first, want, same):
+        assert_within(name, a, b, c)
+
+
+@pytest.mark.parametrize("case", ["float16", "smoothing", "row_scale", "softcap", "dx_f32"])
+def test_probs_path_only_where_it_holds(case, device, monkeypatch):
+    """With ``CODETTA_CE_PROBS=1`` the calls the probabilities path does not cover keep the
+    stored-logits path: float16 (its range leaves the reference no room), label smoothing,
+    class weights, z-loss, a row scale, a bias or soft-cap, a float32 dX."""
+    seen = _count_probs_chunks(monkeypatch)
+    dtype = torch.float16 if case == "float16" else (torch.bfloat16 if ON_GPU else torch.float32)
+    M, d, V = 24, 32, 100
+    x = rand(M, d, dtype=dtype, device=device).requires_grad_()
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5).requires_grad_()
+    t = torch.randint(0, V, (M,), device=device)
+    kw = {"smoothing": dict(label_smoothing=0.1), "softcap": dict(softcap=5.0),
+          "row_scale": dict(row_scale=torch.rand(M, device=device) + 0.5)}.get(case, {})  # fmt: skip
+    with settings.override(ce_probs=True, ce_dx_f32=case == "dx_f32"):
+        torch.autograd.grad(linear_cross_entropy(x, w, t, **kw), (x, w))
+    assert seen["chunks"] == 0
+    plain = dtype if case != "float16" else (torch.bfloat16 if ON_GPU else torch.float32)
+    xp = x.detach().to(plain).requires_grad_()
+    with settings.override(ce_probs=True):  # (the plain call in bf16 / float32 does take it)
+        torch.autograd.grad(linear_cross_entropy(xp, w.detach().to(plain), t), xp)
+    assert seen["chunks"] == 1

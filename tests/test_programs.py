@@ -565,6 +565,12 @@ def _program_operands(name, M, N, device, K=64):
             "softcap": 3.0,
         },  # fmt: skip
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
+        "ce_probs": {"ref": torch.rand(M, **f32) * 4},  # (products of K 64: |l| up to ~10)
+        "ce_probs_dx": {
+            "s": torch.rand(M, **f32) + 0.5,
+            "g": torch.randn(M, **f32),
+            "wt": rand(M, N, dtype=dtype, device=device),
+        },
     }[name]
 
 

@@ -8,7 +8,9 @@ in float32 to the backward's scale, ``CODETTA_CE_DX_F32``) and ``codetta:row-sca
 logits' rows scaled in the epilogue, ``row_scale=``, as the drop-in's final norm passes its
 rstd; a scale of ones here, so the values are the plain ones) and ``codetta:chunk-2g`` (row
 chunks of 2 GiB of logits, ``CODETTA_CE_CHUNK_MB=2048``: half the passes over the float32
-dW sum, one chunk and no sum at 8192 tokens; 1 GiB more memory). Also each variant's peak
+dW sum, one chunk and no sum at 8192 tokens; 1 GiB more memory) and ``codetta:probs``
+(``CODETTA_CE_PROBS=1``, experimental: q = exp(l - ref) stored, no gradient pass). Also
+each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
 """
 
@@ -67,6 +69,13 @@ def codetta_chunk_2g(x, w, t):
         return linear_cross_entropy(x, w, t)
 
 
+def codetta_probs(x, w, t):
+    """codetta with ``CODETTA_CE_PROBS=1`` (experimental): the logits GEMM stores q = exp(l -
+    ref) for a per-row reference, so no gradient pass runs over the chunk (NOTES.md)."""
+    with override(ce_probs=True):
+        return linear_cross_entropy(x, w, t)
+
+
 # codetta's variants here (the CLI's --variants offers each name: __main__.PART_VARIANTS)
 CODETTA_VARIANTS = {
     "codetta": codetta,
@@ -74,6 +83,7 @@ CODETTA_VARIANTS = {
     "codetta:dx-f32": codetta_dx_f32,
     "codetta:row-scale": codetta_row_scale,
     "codetta:chunk-2g": codetta_chunk_2g,
+    "codetta:probs": codetta_probs,
 }
 
 

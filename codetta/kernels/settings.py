@@ -58,6 +58,10 @@
 |  |  | power of 2: dX 1.2x PyTorch's error at the median with a softcap, NOTES.md); |
 |  |  | M x d x 2 bytes more until the backward; opt-in: 0.2-2.1 % of the loss's |
 |  |  | time on the H200 (run 193) |
+| ``CODETTA_CE_PROBS`` | 0 | 1 (experimental, CPU-tested, not yet run on a GPU): the plain LM head |
+|  |  | + loss in bf16 or float32 stores q = exp(l - ref) for a per-row reference |
+|  |  | instead of its logits, so no gradient pass runs over the chunk (``CE_PROBS``; |
+|  |  | ``ops/cross_entropy.py``; NOTES.md, "A lead for the loss") |
 | ``CODETTA_EMBED_GRAD`` | 1 | 0: an untied embedding in the Hugging Face drop-in is the model's own |
 |  |  | ``nn.Embedding`` (PyTorch's backward) instead of ``codetta.ops.embedding`` (its |
 |  |  | weight gradient in one pass over the table; the switch for an A/B) |
@@ -120,6 +124,7 @@ class Settings:
     ce_finish: bool = True
     # True: the loss's dX stays float32 until the backward's scale (ops/cross_entropy.py)
     ce_dx_f32: bool = False
+    ce_probs: bool = False
     # False: the drop-in's final norm forms its output n for the loss, instead of handing
     # on h and rstd (ops/residual_rmsnorm.py: residual_rmsnorm_factors; integrations/hf.py)
     ce_norm_factors: bool = True
@@ -176,6 +181,7 @@ class Settings:
             embed_grad=flag("CODETTA_EMBED_GRAD", True),
             ce_finish=flag("CODETTA_CE_FINISH", True),
             ce_dx_f32=flag("CODETTA_CE_DX_F32", False),
+            ce_probs=flag("CODETTA_CE_PROBS", False),
             ce_norm_factors=flag("CODETTA_CE_NORM_FACTORS", True),
             autocast=_choice("CODETTA_AUTOCAST", env.get("CODETTA_AUTOCAST", "cast"), AUTOCAST_MODES),
             compile_workers=_whole("CODETTA_COMPILE_WORKERS", env.get("CODETTA_COMPILE_WORKERS", "0")),

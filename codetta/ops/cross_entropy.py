@@ -47,6 +47,19 @@ only change each row's coefficients in the gradient pass (``programs/ce.py:
 ce_grad_``), which also forms the smoothing term's row sums. Still one logits GEMM
 per chunk plus the dX and dW GEMMs.
 
+The probabilities path (``CODETTA_CE_PROBS=1``; experimental: CPU-tested through the
+interpreter in float32, not yet run on a GPU): for the plain loss in bf16 or float32, the
+logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
+ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
+q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
+runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
+float32, rounded once), dW = q^T ((g / sum q) x) by the GEMMs, - g x added into the target
+rows of the float32 dW sum (a deterministic segment sum, ``_target_rows_into``). q stays
+inside bf16's range while lse - ref <= 80; a call with a row past that (its log-sum-exp
+~100 nats above its sampled classes' largest logit) runs again on the stored-logits path
+(one host sync a call; CUDA graph capture keeps the stored-logits path). Why and what it should save:
+NOTES.md, "A lead for the loss".
+
 A row scale (``row_scale=r``, the final RMSNorm's rstd with its h as the input): the
 logits GEMM's epilogue (``CE_LOGITS_SCALED``) stores a = round(x W^T) and takes the
 statistics of l = r a; the gradient pass forms l from a again, writes r g (so the dX
@@ -64,7 +77,16 @@ from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs.basic import ACCUMULATE_F32, FINISH_F32, STORE_F32
-from ..programs.ce import CE_LOGITS, CE_LOGITS_EXT, CE_LOGITS_SCALED, ce_grad_, rescale_, scale_cast
+from ..programs.ce import (
+    CE_LOGITS,
+    CE_LOGITS_EXT,
+    CE_LOGITS_SCALED,
+    CE_PROBS,
+    CE_PROBS_DX,
+    ce_grad_,
+    rescale_,
+    scale_cast,
+)
 from ._eager import FastOp
 from .ce_rows import (
     CEOptions,
@@ -112,6 +134,98 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
     if rows > 128:
         rows -= rows % 128
     return min(max(M, 1), rows)
+
+
+# The experimental probabilities path (``CODETTA_CE_PROBS=1``, ``_probs_chunk``): each row's
+# reference is the largest of its logits over PROBS_SAMPLE classes of the vocabulary plus
+# PROBS_MARGIN; a chunk whose rows' log-sum-exp lies more than PROBS_WINDOW above its
+# reference (q = exp(l - ref) could pass bf16's range, e^88, or its sum float32's) goes
+# through the stored-logits path instead
+PROBS_SAMPLE, PROBS_MARGIN, PROBS_WINDOW = 256, 20.0, 80.0
+
+
+def _probs_ok(x, opts: CEOptions, want_grads: bool, dx_f32: bool, gained) -> bool:
+    """Whether this call takes the probabilities path: the setting on, gradients wanted,
+    the plain loss (no bias, soft-cap, class weights, smoothing, z-loss or row scale),
+    bf16 or float32 (float16's range, e^+-11, leaves the reference no room), dX rounded
+    in the forward, and no CUDA graph being captured (the path checks each chunk on the
+    host)."""
+    plain = (
+        opts.plain
+        and opts.weight is None
+        and not opts.smoothing
+        and not opts.z_loss
+        and opts.row_scale is None
+    )
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    return (SETTINGS.ce_probs and want_grads and plain and x.dtype in (torch.bfloat16, torch.float32)
+            and not dx_f32 and gained is None and not capturing)  # fmt: skip
+
+
+def _two_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[2, M]: a + b as float32 hi and what its rounding left out (Knuth's TwoSum)."""
+    hi = a + b
+    bb = hi - a
+    return torch.stack((hi, (a - (hi - bb)) + (b - bb)))
+
+
+def _target_rows_into(dw32, tc, contrib):
+    """dw32[tc[m]] += contrib[m] for each row m, the same bits every run, no host sync: the
+    rows sorted by target and summed per target (differences of float64 prefix sums), each
+    target's sum added by its segment's last row, every other row adding -0.0 (the exact
+    identity of float addition: the adds' order cannot change a bit)."""
+    order = torch.argsort(tc, stable=True)
+    ts = tc[order]
+    pre = torch.cumsum(contrib[order].double(), 0)
+    rows = torch.arange(ts.numel(), device=ts.device)
+    starts = torch.ones_like(ts, dtype=torch.bool)
+    starts[1:] = ts[1:] != ts[:-1]
+    ends = torch.ones_like(starts)
+    ends[:-1] = starts[1:]
+    first = torch.cummax(torch.where(starts, rows, 0), 0).values  # each row's segment start
+    before = torch.where((first > 0)[:, None], pre[(first - 1).clamp(min=0)], 0.0)
+    dw32.index_add_(0, ts, torch.where(ends[:, None], (pre - before).float(), -0.0))
+
+
+def _probs_chunk(xc, tc, w, w_sample, q, g, dx, dw32, dw, lse_out, loss_out, first: bool, finishing: bool):
+    """One chunk on the probabilities path (``CODETTA_CE_PROBS``): q = exp(l - ref) into
+    ``q`` (CE_PROBS, ref: the row's largest logit over ``w_sample``'s classes plus
+    PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
+    losses into ``loss_out``; with g the rows' gradient scale (0 for an ignored row),
+    dlogits = (g / sum q) q - g onehot: dX = that (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX,
+    rounded once), dW += q^T ((g / sum q) x) by the GEMMs and - g x into the target rows
+    of the float32 sum (before the last chunk's GEMM rounds it, ``finishing``: FINISH_F32
+    into ``dw``; ``first``: the sum's first term, STORE_F32). Returns whether every row's
+    log-sum-exp lay within PROBS_WINDOW of its reference (a 0-dim bool tensor: else q may
+    have passed bf16's range and the call runs again on the stored-logits path)."""
+    V = w.shape[0]
+    ref = (xc @ w_sample.t()).float().amax(1) + PROBS_MARGIN
+    qsum = gemm(xc, w, epilogue=CE_PROBS, ref=ref, out=(q, None)).qsum
+    lse_out.copy_(_two_sum(ref, torch.log(qsum)))
+    inside = (tc >= 0) & (tc < V)
+    tcc = tc.clamp(0, V - 1)
+    # the row's loss log(sum q) - (l[t] - ref): l[t] - ref as log q[t] from a stored float32
+    # q (the GEMM's own value: ref cancels exactly), else (bf16's q is 2^-9 off; a float32
+    # q[t] that underflowed) from l[t] formed again as a float32 dot product
+    rel = (xc.float() * w[tcc].float()).sum(1) - ref
+    if q.dtype == torch.float32:
+        qt = q.gather(1, tcc[:, None])[:, 0]
+        rel = torch.where(qt > torch.finfo(torch.float32).tiny, torch.log(qt), rel)
+    loss_out.copy_(torch.where(inside, torch.log(qsum) - rel, 0.0))
+    s = g / qsum  # (p = q / sum q)
+    gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=g, wt=w[tcc], out=dx)
+    xs = (xc.float() * s[:, None]).to(xc.dtype)
+    target_term = torch.where(inside[:, None], -(g[:, None] * xc.float()), 0.0)
+    if finishing:
+        _target_rows_into(dw32, tcc, target_term)
+        gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
+    else:
+        if first:
+            gemm(q.t(), xs.t(), epilogue=STORE_F32, out=dw32)
+        else:
+            gemm(q.t(), xs.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
+        _target_rows_into(dw32, tcc, target_term)
+    return ((lse_out[0] - ref) <= PROBS_WINDOW).all()  # (false for inf and NaN too)
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
@@ -167,47 +281,66 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     # one logits buffer for every chunk, rows padded to 16 bytes (an odd V still moves by TMA)
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
-    for start in range(0, M, rows):
-        sl = slice(start, min(M, start + rows))
-        xc, tc = x[sl], target[sl]
-        logits = buf[: xc.shape[0], :V]
-        # the target logit read back from the stored chunk (the epilogue's own value; a
-        # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be
-        if rs is not None:  # (the unscaled products stored; l = r a formed from them)
-            lse = gemm(xc, w, epilogue=CE_LOGITS_SCALED, scale=rs[sl], out=(logits, None)).lse
-        elif opts.plain:
-            lse = gemm(xc, w, epilogue=CE_LOGITS, out=(logits, None)).lse
-        else:
-            lse = gemm(xc, w, epilogue=CE_LOGITS_EXT, bias=bias, softcap=opts.softcap, out=(logits, None)).lse
-        picked = scaled_pick(logits, tc, opts, sl)
-        wc = wt[sl]
-        lse_all[:, sl] = lse
-        coef = coefs(lse, wc, opts, V, w_sum)
-        sums = None
-        if want_grads:
-            # (with a row scale r the stored gradient is r g: what dX = dl W and dW = dl^T x
-            # need of x = h, the norm's output n = h r being never formed)
-            sums, dr_c = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
-                                  softcap=opts.softcap, want_sum=bool(eps),
-                                  row_scale=None if rs is None else rs[sl], **coef)  # fmt: skip
-            if dr is not None:
-                dr[sl] = dr_c
-            gemm(logits, w.t(), epilogue=STORE_F32 if dx_f32 else None, out=dx[sl])
-            if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
-                if start == 0:
-                    gemm(logits.t(), xc.t(), out=dw)
-                else:
-                    gemm(logits.t(), xc.t(), epilogue=FINISH_F32, c=dw32, out=dw)
-            elif start == 0:
-                gemm(logits.t(), xc.t(), epilogue=STORE_F32, out=dw32)  # dW = dl^T x
+    probs = M > 0 and _probs_ok(x, opts, want_grads, dx_f32, gained)
+    if probs:  # (evenly spaced classes for the rows' references)
+        w_sample = w[torch.linspace(0, V - 1, min(V, PROBS_SAMPLE), device=x.device).round().long()]
+        if dw32 is None:  # (one chunk: its target rows go into a float32 sum rounded by FINISH_F32)
+            dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
+    # (the probabilities path first where it is on; one host sync a call: a chunk out of its
+    # window runs the call again on the stored-logits path, which rewrites every output)
+    for use_probs in (True, False) if probs else (False,):
+        in_window = []
+        for start in range(0, M, rows):
+            sl = slice(start, min(M, start + rows))
+            xc, tc = x[sl], target[sl]
+            logits = buf[: xc.shape[0], :V]
+            if use_probs:
+                in_window.append(_probs_chunk(xc, tc, w, w_sample, logits, scale[sl], dx[sl], dw32, dw,
+                                              lse_all[:, sl], losses[sl], start == 0,
+                                              finish and start == last))  # fmt: skip
+                continue
+            # the target logit read back from the stored chunk (the epilogue's own value; a
+            # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be
+            if rs is not None:  # (the unscaled products stored; l = r a formed from them)
+                lse = gemm(xc, w, epilogue=CE_LOGITS_SCALED, scale=rs[sl], out=(logits, None)).lse
+            elif opts.plain:
+                lse = gemm(xc, w, epilogue=CE_LOGITS, out=(logits, None)).lse
             else:
-                gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)  # dW += dl^T x, in place
-            if db32 is not None:
-                db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
-        elif eps:
-            sums, _ = ce_grad_(logits, lse, tc, lse[0], weight=opts.weight, softcap=opts.softcap, write=False,
-                               want_sum=True, row_scale=None if rs is None else rs[sl])  # fmt: skip
-        losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
+                lse = gemm(
+                    xc, w, epilogue=CE_LOGITS_EXT, bias=bias, softcap=opts.softcap, out=(logits, None)
+                ).lse
+            picked = scaled_pick(logits, tc, opts, sl)
+            wc = wt[sl]
+            lse_all[:, sl] = lse
+            coef = coefs(lse, wc, opts, V, w_sum)
+            sums = None
+            if want_grads:
+                # (with a row scale r the stored gradient is r g: what dX = dl W and dW = dl^T x
+                # need of x = h, the norm's output n = h r being never formed)
+                sums, dr_c = ce_grad_(logits, lse, tc, scale[sl], weight=opts.weight, smooth=smooth,
+                                      softcap=opts.softcap, want_sum=bool(eps),
+                                      row_scale=None if rs is None else rs[sl], **coef)  # fmt: skip
+                if dr is not None:
+                    dr[sl] = dr_c
+                gemm(logits, w.t(), epilogue=STORE_F32 if dx_f32 else None, out=dx[sl])
+                if finish and start == last:  # dW = (the float32 sum so far +) dl^T x, rounded once
+                    if start == 0:
+                        gemm(logits.t(), xc.t(), out=dw)
+                    else:
+                        gemm(logits.t(), xc.t(), epilogue=FINISH_F32, c=dw32, out=dw)
+                elif start == 0:
+                    gemm(logits.t(), xc.t(), epilogue=STORE_F32, out=dw32)  # dW = dl^T x
+                else:  # dW += dl^T x, in place
+                    gemm(logits.t(), xc.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
+                if db32 is not None:
+                    db32 += logits.sum(0, dtype=torch.float32)  # (no fp32 copy of the chunk)
+            elif eps:
+                sums, _ = ce_grad_(logits, lse, tc, lse[0], weight=opts.weight, softcap=opts.softcap,
+                                   write=False, want_sum=True,
+                                   row_scale=None if rs is None else rs[sl])  # fmt: skip
+            losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
+        if not use_probs or bool(torch.stack(in_window).all()):
+            break
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
     return losses, lse_all, dx, dw if finish else dw32, db32, gained, dr

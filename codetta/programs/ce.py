@@ -22,7 +22,7 @@ from ..kernels.configs import (
     PLAIN_CANDIDATES,
     with_row_groups,
 )
-from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, Scalar, Tile
+from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowSum, Scalar, Tile
 from .norm_rows import torch_path, traced
 
 
@@ -141,11 +141,60 @@ CE_LOGITS_EXT = Program(
 )
 
 
+@triton.jit
+def ce_probs(acc, ref):
+    """q = exp(acc - ref[m]) for a per-row reference chosen before the GEMM (stored in the
+    GEMM's dtype) and qsum[m] = sum_n q (from the float32 values): the row's probabilities
+    are q / qsum, a row factor, so the loss needs no gradient pass over the stored chunk
+    (``CODETTA_CE_PROBS``, experimental: ``ops/cross_entropy.py``, ``_probs_chunk``). The
+    reference keeps q inside bf16's and float32's range when it is within ~75 nats below
+    the row's largest logit and not far above it; the caller checks qsum."""
+    q = tl.exp(acc - ref)
+    return q, q
+
+
+def _probs_reference(acc, ref):
+    q = torch.exp(acc - ref.to(acc.dtype)[:, None])
+    return {"q": q, "qsum": q.sum(1)}
+
+
+CE_PROBS = Program(
+    "ce_probs",
+    ce_probs,
+    inputs=(PerRow("ref"),),
+    outputs=(Tile("q"), RowSum("qsum")),
+    reference=_probs_reference,
+    configs=CE_LOGITS.configs,
+    pingpong_configs=with_row_groups(PINGPONG_CANDIDATES),
+    # (the same tiles and one exp an element, as the logits' log-sum-exp: their picks)
+    tuned_like=CE_LOGITS,
+)
+
+
+@triton.jit
+def ce_probs_dx(acc, s, g, wt):
+    """The loss's dX rows from CE_PROBS' q: acc = (q @ W)[m], s[m] = g[m] / qsum[m] (the
+    probabilities' row factor at the row's gradient scale g), wt = W[target[m]] (the
+    target's row; zero for an ignored one): s acc - g wt, rounded once."""
+    return acc * s - g * wt
+
+
+CE_PROBS_DX = Program(
+    "ce_probs_dx",
+    ce_probs_dx,
+    inputs=(PerRow("s"), PerRow("g"), Tile("wt")),
+    outputs=(Tile("dx"),),
+    reference=lambda acc, s, g, wt: {"dx": acc * s.to(acc.dtype)[:, None] - g.to(acc.dtype)[:, None] * wt},
+    configs=tuple(BACKWARD_CANDIDATES),
+    layouts=((False, True),),
+)
+
+
 # The gradient pass's launch: one program a row, 4096 columns a step over 16 warps. Against
-# 1024 over 4 (the launch before), under paired timing only (scripts/row_sweep.py; its
-# sustained-block timing is not yet run): 0.963-0.996 of its time at V 32768-262144 on an
-# H100, plain and with the row scale, and 0.977 at V 128256 on an H200 (runs 225, 223; the
-# same bits: the pass is elementwise, its row sums' (dr, and the sum of w c) order aside)
+# 1024 over 4 (the launch before): 0.962-0.997 of its time at V 32768-262144 on an H100,
+# plain and with the row scale, under paired and sustained-block timing alike (run 226),
+# and 0.977 at V 128256 on an H200, paired (run 223; the same bits: the pass is
+# elementwise, its row sums' (dr, and the sum of w c) order aside)
 GRAD_BLOCK, GRAD_WARPS = 4096, 16
 
 
