@@ -88,8 +88,6 @@ PART_VARIANTS = (
     "codetta:low-memory",
     "codetta:dx-f32",
     "codetta:row-scale",
-    "codetta:chunk-2g",
-    "codetta:probs",
 )
 
 
@@ -154,7 +152,7 @@ def main(argv=None) -> int:
         "backward's scale (ce-dx-f32); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory, codetta:dx-f32, "
-        "codetta:row-scale, codetta:chunk-2g and codetta:probs (ce). "
+        "codetta:row-scale (ce; and its codetta:ce-chunk-2g and codetta:ce-probs, as the model part's). "
         "A name a part "
         "lacks is skipped there",
     )

@@ -13,6 +13,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 10   # the LM head's keys re-tuned with GROUP_M 8 and 4 (H200 first)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 11   # H100: its 8B-width LM-head re-pick in a model step
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 12   # H200: the loss against its peers (bench ce)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 13   # the loss without its gradient pass in a model step
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -181,19 +182,29 @@ case "${1:-}" in
     # against cuBLAS, torch.compile and Liger at issue 15's shapes: on the H100 (run 230) it
     # was behind the compile at every shape; the H200's last full run is 138 (30557dd),
     # before the split log-sum-exp, the row scale, GROUP_M 4 and the gradient pass's launch
-    # (H100: STEP12_ANY_GPU=1 runs it there too: run 230 lacked the chunk-2g variant)
+    # (H100: STEP12_ANY_GPU=1 runs it there too: run 230 lacked the ce-chunk-2g variant)
     [ -n "${STEP12_ANY_GPU:-}" ] || nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 \
       || { echo "step 12 is for an H200 (STEP12_ANY_GPU=1: any GPU)" >&2; exit 2; }
-    # (and codetta:chunk-2g: 2 GiB row chunks, half the float32 dW sum's passes, one chunk at
-    # 8192 tokens; codetta:probs, CODETTA_CE_PROBS=1: no gradient pass, CPU-built, its first
+    # (and codetta:ce-chunk-2g: 2 GiB row chunks, half the float32 dW sum's passes, one chunk at
+    # 8192 tokens; codetta:ce-probs, CODETTA_CE_PROBS=1: no gradient pass, CPU-built, its first
     # GPU run: first run its tests, `pytest tests/test_cross_entropy.py -k probs`; the
     # low-memory and dx-f32 variants left out for the time)
     TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k probs"
-    BENCH_TIMEOUT=480 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:chunk-2g codetta:probs" \
+    BENCH_TIMEOUT=480 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:ce-chunk-2g codetta:ce-probs" \
       bash scripts/gpu_call.sh bench:ce
     ;;
+  13)
+    # (either GPU; after 12's tests passed) CODETTA_CE_PROBS=1 (the loss's probabilities
+    # path, CPU-built in the thirtieth session) in the drop-in's training step: its tests
+    # (bf16, every probs test and program), then the 1B step and the 8B-width slice with its
+    # head, each against the default, paired and sustained (bench model, variant
+    # codetta:ce-probs; the final norm handed on as factors: CE_PROBS_SCALED)
+    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k probs"
+    BENCH_TIMEOUT=400 BENCH_ARGS="--models llama-3.2-1B 8B-4layers+head --variants codetta codetta:ce-probs --rounds 2" \
+      bash scripts/gpu_call.sh bench:model
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13" >&2
     exit 2
     ;;
 esac

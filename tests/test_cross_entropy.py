@@ -306,6 +306,17 @@ def test_row_scale_matches_float64(opts, reduction, dtype, device):
     _check_options(opts, reduction, dtype, device)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_probs_path_with_row_scale(reduction, device, monkeypatch):
+    """``CODETTA_CE_PROBS=1`` with a row scale (the drop-in's final norm as h and rstd):
+    CE_PROBS_SCALED stores q = exp(r a - ref) and sums q and q a; the gradients of x, W and
+    r within twice PyTorch's error, every chunk on that path (float32 on the CPU)."""
+    seen = _count_probs_chunks(monkeypatch)
+    with settings.override(ce_probs=True):
+        _check_options(dict(r=True), reduction, torch.bfloat16 if ON_GPU else torch.float32, device)
+    assert seen["chunks"] > 1 and seen["out of window"] == 0
+
+
 def test_row_scale_float16_range(device):
     """float16 with a row scale forms input * row_scale first: the unscaled products (the
     logits times the rows' RMS, with the final norm's h and rstd) may pass float16's
@@ -426,7 +437,9 @@ def _strictly_within(name, ours, ref64, same):
     assert e_ours <= 2 * e_torch + slack, f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e}"
 
 
-@pytest.mark.parametrize("mode", ["chunks", "vocab_chunk", "row_scale", "options", "exact", "probs"])
+@pytest.mark.parametrize(
+    "mode", ["chunks", "vocab_chunk", "row_scale", "options", "exact", "probs", "probs_row_scale"]
+)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_float32_large_logits_without_slack(mode, reduction, device):
     """float32 logits up to ~100 in magnitude, a third of the rows' targets their top
@@ -447,7 +460,7 @@ def test_float32_large_logits_without_slack(mode, reduction, device):
     if mode == "exact":
         x = torch.randint(-4, 5, (M, d), device=device).float()
         w = torch.randint(-4, 5, (V, d), device=device).float() * 0.5
-    r = torch.rand(M, device=device) + 0.5 if mode == "row_scale" else None
+    r = torch.rand(M, device=device) + 0.5 if mode in ("row_scale", "probs_row_scale") else None
     cw = torch.rand(V, device=device) + 0.5 if mode == "options" else None
     kw = dict(eps=0.1, z=1e-4) if mode == "options" else {}
     t = torch.randint(0, V, (M,), device=device)
@@ -476,7 +489,7 @@ def test_float32_large_logits_without_slack(mode, reduction, device):
         return _torch_options(x, w, t, reduction, None, cw_, upcast=False, **kw)
 
     leaves = (x, w) if r is None else (x, w, r)
-    with settings.override(ce_probs=mode == "probs"):  # (q = exp(l - ref) stored: CODETTA_CE_PROBS)
+    with settings.override(ce_probs=mode.startswith("probs")):  # (q = exp(l - ref) stored: CODETTA_CE_PROBS)
         got = run(ours, *leaves)
     want = run(theirs, *(v.double() for v in leaves))
     same = run(theirs, *leaves)
@@ -966,19 +979,18 @@ def test_probs_path_same_bits_and_window(device, monkeypatch):
         assert_within(name, a, b, c)
 
 
-@pytest.mark.parametrize("case", ["float16", "smoothing", "row_scale", "softcap", "dx_f32"])
+@pytest.mark.parametrize("case", ["float16", "smoothing", "softcap", "dx_f32"])
 def test_probs_path_only_where_it_holds(case, device, monkeypatch):
     """With ``CODETTA_CE_PROBS=1`` the calls the probabilities path does not cover keep the
-    stored-logits path: float16 (its range leaves the reference no room), label smoothing,
-    class weights, z-loss, a row scale, a bias or soft-cap, a float32 dX."""
+    stored-logits path: float16 (its range leaves the reference no room), label smoothing
+    (as class weights and z-loss), a soft-cap (as a bias), a float32 dX."""
     seen = _count_probs_chunks(monkeypatch)
     dtype = torch.float16 if case == "float16" else (torch.bfloat16 if ON_GPU else torch.float32)
     M, d, V = 24, 32, 100
     x = rand(M, d, dtype=dtype, device=device).requires_grad_()
     w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5).requires_grad_()
     t = torch.randint(0, V, (M,), device=device)
-    kw = {"smoothing": dict(label_smoothing=0.1), "softcap": dict(softcap=5.0),
-          "row_scale": dict(row_scale=torch.rand(M, device=device) + 0.5)}.get(case, {})  # fmt: skip
+    kw = {"smoothing": dict(label_smoothing=0.1), "softcap": dict(softcap=5.0)}.get(case, {})
     with settings.override(ce_probs=True, ce_dx_f32=case == "dx_f32"):
         torch.autograd.grad(linear_cross_entropy(x, w, t, **kw), (x, w))
     assert seen["chunks"] == 0

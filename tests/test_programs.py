@@ -378,7 +378,10 @@ def test_both_mainloops_run_the_body():
             consts = PINGPONG.constexprs(prog, kinds, cfg, torch.bfloat16, 0, 0)
             assert consts["BODY"] is prog.body
             # (the store order reaches the kernel: CE_LOGITS_SCALED's e1 spills without it)
-            assert consts["STORES_FIRST"] is (prog is pg.CE_LOGITS_SCALED)
+            assert consts["STORES_FIRST"] is prog.stores_first
+    # (and the programs that store first are the two row-scaled logits ones)
+    first = {getattr(pg, n).name for n in pg.__all__ if getattr(pg, n).stores_first}
+    assert first == {"ce_logits_scaled", "ce_probs_scaled"}
 
 
 @triton.jit
@@ -566,6 +569,7 @@ def _program_operands(name, M, N, device, K=64):
         },  # fmt: skip
         "rotate_pairs": {"cos": torch.rand(M, **f32), "sin": torch.rand(M, **f32)},
         "ce_probs": {"ref": torch.rand(M, **f32) * 4},  # (products of K 64: |l| up to ~10)
+        "ce_probs_scaled": {"scale": torch.rand(M, **f32) + 0.5, "ref": torch.rand(M, **f32) * 4},
         "ce_probs_dx": {
             "s": torch.rand(M, **f32) + 0.5,
             "g": torch.randn(M, **f32),

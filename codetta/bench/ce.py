@@ -6,9 +6,9 @@ torch.compile of it and Liger's fused linear cross-entropy, and codetta's low-me
 mode (``vocab_chunk``, slices of ``LOW_MEMORY_CHUNK`` classes), ``codetta:dx-f32`` (dX kept
 in float32 to the backward's scale, ``CODETTA_CE_DX_F32``) and ``codetta:row-scale`` (the
 logits' rows scaled in the epilogue, ``row_scale=``, as the drop-in's final norm passes its
-rstd; a scale of ones here, so the values are the plain ones) and ``codetta:chunk-2g`` (row
+rstd; a scale of ones here, so the values are the plain ones) and ``codetta:ce-chunk-2g`` (row
 chunks of 2 GiB of logits, ``CODETTA_CE_CHUNK_MB=2048``: half the passes over the float32
-dW sum, one chunk and no sum at 8192 tokens; 1 GiB more memory) and ``codetta:probs``
+dW sum, one chunk and no sum at 8192 tokens; 1 GiB more memory) and ``codetta:ce-probs``
 (``CODETTA_CE_PROBS=1``, experimental: q = exp(l - ref) stored, no gradient pass). Also
 each variant's peak
 memory beyond its inputs, and whether codetta's loss has the same bits on two runs.
@@ -76,14 +76,15 @@ def codetta_probs(x, w, t):
         return linear_cross_entropy(x, w, t)
 
 
-# codetta's variants here (the CLI's --variants offers each name: __main__.PART_VARIANTS)
+# codetta's variants here (the CLI's --variants offers each name: __main__.PART_VARIANTS, and
+# the model part's setting variants, whose names the ce-* ones share: the same settings)
 CODETTA_VARIANTS = {
     "codetta": codetta,
     "codetta:low-memory": codetta_low_memory,
     "codetta:dx-f32": codetta_dx_f32,
     "codetta:row-scale": codetta_row_scale,
-    "codetta:chunk-2g": codetta_chunk_2g,
-    "codetta:probs": codetta_probs,
+    "codetta:ce-chunk-2g": codetta_chunk_2g,
+    "codetta:ce-probs": codetta_probs,
 }
 
 

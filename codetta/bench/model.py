@@ -100,6 +100,8 @@ SETTING_VARIANTS = {
     "ce-dx-f32": {"ce_dx_f32": True},
     # the loss's logits chunks at 2 GiB (half as many passes over the float32 dW, 1 GiB more)
     "ce-chunk-2g": {"ce_chunk_mb": 2048},
+    # the loss without its gradient pass (CODETTA_CE_PROBS: experimental, NOTES.md)
+    "ce-probs": {"ce_probs": True},
     # every launch through Triton's own path (the host time the direct launches save)
     "no-direct": {"direct_launch": False},
 }

@@ -48,7 +48,8 @@ ce_grad_``), which also forms the smoothing term's row sums. Still one logits GE
 per chunk plus the dX and dW GEMMs.
 
 The probabilities path (``CODETTA_CE_PROBS=1``; experimental: CPU-tested through the
-interpreter in float32, not yet run on a GPU): for the plain loss in bf16 or float32, the
+interpreter in float32, not yet run on a GPU): for the plain loss (a row scale allowed:
+``CE_PROBS_SCALED`` also sums q a for r's gradient) in bf16 or float32, the
 logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
 ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
@@ -83,6 +84,7 @@ from ..programs.ce import (
     CE_LOGITS_SCALED,
     CE_PROBS,
     CE_PROBS_DX,
+    CE_PROBS_SCALED,
     ce_grad_,
     rescale_,
     scale_cast,
@@ -146,17 +148,11 @@ PROBS_SAMPLE, PROBS_MARGIN, PROBS_WINDOW = 256, 20.0, 80.0
 
 def _probs_ok(x, opts: CEOptions, want_grads: bool, dx_f32: bool, gained) -> bool:
     """Whether this call takes the probabilities path: the setting on, gradients wanted,
-    the plain loss (no bias, soft-cap, class weights, smoothing, z-loss or row scale),
-    bf16 or float32 (float16's range, e^+-11, leaves the reference no room), dX rounded
-    in the forward, and no CUDA graph being captured (the path checks each chunk on the
-    host)."""
-    plain = (
-        opts.plain
-        and opts.weight is None
-        and not opts.smoothing
-        and not opts.z_loss
-        and opts.row_scale is None
-    )
+    the plain loss (no bias, soft-cap, class weights, smoothing or z-loss; a row scale
+    allowed), bf16 or float32 (float16's range, e^+-11, leaves the reference no room), dX
+    rounded in the forward, and no CUDA graph being captured (the path checks each call
+    on the host)."""
+    plain = opts.plain and opts.weight is None and not (opts.smoothing or opts.z_loss)
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
     return (SETTINGS.ce_probs and want_grads and plain and x.dtype in (torch.bfloat16, torch.float32)
             and not dx_f32 and gained is None and not capturing)  # fmt: skip
@@ -187,7 +183,8 @@ def _target_rows_into(dw32, tc, contrib):
     dw32.index_add_(0, ts, torch.where(ends[:, None], (pre - before).float(), -0.0))
 
 
-def _probs_chunk(xc, tc, w, w_sample, q, g, dx, dw32, dw, lse_out, loss_out, first: bool, finishing: bool):
+def _probs_chunk(xc, tc, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out, loss_out, first: bool,
+                 finishing: bool):  # fmt: skip
     """One chunk on the probabilities path (``CODETTA_CE_PROBS``): q = exp(l - ref) into
     ``q`` (CE_PROBS, ref: the row's largest logit over ``w_sample``'s classes plus
     PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
@@ -197,21 +194,32 @@ def _probs_chunk(xc, tc, w, w_sample, q, g, dx, dw32, dw, lse_out, loss_out, fir
     of the float32 sum (before the last chunk's GEMM rounds it, ``finishing``: FINISH_F32
     into ``dw``; ``first``: the sum's first term, STORE_F32). Returns whether every row's
     log-sum-exp lay within PROBS_WINDOW of its reference (a 0-dim bool tensor: else q may
-    have passed bf16's range and the call runs again on the stored-logits path)."""
+    have passed bf16's range and the call runs again on the stored-logits path). With a
+    row scale ``r`` (the rows' [R] float32, else None) the logits are l = r a, a = x W^T
+    (CE_PROBS_SCALED, as CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's
+    gradient g (sum_n p a - a[t]) goes into ``dr``, sum_n p a = qa / sum q."""
     V = w.shape[0]
-    ref = (xc @ w_sample.t()).float().amax(1) + PROBS_MARGIN
-    qsum = gemm(xc, w, epilogue=CE_PROBS, ref=ref, out=(q, None)).qsum
+    sampled = (xc @ w_sample.t()).float()
+    ref = (sampled if r is None else sampled * r[:, None]).amax(1) + PROBS_MARGIN
+    if r is None:
+        qsum = gemm(xc, w, epilogue=CE_PROBS, ref=ref, out=(q, None)).qsum
+    else:
+        qsum, qa = gemm(xc, w, epilogue=CE_PROBS_SCALED, scale=r, ref=ref, out=(q, None, None))[1:]
     lse_out.copy_(_two_sum(ref, torch.log(qsum)))
     inside = (tc >= 0) & (tc < V)
     tcc = tc.clamp(0, V - 1)
     # the row's loss log(sum q) - (l[t] - ref): l[t] - ref as log q[t] from a stored float32
     # q (the GEMM's own value: ref cancels exactly), else (bf16's q is 2^-9 off; a float32
     # q[t] that underflowed) from l[t] formed again as a float32 dot product
-    rel = (xc.float() * w[tcc].float()).sum(1) - ref
+    at = (xc.float() * w[tcc].float()).sum(1)
+    rel = (at if r is None else at * r) - ref
     if q.dtype == torch.float32:
         qt = q.gather(1, tcc[:, None])[:, 0]
         rel = torch.where(qt > torch.finfo(torch.float32).tiny, torch.log(qt), rel)
     loss_out.copy_(torch.where(inside, torch.log(qsum) - rel, 0.0))
+    if r is not None:
+        dr.copy_(torch.where(inside, g * (qa / qsum - at), 0.0))
+        g = g * r  # (the gradient the GEMMs on x = h form: dl/da = r dl/dl)
     s = g / qsum  # (p = q / sum q)
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=g, wt=w[tcc], out=dx)
     xs = (xc.float() * s[:, None]).to(xc.dtype)
@@ -295,9 +303,10 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             xc, tc = x[sl], target[sl]
             logits = buf[: xc.shape[0], :V]
             if use_probs:
-                in_window.append(_probs_chunk(xc, tc, w, w_sample, logits, scale[sl], dx[sl], dw32, dw,
-                                              lse_all[:, sl], losses[sl], start == 0,
-                                              finish and start == last))  # fmt: skip
+                in_window.append(_probs_chunk(xc, tc, w, w_sample, logits, scale[sl],
+                                              None if rs is None else rs[sl], dx[sl], dw32, dw,
+                                              None if dr is None else dr[sl], lse_all[:, sl], losses[sl],
+                                              start == 0, finish and start == last))  # fmt: skip
                 continue
             # the target logit read back from the stored chunk (the epilogue's own value; a
             # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be

@@ -172,6 +172,34 @@ CE_PROBS = Program(
 
 
 @triton.jit
+def ce_probs_scaled(acc, scale, ref):
+    """CE_PROBS for logits with a row scale, l = scale[m] * acc (CE_LOGITS_SCALED's): q =
+    exp(l - ref[m]) stored, qsum[m] = sum_n q and qa[m] = sum_n q acc (what the scale's
+    gradient needs: sum_n p a = qa / qsum)."""
+    q = tl.exp(acc * scale - ref)
+    return q, q, q * acc
+
+
+def _probs_scaled_reference(acc, scale, ref):
+    q = torch.exp(acc * scale.to(acc.dtype)[:, None] - ref.to(acc.dtype)[:, None])
+    return {"q": q, "qsum": q.sum(1), "qa": (q * acc).sum(1)}
+
+
+CE_PROBS_SCALED = Program(
+    "ce_probs_scaled",
+    ce_probs_scaled,
+    inputs=(PerRow("scale"), PerRow("ref")),
+    outputs=(Tile("q"), RowSum("qsum"), RowSum("qa")),
+    reference=_probs_scaled_reference,
+    configs=CE_LOGITS.configs,
+    stores_first=True,  # (CE_LOGITS_SCALED's reason: the stored tile and its products held at once)
+    # (its whole sub-tile, e1, spills 328 B on sm_90a even stored first: two row sums held)
+    pingpong_configs=with_row_groups(PINGPONG_STREAMING_CANDIDATES),
+    tuned_like=CE_LOGITS,
+)
+
+
+@triton.jit
 def ce_probs_dx(acc, s, g, wt):
     """The loss's dX rows from CE_PROBS' q: acc = (q @ W)[m], s[m] = g[m] / qsum[m] (the
     probabilities' row factor at the row's gradient scale g), wt = W[target[m]] (the
