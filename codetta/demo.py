@@ -26,6 +26,11 @@ ROLES = {
     ("store", "tt"): "weight gradient dW = dY^T @ X",
     ("ce_logits", "nn"): "LM head: a chunk of logits and its rows' log-sum-exp",
     ("ce_logits_scaled", "nn"): "LM head on the final norm's h, x 1/rms(x) per row; logits' log-sum-exp",
+    ("ce_probs", "nn"): "LM head: exp(logit - row reference) and its row sums (CODETTA_CE_PROBS)",
+    ("ce_probs_scaled", "nn"): "LM head on h, x 1/rms(x): exp(logit - row reference), row sums (CE_PROBS)",
+    ("ce_probs_dx", "nt"): "loss's dX from those: a row factor, minus the target's row of W",
+    ("finish_f32", "tt"): "LM head weight gradient: the last chunk's, added to the fp32 sum, rounded once",
+    ("store_f32", "tt"): "LM head weight gradient: the first chunk's, stored in fp32",
 }
 for _hd in (16, 32, 64, 128, 256):
     ROLES[(f"rms_rope_{_hd}", "nn")] = "q, k x 1/rms(x), then RoPE (rotate-half, per-token positions)"
