@@ -928,12 +928,46 @@ def test_probs_path_matches_float64(M, d, V, rows, reduction, device, monkeypatc
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     seen = _count_probs_chunks(monkeypatch)
     g = torch.Generator(device=device).manual_seed(0)
-    t = torch.randint(0, V, (M,), device=device, generator=g)
+    t = torch.randint(0, V, (M,), device=device, generator=g, dtype=torch.int32)
     t[::7] = -100
     grad = torch.rand(M, device=device, generator=g) + 0.5 if reduction == "none" else None
     with settings.override(ce_probs=True):
         _check(M, d, V, rows, dtype, device, reduction, t, grad=grad)
     assert seen["chunks"] >= -(-M // (rows or M)) and seen["out of window"] == 0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_probs_path_confident_rows_and_a_class_ignored(reduction, device, monkeypatch):
+    """The probabilities path where p[t] is near 1 (logits 4x larger, half the rows' target
+    their top class: p[t] - 1 must come out as exact as the rest, q being summed as stored)
+    and ignore_index a real class (5): those rows' loss 0 and no gradient, the class's own
+    logit still in every row's sum."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    seen = _count_probs_chunks(monkeypatch)
+    M, d, V, rows = (2048, 1024, 32000, 512) if ON_GPU else (48, 32, 300, 16)
+    x = rand(M, d, dtype=dtype, device=device, scale=4.0)
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    t[::2] = (x.float() @ w.float().t()).argmax(1)[::2]
+    t[3::5] = 5
+    grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
+
+    def ours(x, w, t, r):
+        return linear_cross_entropy(x, w, t, reduction=r, chunk_rows=rows, ignore_index=5)
+
+    def exact(x, w, t, r):
+        return F.cross_entropy(F.linear(x, w), t, reduction=r, ignore_index=5)
+
+    def same(x, w, t, r):
+        return F.cross_entropy(F.linear(x, w).float(), t, reduction=r, ignore_index=5).to(x.dtype)
+
+    with settings.override(ce_probs=True):
+        got = _run(ours, x, w, t, reduction, grad)
+    want = _run(exact, x.double(), w.double(), t, reduction, grad)
+    torch_ = _run(same, x, w, t, reduction, grad)
+    for name, a, b, c in zip(("loss", "dinput", "dweight"), got, want, torch_):
+        assert_within(name, a, b, c)
+    assert seen["chunks"] > 1 and seen["out of window"] == 0
 
 
 def test_probs_path_same_bits_and_window(device, monkeypatch):
@@ -966,13 +1000,22 @@ def test_probs_path_same_bits_and_window(device, monkeypatch):
         first, again = (_run(ours, x, w, t, "sum") for _ in range(2))
     assert seen == {"chunks": 8, "out of window": 2}  # (two runs of 4 chunks, the first out)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # the redo after a single chunk, and with dW kept in float32 to the backward (CE_FINISH
+    # off): the stored-logits path's results again
+    for chunk, finish in ((None, True), (rows, False)):
+        with settings.override(ce_probs=True, ce_finish=finish):
+            redo = _run(lambda x, w, t, r, c=chunk: linear_cross_entropy(x, w, t, reduction=r, chunk_rows=c),
+                        x, w, t, "sum")  # fmt: skip
+        for name, a, b in zip(("loss", "dinput", "dweight"), redo, first):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert seen == {"chunks": 13, "out of window": 4}
     t_in = t.clone()
     t_in[3] = 0
     w_in = w.clone()
     w_in[far] = w[far + 1]  # (the far class gone: every chunk in its window)
     with settings.override(ce_probs=True):
         _run(ours, x, w_in, t_in, "sum")
-    assert seen == {"chunks": 12, "out of window": 2}
+    assert seen == {"chunks": 17, "out of window": 4}
     want = _run(exact, x.double(), w.double(), t, "sum")
     same = _run(_torch, x, w, t, "sum")
     for name, a, b, c in zip(("loss", "dinput", "dweight"), first, want, same):
@@ -999,3 +1042,26 @@ def test_probs_path_only_where_it_holds(case, device, monkeypatch):
     with settings.override(ce_probs=True):  # (the plain call in bf16 / float32 does take it)
         torch.autograd.grad(linear_cross_entropy(xp, w.detach().to(plain), t), xp)
     assert seen["chunks"] == 1
+
+
+def test_target_rows_sub_sums_each_target(device):
+    """``target_rows_sub_`` (the probabilities path's target term): dw[t] -= sum of g x over
+    the rows of target t, for targets repeated many times (5 classes, 70 rows, the last
+    row's own segment too) and a chunk of one row; as the float64 sum, the same bits twice."""
+    from codetta.programs.ce import target_rows_sub_
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    V, d = 5, 40
+    for M in (70, 1):
+        x = rand(M, d, dtype=dtype, device=device)
+        g = torch.randn(M, device=device)
+        t = torch.randint(0, V, (M,), device=device)
+        t[-1] = 4
+        dw = torch.randn(V, d, device=device)
+        want = dw.double().index_add(0, t, -(g.double()[:, None] * x.double()))
+        got = [target_rows_sub_(dw.clone(), x, g, t) for _ in range(2)]
+        assert torch.equal(got[0], got[1])
+        torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
+        if not ON_GPU:  # (and the PyTorch path the CPU takes without the interpreter: the same sums)
+            with settings.override(force_reference=True):
+                assert torch.equal(target_rows_sub_(dw.clone(), x, g, t), got[0])

@@ -55,9 +55,10 @@ ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20,
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
 float32, rounded once), dW = q^T ((g / sum q) x) by the GEMMs, - g x added into the target
-rows of the float32 dW sum (a deterministic segment sum, ``_target_rows_into``). q stays
-inside bf16's range while lse - ref <= 80; a call with a row past that (its log-sum-exp
-~100 nats above its sampled classes' largest logit) runs again on the stored-logits path
+rows of the float32 dW sum (each target's rows summed by one program in one order,
+``programs/ce.py: target_rows_sub_``: the same bits every run). A call with a row whose
+lse - ref leaves [-60, 50] (q near bf16's range, or (g / sum q) x near its subnormals; its
+largest logit ~60 nats above its sampled classes') runs again on the stored-logits path
 (one host sync a call; CUDA graph capture keeps the stored-logits path). Why and what it should save:
 NOTES.md, "A lead for the loss".
 
@@ -88,6 +89,7 @@ from ..programs.ce import (
     ce_grad_,
     rescale_,
     scale_cast,
+    target_rows_sub_,
 )
 from ._eager import FastOp
 from .ce_rows import (
@@ -140,10 +142,13 @@ def rows_per_chunk(M: int, V: int, itemsize: int, budget: int | None = None) -> 
 
 # The experimental probabilities path (``CODETTA_CE_PROBS=1``, ``_probs_chunk``): each row's
 # reference is the largest of its logits over PROBS_SAMPLE classes of the vocabulary plus
-# PROBS_MARGIN; a chunk whose rows' log-sum-exp lies more than PROBS_WINDOW above its
-# reference (q = exp(l - ref) could pass bf16's range, e^88, or its sum float32's) goes
-# through the stored-logits path instead
-PROBS_SAMPLE, PROBS_MARGIN, PROBS_WINDOW = 256, 20.0, 80.0
+# PROBS_MARGIN. A call with a row whose log-sum-exp lies more than PROBS_WINDOW above its
+# reference (q = exp(l - ref) near bf16's range, e^88, and s = g / sum q, which scales x for
+# the dW GEMM, toward bf16's subnormals: e^-50 g) or more than PROBS_BELOW below it (q's
+# largest value near underflow; the reference is at most the margin above the row's largest
+# logit, bar the sample's bf16 rounding) goes through the stored-logits path instead. A row
+# passes the upper bound unless its largest logit is ~60 nats above its sample's.
+PROBS_SAMPLE, PROBS_MARGIN, PROBS_WINDOW, PROBS_BELOW = 256, 20.0, 50.0, 60.0
 
 
 def _probs_ok(x, opts: CEOptions, want_grads: bool, dx_f32: bool, gained) -> bool:
@@ -165,39 +170,23 @@ def _two_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack((hi, (a - (hi - bb)) + (b - bb)))
 
 
-def _target_rows_into(dw32, tc, contrib):
-    """dw32[tc[m]] += contrib[m] for each row m, the same bits every run, no host sync: the
-    rows sorted by target and summed per target (differences of float64 prefix sums), each
-    target's sum added by its segment's last row, every other row adding -0.0 (the exact
-    identity of float addition: the adds' order cannot change a bit)."""
-    order = torch.argsort(tc, stable=True)
-    ts = tc[order]
-    pre = torch.cumsum(contrib[order].double(), 0)
-    rows = torch.arange(ts.numel(), device=ts.device)
-    starts = torch.ones_like(ts, dtype=torch.bool)
-    starts[1:] = ts[1:] != ts[:-1]
-    ends = torch.ones_like(starts)
-    ends[:-1] = starts[1:]
-    first = torch.cummax(torch.where(starts, rows, 0), 0).values  # each row's segment start
-    before = torch.where((first > 0)[:, None], pre[(first - 1).clamp(min=0)], 0.0)
-    dw32.index_add_(0, ts, torch.where(ends[:, None], (pre - before).float(), -0.0))
-
-
-def _probs_chunk(xc, tc, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out, loss_out, first: bool,
+def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out, loss_out, first: bool,
                  finishing: bool):  # fmt: skip
     """One chunk on the probabilities path (``CODETTA_CE_PROBS``): q = exp(l - ref) into
     ``q`` (CE_PROBS, ref: the row's largest logit over ``w_sample``'s classes plus
     PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
-    losses into ``loss_out``; with g the rows' gradient scale (0 for an ignored row),
-    dlogits = (g / sum q) q - g onehot: dX = that (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX,
-    rounded once), dW += q^T ((g / sum q) x) by the GEMMs and - g x into the target rows
-    of the float32 sum (before the last chunk's GEMM rounds it, ``finishing``: FINISH_F32
-    into ``dw``; ``first``: the sum's first term, STORE_F32). Returns whether every row's
-    log-sum-exp lay within PROBS_WINDOW of its reference (a 0-dim bool tensor: else q may
-    have passed bf16's range and the call runs again on the stored-logits path). With a
-    row scale ``r`` (the rows' [R] float32, else None) the logits are l = r a, a = x W^T
-    (CE_PROBS_SCALED, as CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's
-    gradient g (sum_n p a - a[t]) goes into ``dr``, sum_n p a = qa / sum q."""
+    losses into ``loss_out`` (0 where not ``valid``: an ignored row); with g the rows'
+    gradient scale (0 for an ignored row), dlogits = (g / sum q) q - g onehot: dX = that
+    (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T ((g / sum q) x) by
+    the GEMMs and - g x into the target rows of the float32 sum (``target_rows_sub_``;
+    before the last chunk's GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``;
+    ``first``: the sum's first term, STORE_F32). With a row scale ``r`` (the rows' [R]
+    float32, else None) the logits are l = r a, a = x W^T (CE_PROBS_SCALED, as
+    CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's gradient g (sum_n p a -
+    a[t]) goes into ``dr``, sum_n p a = qa / sum q. Returns whether every row's
+    log-sum-exp lay within the window of its reference (a 0-dim bool tensor: else q may
+    have left bf16's range, or the dW GEMM's s x float32's normal one, and the call runs
+    again on the stored-logits path)."""
     V = w.shape[0]
     sampled = (xc @ w_sample.t()).float()
     ref = (sampled if r is None else sampled * r[:, None]).amax(1) + PROBS_MARGIN
@@ -208,32 +197,34 @@ def _probs_chunk(xc, tc, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out, loss_o
     lse_out.copy_(_two_sum(ref, torch.log(qsum)))
     inside = (tc >= 0) & (tc < V)
     tcc = tc.clamp(0, V - 1)
+    wt = w[tcc]  # (the targets' rows of W: the loss's l[t] and dX's target term)
     # the row's loss log(sum q) - (l[t] - ref): l[t] - ref as log q[t] from a stored float32
     # q (the GEMM's own value: ref cancels exactly), else (bf16's q is 2^-9 off; a float32
     # q[t] that underflowed) from l[t] formed again as a float32 dot product
-    at = (xc.float() * w[tcc].float()).sum(1)
+    at = torch.where(inside, (xc.float() * wt.float()).sum(1), 0.0)
     rel = (at if r is None else at * r) - ref
     if q.dtype == torch.float32:
         qt = q.gather(1, tcc[:, None])[:, 0]
         rel = torch.where(qt > torch.finfo(torch.float32).tiny, torch.log(qt), rel)
-    loss_out.copy_(torch.where(inside, torch.log(qsum) - rel, 0.0))
-    if r is not None:
-        dr.copy_(torch.where(inside, g * (qa / qsum - at), 0.0))
+    loss_out.copy_(torch.where(valid, torch.log(qsum) - rel, 0.0))
+    if r is not None:  # (g is NaN for a bad target: its dr NaN, as the stored-logits path's)
+        dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
         g = g * r  # (the gradient the GEMMs on x = h form: dl/da = r dl/dl)
     s = g / qsum  # (p = q / sum q)
-    gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=g, wt=w[tcc], out=dx)
+    gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=g, wt=wt, out=dx)
     xs = (xc.float() * s[:, None]).to(xc.dtype)
-    target_term = torch.where(inside[:, None], -(g[:, None] * xc.float()), 0.0)
+    g_t = torch.where(inside, g, 0.0)  # (a bad target's NaN reaches dW through xs)
     if finishing:
-        _target_rows_into(dw32, tcc, target_term)
+        target_rows_sub_(dw32, xc, g_t, tcc)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
     else:
         if first:
             gemm(q.t(), xs.t(), epilogue=STORE_F32, out=dw32)
         else:
             gemm(q.t(), xs.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
-        _target_rows_into(dw32, tcc, target_term)
-    return ((lse_out[0] - ref) <= PROBS_WINDOW).all()  # (false for inf and NaN too)
+        target_rows_sub_(dw32, xc, g_t, tcc)
+    d = lse_out[0] - ref  # (NaN and inf fail both bounds)
+    return ((d <= PROBS_WINDOW) & (d >= -PROBS_BELOW)).all()
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
@@ -303,7 +294,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             xc, tc = x[sl], target[sl]
             logits = buf[: xc.shape[0], :V]
             if use_probs:
-                in_window.append(_probs_chunk(xc, tc, w, w_sample, logits, scale[sl],
+                in_window.append(_probs_chunk(xc, tc, valid[sl], w, w_sample, logits, scale[sl],
                                               None if rs is None else rs[sl], dx[sl], dw32, dw,
                                               None if dr is None else dr[sl], lse_all[:, sl], losses[sl],
                                               start == 0, finish and start == last))  # fmt: skip

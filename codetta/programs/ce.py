@@ -142,26 +142,29 @@ CE_LOGITS_EXT = Program(
 
 
 @triton.jit
-def ce_probs(acc, ref):
+def ce_probs(acc, ref, elem):
     """q = exp(acc - ref[m]) for a per-row reference chosen before the GEMM (stored in the
     GEMM's dtype) and qsum[m] = sum_n q (from the float32 values): the row's probabilities
     are q / qsum, a row factor, so the loss needs no gradient pass over the stored chunk
     (``CODETTA_CE_PROBS``, experimental: ``ops/cross_entropy.py``, ``_probs_chunk``). The
     reference keeps q inside bf16's and float32's range when it is within ~75 nats below
-    the row's largest logit and not far above it; the caller checks qsum."""
-    q = tl.exp(acc - ref)
+    the row's largest logit and not far above it; the caller checks qsum. q is summed as
+    stored (rounded to the GEMM's dtype), so that p = q / qsum sums to one over the row:
+    p[t] - 1 of a confident row is then as exact as the rest (from an unrounded sum, bf16's
+    2^-8 relative error of q[t] swamped it, 4x off at p[t] 0.9992)."""
+    q = P.rounded(tl.exp(acc - ref), elem)
     return q, q
 
 
-def _probs_reference(acc, ref):
-    q = torch.exp(acc - ref.to(acc.dtype)[:, None])
+def _probs_reference(acc, ref, elem):
+    q = torch.exp(acc - ref.to(acc.dtype)[:, None]).to(elem).to(acc.dtype)
     return {"q": q, "qsum": q.sum(1)}
 
 
 CE_PROBS = Program(
     "ce_probs",
     ce_probs,
-    inputs=(PerRow("ref"),),
+    inputs=(PerRow("ref"), DType("elem")),
     outputs=(Tile("q"), RowSum("qsum")),
     reference=_probs_reference,
     configs=CE_LOGITS.configs,
@@ -172,23 +175,23 @@ CE_PROBS = Program(
 
 
 @triton.jit
-def ce_probs_scaled(acc, scale, ref):
+def ce_probs_scaled(acc, scale, ref, elem):
     """CE_PROBS for logits with a row scale, l = scale[m] * acc (CE_LOGITS_SCALED's): q =
-    exp(l - ref[m]) stored, qsum[m] = sum_n q and qa[m] = sum_n q acc (what the scale's
-    gradient needs: sum_n p a = qa / qsum)."""
-    q = tl.exp(acc * scale - ref)
+    exp(l - ref[m]) stored (rounded, summed as stored), qsum[m] = sum_n q and qa[m] =
+    sum_n q acc (what the scale's gradient needs: sum_n p a = qa / qsum)."""
+    q = P.rounded(tl.exp(acc * scale - ref), elem)
     return q, q, q * acc
 
 
-def _probs_scaled_reference(acc, scale, ref):
-    q = torch.exp(acc * scale.to(acc.dtype)[:, None] - ref.to(acc.dtype)[:, None])
+def _probs_scaled_reference(acc, scale, ref, elem):
+    q = torch.exp(acc * scale.to(acc.dtype)[:, None] - ref.to(acc.dtype)[:, None]).to(elem).to(acc.dtype)
     return {"q": q, "qsum": q.sum(1), "qa": (q * acc).sum(1)}
 
 
 CE_PROBS_SCALED = Program(
     "ce_probs_scaled",
     ce_probs_scaled,
-    inputs=(PerRow("scale"), PerRow("ref")),
+    inputs=(PerRow("scale"), PerRow("ref"), DType("elem")),
     outputs=(Tile("q"), RowSum("qsum"), RowSum("qa")),
     reference=_probs_scaled_reference,
     configs=CE_LOGITS.configs,
@@ -202,8 +205,9 @@ CE_PROBS_SCALED = Program(
 @triton.jit
 def ce_probs_dx(acc, s, g, wt):
     """The loss's dX rows from CE_PROBS' q: acc = (q @ W)[m], s[m] = g[m] / qsum[m] (the
-    probabilities' row factor at the row's gradient scale g), wt = W[target[m]] (the
-    target's row; zero for an ignored one): s acc - g wt, rounded once."""
+    probabilities' row factor at the row's gradient scale g, 0 for an ignored row), wt =
+    W[target[m]] (the target's row; any row for an ignored one, g being 0): s acc - g wt,
+    rounded once."""
     return acc * s - g * wt
 
 
@@ -341,6 +345,63 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
     return sums, dr
 
 
+TARGET_ROWS_BLOCK = 1024  # (columns of dW a program sums: d 4096 in 4 programs a target)
+
+
+@triton.jit
+def _target_rows_kernel(x_ptr, g_ptr, order_ptr, ts_ptr, dw_ptr, R, d, x_stride, dw_stride,
+                        BLOCK: tl.constexpr):  # fmt: skip
+    """dw[t] -= sum of g[m] x[m] over the rows m whose target is t: the rows sorted by
+    target (``order``, their targets ``ts``); the program of a segment's last row sums it,
+    backwards, and writes its target's row of dw; every other program returns."""
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    t = tl.load(ts_ptr + i)
+    after = tl.load(ts_ptr + i + 1, mask=i + 1 < R, other=-1)
+    if after != t:  # (the segment's last row)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        j = i
+        tj = t
+        while tj == t:
+            row = tl.load(order_ptr + j).to(tl.int64)
+            acc += tl.load(g_ptr + row) * tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(
+                tl.float32
+            )
+            j -= 1
+            tj = tl.load(ts_ptr + j, mask=j >= 0, other=-1)
+        dst = dw_ptr + t.to(tl.int64) * dw_stride + cols
+        tl.store(dst, tl.load(dst, mask=mask) - acc, mask=mask)
+
+
+def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, target: torch.Tensor):
+    """dw[target[m]] -= g[m] x[m] for every row m, in place (dw float32 [V, d], x [M, d], g
+    float32 [M], target [M] in [0, V)): each target's rows summed in one order, by one
+    program, no atomics: the same bits every run (the probabilities path's target term,
+    ``ops/cross_entropy.py``)."""
+    M, d = x.shape
+    if M == 0:
+        return dw
+    order = torch.argsort(target, stable=True)
+    ts = target[order]
+    if torch_path(x):
+        contrib = g.float()[order, None] * x.float()[order]
+        ends = torch.ones(M, dtype=torch.bool, device=x.device)
+        ends[:-1] = ts[1:] != ts[:-1]
+        for i in torch.nonzero(ends).flatten().tolist():  # (each segment summed backwards, as the kernel)
+            j, acc = i, torch.zeros(d, dtype=torch.float32, device=x.device)
+            while j >= 0 and ts[j] == ts[i]:
+                acc += contrib[j]
+                j -= 1
+            dw[ts[i]] -= acc
+        return dw
+    with device.on_device(x.device):
+        grid = (M, triton.cdiv(d, TARGET_ROWS_BLOCK))
+        precompile.launch(_target_rows_kernel, grid, x, g, order, ts, dw, M, d, x.stride(0), dw.stride(0),
+                          BLOCK=TARGET_ROWS_BLOCK, num_warps=4)  # fmt: skip
+    return dw
+
+
 def row_pass_jobs() -> list[tuple]:
     """The gradient pass (``ce_grad_``) as the sm_90a check compiles it (``sm90_check.py``):
     (label, kernel, argument types, constexprs, warps), bf16 logits, its default launch,
@@ -356,6 +417,9 @@ def row_pass_jobs() -> list[tuple]:
         consts.update(WRITE=True, BLOCK=GRAD_BLOCK)
         label = f"ce_grad {'every option' if every else 'plain'}, {GRAD_WARPS} warps"
         jobs.append((label, _ce_grad_kernel, types, consts, GRAD_WARPS))
+    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "ts_ptr": "*i64", "dw_ptr": f32, "R": "i32",
+             "d": "i32", "x_stride": "i32", "dw_stride": "i32"}  # fmt: skip
+    jobs.append(("ce target rows", _target_rows_kernel, types, {"BLOCK": TARGET_ROWS_BLOCK}, 4))
     return jobs
 
 
