@@ -189,7 +189,7 @@ case "${1:-}" in
     # 8192 tokens; codetta:ce-probs, CODETTA_CE_PROBS=1: no gradient pass, CPU-built, its first
     # GPU run: first run its tests, `pytest tests/test_cross_entropy.py -k probs`; the
     # low-memory and dx-f32 variants left out for the time)
-    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k probs"
+    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k 'probs or target_rows'"
     BENCH_TIMEOUT=480 BENCH_ARGS="--variants eager torch.compile liger codetta codetta:row-scale codetta:ce-chunk-2g codetta:ce-probs" \
       bash scripts/gpu_call.sh bench:ce
     ;;
@@ -199,7 +199,7 @@ case "${1:-}" in
     # (bf16, every probs test and program), then the 1B step and the 8B-width slice with its
     # head, each against the default, paired and sustained (bench model, variant
     # codetta:ce-probs; the final norm handed on as factors: CE_PROBS_SCALED)
-    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k probs"
+    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py -k 'probs or target_rows'"
     BENCH_TIMEOUT=400 BENCH_ARGS="--models llama-3.2-1B 8B-4layers+head --variants codetta codetta:ce-probs --rounds 2" \
       bash scripts/gpu_call.sh bench:model
     ;;
