@@ -63,6 +63,18 @@ def test_readme_options_exist():
             assert opt in proc.stdout, f"'python -m codetta {cmd}' has no {opt}"
 
 
+def test_every_setting_is_documented():
+    """Every CODETTA_* variable the settings read is in the settings module's table and in
+    docs/design.md's list (CODETTA_CE_NORM_FACTORS was missing from the latter for sessions)."""
+    src = open(os.path.join(ROOT, "codetta", "kernels", "settings.py")).read()
+    read = set(re.findall(r'"(CODETTA_[A-Z0-9_]+)"', src))
+    assert len(read) > 20
+    table = set(re.findall(r"``(CODETTA_[A-Z0-9_]+)``", src))
+    design = set(re.findall(r"`(CODETTA_[A-Z0-9_]+)`", open(os.path.join(ROOT, "docs", "design.md")).read()))
+    assert read <= table, f"not in settings.py's table: {sorted(read - table)}"
+    assert read <= design, f"not in docs/design.md: {sorted(read - design)}"
+
+
 def test_ce_chunk_setting():
     """CODETTA_CE_CHUNK_MB: a whole number >= 1 (default 1024 MiB); it sets the rows per
     chunk of linear_cross_entropy."""

@@ -58,6 +58,9 @@
 |  |  | power of 2: dX 1.2x PyTorch's error at the median with a softcap, NOTES.md); |
 |  |  | M x d x 2 bytes more until the backward; opt-in: 0.2-2.1 % of the loss's |
 |  |  | time on the H200 (run 193) |
+| ``CODETTA_CE_NORM_FACTORS`` | 1 | 0: the Hugging Face drop-in's final RMSNorm forms its output n for |
+|  |  | the loss, instead of handing h and rstd on (``row_scale``: the logits GEMM's |
+|  |  | epilogue applies rstd, one pass over [M, d] less each way; NOTES.md) |
 | ``CODETTA_CE_PROBS`` | 0 | 1 (experimental, CPU-tested, not yet run on a GPU): the plain LM head |
 |  |  | + loss in bf16 or float32 stores q = exp(l - ref) for a per-row reference |
 |  |  | instead of its logits, so no gradient pass runs over the chunk (``CE_PROBS``; |
