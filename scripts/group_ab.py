@@ -18,30 +18,23 @@ Usage (repo root): PYTHONPATH=. python scripts/group_ab.py [--tokens 16384] [--o
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import torch
-from order_ab import _tensors, cases, save_rows, time_against_cublas
+from order_ab import ab_parser, calls, outputs, save_rows, time_against_cublas
 
 from codetta.kernels import launch
 from codetta.kernels.launch import gemm
 from codetta.kernels.operands import make_call
 from codetta.kernels.tuning import CHOOSER
-from codetta.tune import call_inputs
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--out", default=None)
+    ap = ab_parser(__doc__, ["ce_logits", "ce_logits_scaled"])
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16, 32])
-    ap.add_argument("--only", nargs="+", default=["ce_logits", "ce_logits_scaled"])
     args = ap.parse_args()
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     rows = []
-    for spec, rec in cases(args.tokens, args.only):
-        a, w, ops = call_inputs(rec)
+    for spec, rec, a, w, ops in calls(args.tokens, args.only):
         prog = rec.program
         call = make_call(prog, a, w, ops)
         chosen = CHOOSER.choose(call, launch._prepare_for_tuning(call))
@@ -51,8 +44,7 @@ def main() -> int:
         for g in dict.fromkeys([chosen.group_m, *args.groups]):  # (the chosen one's: the reference)
             cfg = dataclasses.replace(chosen, group_m=g)
             fns[f"group_m {g}"] = lambda c=cfg, a=a, w=w, o=ops, p=prog: gemm(a, w, epilogue=p, config=c, **o)
-        outs = {k: _tensors(fn()) for k, fn in fns.items()}
-        torch.cuda.synchronize()
+        outs = outputs(fns)
         ref = outs[f"group_m {chosen.group_m}"]
         for k, got in outs.items():
             if k != "cublas" and not all(torch.equal(x, y) for x, y in zip(got, ref)):

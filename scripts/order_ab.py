@@ -57,6 +57,29 @@ def save_rows(path: str | None, rows: list) -> int:
     return 0
 
 
+def ab_parser(doc: str, only: list) -> argparse.ArgumentParser:
+    """The A/B scripts' common arguments: --tokens, --out (JSON rows), --only (programs)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="+", default=only)
+    return ap
+
+
+def calls(tokens: int, only):
+    """Each case's (model widths, probe record, A, W, operands), after the GPU's name."""
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    for spec, rec in cases(tokens, only):
+        yield spec, rec, *call_inputs(rec)
+
+
+def outputs(fns: dict) -> dict:
+    """Each variant's output tensors, run once (the bit checks' material)."""
+    outs = {k: _tensors(fn()) for k, fn in fns.items()}
+    torch.cuda.synchronize()
+    return outs
+
+
 def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
     for spec in ("llama3-8b", "llama3-1b"):
         w = widths_of(spec)
@@ -75,15 +98,9 @@ def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--only", nargs="+", default=["ce_logits", "ce_logits_scaled", "residual_rms"])
-    args = ap.parse_args()
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    args = ab_parser(__doc__, ["ce_logits", "ce_logits_scaled", "residual_rms"]).parse_args()
     rows = []
-    for spec, rec in cases(args.tokens, args.only):
-        a, w, ops = call_inputs(rec)
+    for spec, rec, a, w, ops in calls(args.tokens, args.only):
         prog = rec.program
         print(f"== {spec} {prog.name} {rec.M}x{rec.N}x{rec.K} (ms, paired / sustained; / cuBLAS)", flush=True)
         fns = {"cublas": lambda a=a, w=w: a @ w.t()}
@@ -96,8 +113,7 @@ def main() -> int:
                     continue
                 key = f"{'stores' if first else 'reduce'}-first {cfg.short()}"
                 fns[key] = lambda v=variant, c=cfg, a=a, w=w, o=ops: gemm(a, w, epilogue=v, config=c, **o)
-        outs = {k: _tensors(fn()) for k, fn in fns.items()}
-        torch.cuda.synchronize()
+        outs = outputs(fns)
         # the order moves no arithmetic: both orders of a config give the same bits, and a
         # stores-first config the same bits as the reductions-first one of the same
         # tiles where that one exists (the first GPU check of the stores-first kernels)
