@@ -14,6 +14,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 11   # H100: its 8B-width LM-head re-pick in a model step
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 12   # H200: the loss against its peers (bench ce)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 13   # the loss without its gradient pass in a model step
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 14   # that path's keys tuned, its kernels against the default's
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -62,7 +63,7 @@ case "${1:-}" in
       bash scripts/gpu_call.sh tune
     cp "$OUT/tuned/nvidia-h200.json" codetta/kernels/tuned/nvidia-h200.json
     SCRIPT_TIMEOUT=200 bash scripts/gpu_call.sh "script:table_ab.py .table-before.json --cases llama-3.2-1B --batch 4 --rounds 2"
-    python3 scripts/retune_report.py .table-before.json "$OUT/tuned/nvidia-h200.json" "$OUT/tune.txt" | tail -20
+    PYTHONPATH=. python3 scripts/retune_report.py .table-before.json "$OUT/tuned/nvidia-h200.json" "$OUT/tune.txt" | tail -20
     ;;
   4)
     # (an H100) its own table's pending keys, the most-used first: Llama 3 1B / 8B and Qwen3-8B
@@ -203,8 +204,29 @@ case "${1:-}" in
     BENCH_TIMEOUT=400 BENCH_ARGS="--models llama-3.2-1B 8B-4layers+head --variants codetta codetta:ce-probs --rounds 2" \
       bash scripts/gpu_call.sh bench:model
     ;;
+  14)
+    # (either GPU, the H200 first) why the probabilities path (CODETTA_CE_PROBS=1) was slower than
+    # the stored-logits default at every shape of run 231 (fwd+bwd / cuBLAS 1.173 / 1.137 against
+    # 1.065 / 1.084, an H200): its two programs' keys were never tuned (ce_probs took ce_logits'
+    # picks; ce_probs_dx the rule, on the backward's 128x128 candidates until the thirty-first
+    # session gave it the streaming ones, 128x256 among them). Tune them at 8192 and 16384 tokens
+    # for bench ce's plain loss (CODETTA_CE_NORM_FACTORS=0: ce_probs) and for the drop-in's
+    # (ce_probs_scaled) into a copy of the table, then each kernel of both paths
+    # (ce_kernels.py), then bench ce: the default against ce-probs. Limits 130 + 90 + 100 +
+    # 240 = 560 s of a call's 600
+    probs_tune() {
+      CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
+        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens $2 --program $3" bash scripts/gpu_call.sh tune
+      cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+    }
+    CODETTA_CE_NORM_FACTORS=0 probs_tune 130 "8192 16384" "ce_probs ce_probs_dx"
+    probs_tune 90 16384 ce_probs_scaled
+    rm -rf "$OUT/tuned"  # (its entries are in tuning.json: the call returns at most 8 files)
+    SCRIPT_TIMEOUT=100 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 16384x4096x128256 8192x2048x128256"
+    BENCH_TIMEOUT=240 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13|14" >&2
     exit 2
     ;;
 esac

@@ -217,7 +217,9 @@ CE_PROBS_DX = Program(
     inputs=(PerRow("s"), PerRow("g"), Tile("wt")),
     outputs=(Tile("dx"),),
     reference=lambda acc, s, g, wt: {"dx": acc * s.to(acc.dtype)[:, None] - g.to(acc.dtype)[:, None] * wt},
-    configs=tuple(BACKWARD_CANDIDATES),
+    # (one tile streamed in, one out: the streaming candidates, 128x256 tiles among them, as
+    # the stored-logits path's plain dX GEMM picks on both GPUs; the backward's 128x128
+    # candidates alone before the thirty-first session, untimed then: NOTES.md)
     layouts=((False, True),),
 )
 
