@@ -202,7 +202,8 @@ def with_row_groups(cfgs, groups=(8, 4)) -> tuple:
     The vocabulary-wide logits (4096-row chunks of V 128256, e1) took 8-15 % less time at 4
     than at 8 under paired timing and 2-7 % under sustained-block timing on an H100 (run
     225, three runs, scripts/group_ab.py; K1's shapes did not gain, the portable mainloop's
-    Triton pick lost at 4)."""
+    Triton pick lost at 4). On an H200 4 gained nothing (run 232: the four logits keys
+    0.997-1.026x of 8's time paired, 1.011-1.034x sustained): its table keeps 8 there."""
     return tuple(replace(c, group_m=g) for g in groups for c in cfgs)
 
 
