@@ -231,3 +231,11 @@ case "${1:-}" in
     ;;
 esac
 ls -R "$OUT" | head -40
+# (a device call returns at most 8 files: past that, every file but log.txt, which the
+# caller's tee still writes, goes into one archive, all.tgz; runs 232 and 233 lost their
+# tuned tables to the limit)
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -type f ! -name log.txt ! -name all.tgz | tar czf all.tgz -T - \
+    && find . -type f ! -name log.txt ! -name all.tgz -delete && find . -mindepth 1 -type d -empty -delete)
+  echo "packed into $OUT/all.tgz: $(tar tzf "$OUT/all.tgz" | tr '\n' ' ')"
+fi
