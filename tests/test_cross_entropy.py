@@ -1044,6 +1044,30 @@ def test_probs_path_only_where_it_holds(case, device, monkeypatch):
     assert seen["chunks"] == 1
 
 
+def test_probs_rows_dot_and_scaled_rows(device):
+    """``probs_rows`` (the probabilities path's row pass): at = x . wt in float32 and xs = x s
+    rounded to x's dtype, for d below, at and above the kernel's block (several steps of its
+    loop, a ragged last one), a NaN scale (a bad target's) kept in its row, and strided x
+    (a chunk's rows of a wider tensor); as float64, the same bits twice."""
+    from codetta.programs.ce import PROBS_ROWS_BLOCK, probs_rows
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    for M, d in ((9, 40), (5, PROBS_ROWS_BLOCK), (7, 2 * PROBS_ROWS_BLOCK + 24)):
+        x = rand(M, d + 8, dtype=dtype, device=device)[:, :d]
+        wt = rand(M, d, dtype=dtype, device=device)
+        s = torch.rand(M, device=device) * 3 + 0.1
+        s[1] = float("nan")
+        got = [probs_rows(x, wt, s) for _ in range(2)]
+        for a, b in zip(*got):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        at, xs = got[0]
+        assert at.dtype == torch.float32 and at.shape == (M,) and xs.dtype == dtype and xs.shape == (M, d)
+        want = (x.double() * wt.double()).sum(1)
+        torch.testing.assert_close(at.double(), want, rtol=1e-5, atol=1e-5 * d**0.5)
+        torch.testing.assert_close(xs, (x.float() * s[:, None]).to(dtype), equal_nan=True, rtol=0, atol=0)
+        assert xs[1].isnan().all() and not xs[[0, 2]].isnan().any()
+
+
 def test_target_rows_sub_sums_each_target(device):
     """``target_rows_sub_`` (the probabilities path's target term): dw[t] -= sum of g x over
     the rows of target t, for targets repeated many times (5 classes, 70 rows, the last

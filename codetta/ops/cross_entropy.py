@@ -88,6 +88,7 @@ from ..programs.ce import (
     CE_PROBS_DX,
     CE_PROBS_SCALED,
     ce_grad_,
+    probs_rows,
     rescale_,
     scale_cast,
     target_rows_sub_,
@@ -199,10 +200,15 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     inside = (tc >= 0) & (tc < V)
     tcc = tc.clamp(0, V - 1)
     wt = w[tcc]  # (the targets' rows of W: the loss's l[t] and dX's target term)
+    # (the gradient the GEMMs on x = h form with a row scale: dl/da = r dl/dl)
+    gx = g if r is None else g * r
+    s = gx / qsum  # (p = q / sum q)
+    # l[t] = x . W[t] and x s for the dW GEMM, in one pass over the rows (``probs_rows``);
     # the row's loss log(sum q) - (l[t] - ref): l[t] - ref as log q[t] from a stored float32
     # q (the GEMM's own value: ref cancels exactly), else (bf16's q is 2^-9 off; a float32
-    # q[t] that underflowed) from l[t] formed again as a float32 dot product
-    at = torch.where(inside, (xc.float() * wt.float()).sum(1), 0.0)
+    # q[t] that underflowed) from that float32 dot product
+    at, xs = probs_rows(xc, wt, s)
+    at = torch.where(inside, at, 0.0)
     rel = (at if r is None else at * r) - ref
     if q.dtype == torch.float32:
         qt = q.gather(1, tcc[:, None])[:, 0]
@@ -210,11 +216,8 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     loss_out.copy_(torch.where(valid, torch.log(qsum) - rel, 0.0))
     if r is not None:  # (g is NaN for a bad target: its dr NaN, as the stored-logits path's)
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
-        g = g * r  # (the gradient the GEMMs on x = h form: dl/da = r dl/dl)
-    s = g / qsum  # (p = q / sum q)
-    gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=g, wt=wt, out=dx)
-    xs = (xc.float() * s[:, None]).to(xc.dtype)
-    g_t = torch.where(inside, g, 0.0)  # (a bad target's NaN reaches dW through xs)
+    gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
+    g_t = torch.where(inside, gx, 0.0)  # (a bad target's NaN reaches dW through xs)
     if finishing:
         target_rows_sub_(dw32, xc, g_t, tcc)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)

@@ -404,6 +404,44 @@ def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, target:
     return dw
 
 
+PROBS_ROWS_BLOCK = 1024  # (columns a step of the row loop: d 2048 in two)
+
+
+@triton.jit
+def _probs_rows_kernel(x_ptr, wt_ptr, s_ptr, at_ptr, xs_ptr, d, x_stride, wt_stride, xs_stride,
+                       BLOCK: tl.constexpr):  # fmt: skip
+    """One row m: at[m] = sum_k x[m, k] wt[m, k] (float32) and xs[m] = x[m] s[m] (rounded to
+    xs' dtype), x and wt read once."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.load(s_ptr + row)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, d, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < d
+        xv = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += xv * tl.load(wt_ptr + row * wt_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(xs_ptr + row * xs_stride + cols, (xv * s).to(xs_ptr.dtype.element_ty), mask=mask)
+    tl.store(at_ptr + row, tl.sum(acc, 0))
+
+
+def probs_rows(x: torch.Tensor, wt: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(at, xs)`` for x and wt [M, d] (wt: each row's target row of W) and s float32 [M]:
+    at = the rows' dot products x . wt in float32 [M] (the target's logit, as its GEMM
+    forms it: bf16 products summed in float32) and xs = x s rounded to x's dtype [M, d] (the
+    dW GEMM's rows on the probabilities path, ``ops/cross_entropy.py``). One pass: x and wt
+    read once (as PyTorch ops, ~8 passes over [M, d] in float32: ~0.3 ms a 16384-token call
+    at d 2048). The same bits every run (a fixed order)."""
+    M, d = x.shape
+    if torch_path(x, wt.dtype) or M == 0:
+        return (x.float() * wt.float()).sum(1), (x.float() * s[:, None]).to(x.dtype)
+    at = torch.empty(M, dtype=torch.float32, device=x.device)
+    xs = torch.empty_like(x)
+    with device.on_device(x.device):
+        precompile.launch(_probs_rows_kernel, (M,), x, wt, s, at, xs, d, x.stride(0), wt.stride(0),
+                          xs.stride(0), BLOCK=PROBS_ROWS_BLOCK, num_warps=4)  # fmt: skip
+    return at, xs
+
+
 def row_pass_jobs() -> list[tuple]:
     """The gradient pass (``ce_grad_``) as the sm_90a check compiles it (``sm90_check.py``):
     (label, kernel, argument types, constexprs, warps), bf16 logits, its default launch,
@@ -422,6 +460,9 @@ def row_pass_jobs() -> list[tuple]:
     types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "ts_ptr": "*i64", "dw_ptr": f32, "R": "i32",
              "d": "i32", "x_stride": "i32", "dw_stride": "i32"}  # fmt: skip
     jobs.append(("ce target rows", _target_rows_kernel, types, {"BLOCK": TARGET_ROWS_BLOCK}, 4))
+    types = {"x_ptr": "*bf16", "wt_ptr": "*bf16", "s_ptr": f32, "at_ptr": f32, "xs_ptr": "*bf16", "d": "i32",
+             "x_stride": "i32", "wt_stride": "i32", "xs_stride": "i32"}  # fmt: skip
+    jobs.append(("ce probs rows", _probs_rows_kernel, types, {"BLOCK": PROBS_ROWS_BLOCK}, 4))
     return jobs
 
 
