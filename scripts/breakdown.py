@@ -34,8 +34,10 @@ def kernels(fn, iters=10, warm_s=1.0):
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     per = len(evs) // iters
-    if per * iters != len(evs):
-        return [(name, us) for _, name, us in evs]  # kernels differ between calls: show them all
+    if per * iters != len(evs):  # kernels differ between calls: every call's, each at 1/iters of its time
+        print(f"   (the calls launched different kernels: {len(evs)} in {iters} calls, each listed at "
+              f"1/{iters} of its time, so the sum is the mean call's)")  # fmt: skip
+        return [(name, us / iters) for _, name, us in evs]
     return [(evs[i][1], statistics.median(evs[k * per + i][2] for k in range(iters))) for i in range(per)]
 
 

@@ -209,21 +209,23 @@ case "${1:-}" in
     # the stored-logits default at every shape of run 231 (fwd+bwd / cuBLAS 1.173 / 1.137 against
     # 1.065 / 1.084, an H200): its two programs' keys were never tuned (ce_probs took ce_logits'
     # picks; ce_probs_dx the rule, on the backward's 128x128 candidates until the thirty-first
-    # session gave it the streaming ones, 128x256 among them). Tune them at 8192 and 16384 tokens
-    # for bench ce's plain loss (CODETTA_CE_NORM_FACTORS=0: ce_probs) and for the drop-in's
-    # (ce_probs_scaled) into a copy of the table, then each kernel of both paths
-    # (ce_kernels.py), then bench ce: the default against ce-probs. Limits 130 + 90 + 100 +
-    # 240 = 560 s of a call's 600
-    probs_tune() {
+    # session gave it the streaming ones, 128x256 among them). First its GPU tests (the row pass
+    # probs_rows is new since run 231), then its keys tuned at 16384 tokens (8192's share them:
+    # 4096-row chunks either way) for bench ce's plain loss (CODETTA_CE_NORM_FACTORS=0:
+    # ce_probs) and for the drop-in's (ce_probs_scaled) into a copy of the table, then each
+    # kernel of both paths (ce_kernels.py), then bench ce: the default against ce-probs.
+    # Limits 100 + 100 + 70 + 80 + 190 = 540 s of a call's 600 (each gpu_call start ~5-10 s)
+    TEST_TIMEOUT=100 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'probs'"
+    probs_tune() {  # limit, programs, label (the tune's log kept as tune-<label>.txt)
       CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
-        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens $2 --program $3" bash scripts/gpu_call.sh tune
+        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 16384 --program $2" bash scripts/gpu_call.sh tune
       cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+      mv "$OUT/tune.txt" "$OUT/tune-$3.txt"
     }
-    CODETTA_CE_NORM_FACTORS=0 probs_tune 130 "8192 16384" "ce_probs ce_probs_dx"
-    probs_tune 90 16384 ce_probs_scaled
-    rm -rf "$OUT/tuned"  # (its entries are in tuning.json: the call returns at most 8 files)
-    SCRIPT_TIMEOUT=100 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 16384x4096x128256 8192x2048x128256"
-    BENCH_TIMEOUT=240 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
+    CODETTA_CE_NORM_FACTORS=0 probs_tune 100 "ce_probs ce_probs_dx" plain
+    probs_tune 70 ce_probs_scaled scaled
+    SCRIPT_TIMEOUT=80 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 16384x2048x128256"
+    BENCH_TIMEOUT=190 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13|14" >&2
@@ -235,7 +237,10 @@ ls -R "$OUT" | head -40
 # caller's tee still writes, goes into one archive, all.tgz; runs 232 and 233 lost their
 # tuned tables to the limit)
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  (cd "$OUT" && find . -type f ! -name log.txt ! -name all.tgz | tar czf all.tgz -T - \
-    && find . -type f ! -name log.txt ! -name all.tgz -delete && find . -mindepth 1 -type d -empty -delete)
-  echo "packed into $OUT/all.tgz: $(tar tzf "$OUT/all.tgz" | tr '\n' ' ')"
+  # (a second step in the same call packs its files into all-2.tgz, and so on)
+  pack=all.tgz n=1
+  while [ -e "$OUT/$pack" ]; do n=$((n + 1)); pack=all-$n.tgz; done
+  (cd "$OUT" && find . -type f ! -name log.txt ! -name 'all*.tgz' | tar czf "$pack" -T - \
+    && find . -type f ! -name log.txt ! -name 'all*.tgz' -delete && find . -mindepth 1 -type d -empty -delete)
+  echo "packed into $OUT/$pack: $(tar tzf "$OUT/$pack" | tr '\n' ' ')"
 fi

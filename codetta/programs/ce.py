@@ -432,6 +432,7 @@ def probs_rows(x: torch.Tensor, wt: torch.Tensor, s: torch.Tensor) -> tuple[torc
     read once (as PyTorch ops, ~8 passes over [M, d] in float32: ~0.3 ms a 16384-token call
     at d 2048). The same bits every run (a fixed order)."""
     M, d = x.shape
+    assert x.stride(1) == wt.stride(1) == 1 and s.is_contiguous(), "probs_rows: rows with unit column stride"
     if torch_path(x, wt.dtype) or M == 0:
         return (x.float() * wt.float()).sum(1), (x.float() * s[:, None]).to(x.dtype)
     at = torch.empty(M, dtype=torch.float32, device=x.device)
