@@ -51,8 +51,7 @@ The probabilities path (``CODETTA_CE_PROBS=1``; experimental: its tests passed o
 where it was slower than this default at every shape of bench ce, its programs untuned;
 its row pass, ``probs_rows``, fused since, not yet run on a GPU; NOTES.md): for the plain
 loss (a row scale allowed: ``CE_PROBS_SCALED`` also sums q a for r's gradient) in bf16 or
-float32, the
-logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
+float32, the logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
 ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
