@@ -227,9 +227,9 @@ CE_PROBS_DX = Program(
 # The gradient pass's launch: one program a row, 4096 columns a step over 16 warps. Against
 # 1024 over 4 (the launch before): 0.962-0.997 of its time at V 32768-262144 on an H100,
 # plain and with the row scale, under paired and sustained-block timing alike (run 226),
-# and on an H200 0.92-0.98 plain and 0.96-0.99 row-scaled at V 65536-262144, both timings
-# (run 232; 1.02 row-scaled at V 32768; the same bits: the pass is elementwise, its row
-# sums' (dr, and the sum of w c) order aside)
+# and on an H200 0.92-0.98 plain (V 32768-262144) and 0.96-0.99 row-scaled (V 65536-262144),
+# both timings (run 232; 1.02 row-scaled at V 32768; the same bits: the pass is elementwise,
+# its row sums' (dr, and the sum of w c) order aside)
 GRAD_BLOCK, GRAD_WARPS = 4096, 16
 
 
