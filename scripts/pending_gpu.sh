@@ -233,14 +233,5 @@ case "${1:-}" in
     ;;
 esac
 ls -R "$OUT" | head -40
-# (a device call returns at most 8 files: past that, every file but log.txt, which the
-# caller's tee still writes, goes into one archive, all.tgz; runs 232 and 233 lost their
-# tuned tables to the limit)
-if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  # (a second step in the same call packs its files into all-2.tgz, and so on)
-  pack=all.tgz n=1
-  while [ -e "$OUT/$pack" ]; do n=$((n + 1)); pack=all-$n.tgz; done
-  (cd "$OUT" && find . -type f ! -name log.txt ! -name 'all*.tgz' | tar czf "$pack" -T - \
-    && find . -type f ! -name log.txt ! -name 'all*.tgz' -delete && find . -mindepth 1 -type d -empty -delete)
-  echo "packed into $OUT/$pack: $(tar tzf "$OUT/$pack" | tr '\n' ' ')"
-fi
+# (a device call returns at most 8 files: past that, scripts/pack_out.sh packs them)
+bash scripts/pack_out.sh "$OUT"
