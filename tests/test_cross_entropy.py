@@ -903,15 +903,14 @@ def _count_probs_chunks(monkeypatch):
     from codetta.ops import cross_entropy as ce_op
 
     seen = {"chunks": 0, "out of window": 0}
-    real = ce_op._probs_chunk
+    real = ce_op._WindowCheck.add
 
-    def counted(*args):
-        ok = real(*args)
+    def counted(self, flag):
         seen["chunks"] += 1
-        seen["out of window"] += int(not bool(ok))
-        return ok
+        seen["out of window"] += int(not bool(flag.all()))
+        return real(self, flag)
 
-    monkeypatch.setattr(ce_op, "_probs_chunk", counted)
+    monkeypatch.setattr(ce_op._WindowCheck, "add", counted)
     return seen
 
 
@@ -1070,22 +1069,38 @@ def test_probs_rows_dot_and_scaled_rows(device):
 
 def test_target_rows_sub_sums_each_target(device):
     """``target_rows_sub_`` (the probabilities path's target term): dw[t] -= sum of g x over
-    the rows of target t, for targets repeated many times (5 classes, 70 rows, the last
-    row's own segment too) and a chunk of one row; as the float64 sum, the same bits twice."""
-    from codetta.programs.ce import target_rows_sub_
+    the rows of target t, for targets repeated many times (5 classes, 70 rows: one class
+    in 30 of them, past the kernel's load step; the last row's own segment too), rows
+    without a target (-100, V: skipped), in chunks sorted by one ``sort_targets`` (two of
+    35 rows, one of 70) and a chunk of one row; as the float64 sum, the same bits twice."""
+    from codetta.programs.ce import TARGET_ROWS_STEP, sort_targets, target_rows_sub_
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     V, d = 5, 40
-    for M in (70, 1):
+    for M, rows in ((70, 35), (70, 70), (1, 1)):
         x = rand(M, d, dtype=dtype, device=device)
         g = torch.randn(M, device=device)
         t = torch.randint(0, V, (M,), device=device)
+        if M > 1:
+            t[:30] = 2
+            t[[3, 40]], t[[5, 50]] = -100, V
+            assert (t == 2).sum() > 2 * TARGET_ROWS_STEP
         t[-1] = 4
-        dw = torch.randn(V, d, device=device)
-        want = dw.double().index_add(0, t, -(g.double()[:, None] * x.double()))
-        got = [target_rows_sub_(dw.clone(), x, g, t) for _ in range(2)]
+        has = (t >= 0) & (t < V)
+        dw0 = torch.randn(V, d, device=device)
+        want = dw0.double().index_add(0, t[has], -(g.double()[has, None] * x.double()[has]))
+        order, keys = sort_targets(t, V, rows)
+
+        def run(M=M, rows=rows, dw0=dw0, x=x, g=g, order=order, keys=keys):
+            dw = dw0.clone()
+            for start in range(0, M, rows):
+                sl = slice(start, start + rows)
+                target_rows_sub_(dw, x[sl], g[sl], order[sl], keys[sl], start, start // rows * (V + 1))
+            return dw
+
+        got = [run() for _ in range(2)]
         assert torch.equal(got[0], got[1])
         torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
         if not ON_GPU:  # (and the PyTorch path the CPU takes without the interpreter: the same sums)
             with settings.override(force_reference=True):
-                assert torch.equal(target_rows_sub_(dw.clone(), x, g, t), got[0])
+                assert torch.equal(run(), got[0])

@@ -91,6 +91,7 @@ from ..programs.ce import (
     probs_rows,
     rescale_,
     scale_cast,
+    sort_targets,
     target_rows_sub_,
 )
 from ._eager import FastOp
@@ -172,23 +173,56 @@ def _two_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack((hi, (a - (hi - bb)) + (b - bb)))
 
 
+class _WindowCheck:
+    """Whether every chunk of a call on the probabilities path stayed in its window, read
+    on the host without draining the stream: the chunks' flags are combined as the last one
+    comes (right after the last chunk's log-sum-exp), copied to pinned memory and an event
+    recorded there, so the wait (``passed``) leaves that chunk's gradient GEMMs, queued
+    after, running on the GPU while the host goes on (a plain read, the host sync it was,
+    left the GPU idle while the host queued the next work: 0.7 ms a call, NOTES.md)."""
+
+    def __init__(self, chunks: int):
+        self.chunks, self.flags, self.host, self.event = chunks, [], None, None
+
+    def add(self, flag: torch.Tensor):
+        self.flags.append(flag.all())
+        if len(self.flags) < self.chunks:
+            return
+        ok = torch.stack(self.flags).all()
+        if not ok.is_cuda:
+            self.host = ok
+            return
+        with torch.cuda.device(ok.device):
+            self.host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.host.copy_(ok, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def passed(self) -> bool:
+        assert len(self.flags) == self.chunks, "every chunk's flag is in"
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.host)
+
+
 def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out, loss_out, first: bool,
-                 finishing: bool):  # fmt: skip
+                 finishing: bool, sorted_rows: tuple, window: _WindowCheck):  # fmt: skip
     """One chunk on the probabilities path (``CODETTA_CE_PROBS``): q = exp(l - ref) into
     ``q`` (CE_PROBS, ref: the row's largest logit over ``w_sample``'s classes plus
     PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
     losses into ``loss_out`` (0 where not ``valid``: an ignored row); with g the rows'
     gradient scale (0 for an ignored row), dlogits = (g / sum q) q - g onehot: dX = that
     (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T ((g / sum q) x) by
-    the GEMMs and - g x into the target rows of the float32 sum (``target_rows_sub_``;
-    before the last chunk's GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``;
-    ``first``: the sum's first term, STORE_F32). With a row scale ``r`` (the rows' [R]
+    the GEMMs and - g x into the target rows of the float32 sum (``target_rows_sub_``, its
+    rows sorted by target: ``sorted_rows``, the chunk's order, keys, row0 and key0; before
+    the last chunk's GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``; ``first``: the
+    sum's first term, STORE_F32). With a row scale ``r`` (the rows' [R]
     float32, else None) the logits are l = r a, a = x W^T (CE_PROBS_SCALED, as
     CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's gradient g (sum_n p a -
-    a[t]) goes into ``dr``, sum_n p a = qa / sum q. Returns whether every row's
-    log-sum-exp lay within the window of its reference (a 0-dim bool tensor: else q may
-    have left bf16's range, or the dW GEMM's s x float32's normal one, and the call runs
-    again on the stored-logits path)."""
+    a[t]) goes into ``dr``, sum_n p a = qa / sum q. Whether every row's log-sum-exp lay
+    within the window of its reference (else q may have left bf16's range, or the dW GEMM's
+    s x float32's normal one, and the call runs again on the stored-logits path) goes to
+    ``window`` as soon as the log-sum-exp is known, before the gradient GEMMs are queued."""
     V = w.shape[0]
     sampled = (xc @ w_sample.t()).float()
     ref = (sampled if r is None else sampled * r[:, None]).amax(1) + PROBS_MARGIN
@@ -197,6 +231,8 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     else:
         qsum, qa = gemm(xc, w, epilogue=CE_PROBS_SCALED, scale=r, ref=ref, out=(q, None, None))[1:]
     lse_out.copy_(_two_sum(ref, torch.log(qsum)))
+    d = lse_out[0] - ref  # (NaN and inf fail both bounds)
+    window.add((d <= PROBS_WINDOW) & (d >= -PROBS_BELOW))
     inside = (tc >= 0) & (tc < V)
     tcc = tc.clamp(0, V - 1)
     wt = w[tcc]  # (the targets' rows of W: the loss's l[t] and dX's target term)
@@ -217,18 +253,16 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     if r is not None:  # (g is NaN for a bad target: its dr NaN, as the stored-logits path's)
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
-    g_t = torch.where(inside, gx, 0.0)  # (a bad target's NaN reaches dW through xs)
+    # (a row without a target is skipped: a bad target's NaN reaches dW through xs)
     if finishing:
-        target_rows_sub_(dw32, xc, g_t, tcc)
+        target_rows_sub_(dw32, xc, gx, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
     else:
         if first:
             gemm(q.t(), xs.t(), epilogue=STORE_F32, out=dw32)
         else:
             gemm(q.t(), xs.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
-        target_rows_sub_(dw32, xc, g_t, tcc)
-    d = lse_out[0] - ref  # (NaN and inf fail both bounds)
-    return ((d <= PROBS_WINDOW) & (d >= -PROBS_BELOW)).all()
+        target_rows_sub_(dw32, xc, gx, *sorted_rows)
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,
@@ -291,17 +325,20 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
     # (the probabilities path first where it is on; one host sync a call: a chunk out of its
     # window runs the call again on the stored-logits path, which rewrites every output)
+    if probs:  # (every chunk's rows sorted by target for its target-row sums, in one sort)
+        order, keys = sort_targets(target, V, rows)
     for use_probs in (True, False) if probs else (False,):
-        in_window = []
+        window = _WindowCheck(-(-M // rows)) if use_probs else None
         for start in range(0, M, rows):
             sl = slice(start, min(M, start + rows))
             xc, tc = x[sl], target[sl]
             logits = buf[: xc.shape[0], :V]
             if use_probs:
-                in_window.append(_probs_chunk(xc, tc, valid[sl], w, w_sample, logits, scale[sl],
-                                              None if rs is None else rs[sl], dx[sl], dw32, dw,
-                                              None if dr is None else dr[sl], lse_all[:, sl], losses[sl],
-                                              start == 0, finish and start == last))  # fmt: skip
+                sorted_rows = (order[sl], keys[sl], start, start // rows * (V + 1))
+                _probs_chunk(xc, tc, valid[sl], w, w_sample, logits, scale[sl],
+                             None if rs is None else rs[sl], dx[sl], dw32, dw, None if dr is None else dr[sl],
+                             lse_all[:, sl], losses[sl], start == 0, finish and start == last, sorted_rows,
+                             window)  # fmt: skip
                 continue
             # the target logit read back from the stored chunk (the epilogue's own value; a
             # gather in the epilogue cost as much as the GEMM, NOTES.md), capped here if need be
@@ -343,7 +380,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
                                    write=False, want_sum=True,
                                    row_scale=None if rs is None else rs[sl])  # fmt: skip
             losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
-        if not use_probs or bool(torch.stack(in_window).all()):
+        if not use_probs or window.passed():
             break
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)

@@ -349,49 +349,71 @@ def ce_grad_(logits, lse, target, scale, a=None, b=None, weight=None, smooth=0.0
 
 
 TARGET_ROWS_BLOCK = 1024  # (columns of dW a program sums: d 4096 in 4 programs a target)
+TARGET_ROWS_STEP = 8  # (rows of a segment whose loads a program issues together)
 
 
 @triton.jit
-def _target_rows_kernel(x_ptr, g_ptr, order_ptr, ts_ptr, dw_ptr, R, d, x_stride, dw_stride,
-                        BLOCK: tl.constexpr):  # fmt: skip
-    """dw[t] -= sum of g[m] x[m] over the rows m whose target is t: the rows sorted by
-    target (``order``, their targets ``ts``); the program of a segment's last row sums it,
-    backwards, and writes its target's row of dw; every other program returns."""
+def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, R, d, V, row0, key0, x_stride,
+                        dw_stride, BLOCK: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
+    """dw[t] -= sum of g[m] x[m] over the rows m whose target is t: the rows sorted by key
+    (``order``, their keys ``keys``: key0 + the target, key0 + V for a row without one, which
+    is skipped; row m is x's row order - row0); the program of a segment's last row sums it,
+    backwards, one row after another (its loads STEP rows at a time), and writes its
+    target's row of dw; every other program returns."""
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
-    t = tl.load(ts_ptr + i)
-    after = tl.load(ts_ptr + i + 1, mask=i + 1 < R, other=-1)
-    if after != t:  # (the segment's last row)
+    key = tl.load(keys_ptr + i)
+    after = tl.load(keys_ptr + i + 1, mask=i + 1 < R, other=-1)
+    t = key - key0
+    if (after != key) & (t < V):  # (the segment's last row, a target's)
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
         j = i
-        tj = t
-        while tj == t:
-            row = tl.load(order_ptr + j).to(tl.int64)
-            acc += tl.load(g_ptr + row) * tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(
-                tl.float32
-            )
-            j -= 1
-            tj = tl.load(ts_ptr + j, mask=j >= 0, other=-1)
+        more = i >= 0
+        while more:
+            for k in tl.static_range(STEP):
+                inside = j - k >= 0
+                same = tl.load(keys_ptr + j - k, mask=inside, other=-1) == key
+                row = tl.load(order_ptr + j - k, mask=same, other=row0).to(tl.int64) - row0
+                gk = tl.load(g_ptr + row, mask=same, other=0.0)
+                xk = tl.load(x_ptr + row * x_stride + cols, mask=mask & same, other=0.0).to(tl.float32)
+                acc += gk * xk  # (the rows in order; + 0 past the segment: the bits of one at a time)
+                if k == STEP - 1:
+                    more = same
+            j -= STEP
         dst = dw_ptr + t.to(tl.int64) * dw_stride + cols
         tl.store(dst, tl.load(dst, mask=mask) - acc, mask=mask)
 
 
-def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, target: torch.Tensor):
-    """dw[target[m]] -= g[m] x[m] for every row m, in place (dw float32 [V, d], x [M, d], g
-    float32 [M], target [M] in [0, V)): each target's rows summed in one order, by one
-    program, no atomics: the same bits every run (the probabilities path's target term,
+def sort_targets(target: torch.Tensor, V: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``target_rows_sub_``'s order, for every chunk of ``rows`` rows in one sort: the rows'
+    indices sorted by key = c (V + 1) + the target (c: the row's chunk; V for a target
+    outside [0, V), an ignored row's, which the sums skip) and the sorted keys. Chunk c's
+    slice of both goes to its call, with row0 = its first row and key0 = c (V + 1)."""
+    M = target.numel()
+    chunk = torch.arange(M, device=target.device) // max(rows, 1)
+    key = torch.where((target >= 0) & (target < V), target, V) + chunk * (V + 1)
+    order = torch.argsort(key, stable=True)
+    return order, key[order]
+
+
+def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, order: torch.Tensor,
+                     keys: torch.Tensor, row0: int = 0, key0: int = 0):  # fmt: skip
+    """dw[t] -= g[m] x[m] for every row m of x with a target t in [0, V), in place (dw float32
+    [V, d], x [M, d], g float32 [M]; ``order``, ``keys``: the chunk's slice of
+    ``sort_targets``, with its row0 and key0): each target's rows summed in one order, by
+    one program, no atomics: the same bits every run (the probabilities path's target term,
     ``ops/cross_entropy.py``)."""
     M, d = x.shape
+    V = dw.shape[0]
     if M == 0:
         return dw
-    order = torch.argsort(target, stable=True)
-    ts = target[order]
     if torch_path(x):
-        contrib = g.float()[order, None] * x.float()[order]
+        rel, ts = order - row0, keys - key0
+        contrib = g.float()[rel, None] * x.float()[rel]
         ends = torch.ones(M, dtype=torch.bool, device=x.device)
         ends[:-1] = ts[1:] != ts[:-1]
-        for i in torch.nonzero(ends).flatten().tolist():  # (each segment summed backwards, as the kernel)
+        for i in torch.nonzero(ends & (ts < V)).flatten().tolist():  # (each segment summed backwards)
             j, acc = i, torch.zeros(d, dtype=torch.float32, device=x.device)
             while j >= 0 and ts[j] == ts[i]:
                 acc += contrib[j]
@@ -400,8 +422,9 @@ def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, target:
         return dw
     with device.on_device(x.device):
         grid = (M, triton.cdiv(d, TARGET_ROWS_BLOCK))
-        precompile.launch(_target_rows_kernel, grid, x, g, order, ts, dw, M, d, x.stride(0), dw.stride(0),
-                          BLOCK=TARGET_ROWS_BLOCK, num_warps=4)  # fmt: skip
+        precompile.launch(_target_rows_kernel, grid, x, g, order, keys, dw, M, d, V, row0, key0,
+                          x.stride(0), dw.stride(0), BLOCK=TARGET_ROWS_BLOCK, STEP=TARGET_ROWS_STEP,
+                          num_warps=4)  # fmt: skip
     return dw
 
 
@@ -459,9 +482,11 @@ def row_pass_jobs() -> list[tuple]:
         consts.update(WRITE=True, BLOCK=GRAD_BLOCK)
         label = f"ce_grad {'every option' if every else 'plain'}, {GRAD_WARPS} warps"
         jobs.append((label, _ce_grad_kernel, types, consts, GRAD_WARPS))
-    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "ts_ptr": "*i64", "dw_ptr": f32, "R": "i32",
-             "d": "i32", "x_stride": "i32", "dw_stride": "i32"}  # fmt: skip
-    jobs.append(("ce target rows", _target_rows_kernel, types, {"BLOCK": TARGET_ROWS_BLOCK}, 4))
+    i32 = "i32"
+    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i64", "dw_ptr": f32, "R": i32,
+             "d": i32, "V": i32, "row0": i32, "key0": i32, "x_stride": i32, "dw_stride": i32}  # fmt: skip
+    consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP}
+    jobs.append(("ce target rows", _target_rows_kernel, types, consts, 4))
     types = {"x_ptr": "*bf16", "wt_ptr": "*bf16", "s_ptr": f32, "at_ptr": f32, "xs_ptr": "*bf16", "d": "i32",
              "x_stride": "i32", "wt_stride": "i32", "xs_stride": "i32"}  # fmt: skip
     jobs.append(("ce probs rows", _probs_rows_kernel, types, {"BLOCK": PROBS_ROWS_BLOCK}, 4))
