@@ -391,8 +391,11 @@ def sort_targets(target: torch.Tensor, V: int, rows: int) -> tuple[torch.Tensor,
     outside [0, V), an ignored row's, which the sums skip) and the sorted keys. Chunk c's
     slice of both goes to its call, with row0 = its first row and key0 = c (V + 1)."""
     M = target.numel()
-    chunk = torch.arange(M, device=target.device) // max(rows, 1)
-    key = torch.where((target >= 0) & (target < V), target, V) + chunk * (V + 1)
+    chunks = -(-M // max(rows, 1))
+    # (int32 keys where they fit: half the radix sort's passes of int64's)
+    kind = torch.int32 if chunks * (V + 1) < 2**31 else torch.int64
+    chunk = torch.arange(M, device=target.device, dtype=kind) // max(rows, 1)
+    key = torch.where((target >= 0) & (target < V), target, V).to(kind) + chunk * (V + 1)
     order = torch.argsort(key, stable=True)
     return order, key[order]
 
@@ -483,7 +486,7 @@ def row_pass_jobs() -> list[tuple]:
         label = f"ce_grad {'every option' if every else 'plain'}, {GRAD_WARPS} warps"
         jobs.append((label, _ce_grad_kernel, types, consts, GRAD_WARPS))
     i32 = "i32"
-    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i64", "dw_ptr": f32, "R": i32,
+    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i32", "dw_ptr": f32, "R": i32,
              "d": i32, "V": i32, "row0": i32, "key0": i32, "x_stride": i32, "dw_stride": i32}  # fmt: skip
     consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP}
     jobs.append(("ce target rows", _target_rows_kernel, types, consts, 4))
