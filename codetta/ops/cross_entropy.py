@@ -47,9 +47,9 @@ only change each row's coefficients in the gradient pass (``programs/ce.py:
 ce_grad_``), which also forms the smoothing term's row sums. Still one logits GEMM
 per chunk plus the dX and dW GEMMs.
 
-The probabilities path (``CODETTA_CE_PROBS=1``; experimental: its tests passed on an H200,
-where it was slower than this default at every shape of bench ce, its programs untuned;
-its row pass, ``probs_rows``, fused since, not yet run on a GPU; NOTES.md): for the plain
+The probabilities path (``CODETTA_CE_PROBS=1``; experimental: its tests pass on an H200,
+where, tuned, it was faster than this default at bench ce's shapes, its model step not yet
+measured; NOTES.md): for the plain
 loss (a row scale allowed: ``CE_PROBS_SCALED`` also sums q a for r's gradient) in bf16 or
 float32, the logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
 ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
@@ -60,7 +60,8 @@ rows of the float32 dW sum (each target's rows summed by one program in one orde
 ``programs/ce.py: target_rows_sub_``: the same bits every run). A call with a row whose
 lse - ref leaves [-60, 50] (q near bf16's range, or (g / sum q) x near its subnormals; its
 largest logit ~60 nats above its sampled classes') runs again on the stored-logits path
-(one host sync a call; CUDA graph capture keeps the stored-logits path). Why and what it should save:
+(one wait a call on an event queued after the last chunk's log-sum-exp, its gradient GEMMs
+queued behind it; CUDA graph capture keeps the stored-logits path). Why and what it should save:
 NOTES.md, "A lead for the loss".
 
 A row scale (``row_scale=r``, the final RMSNorm's rstd with its h as the input): the
