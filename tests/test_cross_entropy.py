@@ -1021,6 +1021,40 @@ def test_probs_path_same_bits_and_window(device, monkeypatch):
         assert_within(name, a, b, c)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_probs_path_redo_is_the_stored_logits_path(reduction, device, monkeypatch):
+    """A call whose last chunk leaves its window (a row's logit for an unsampled class far
+    above the rest: q overflows) runs again on the stored-logits path after the wait on the
+    window's flag (on a GPU an event, the last chunk's gradient GEMMs queued behind it):
+    every output and gradient the same bits as that path's own call (bf16 on a GPU)."""
+    from codetta.ops import cross_entropy as ce_op
+
+    seen = _count_probs_chunks(monkeypatch)
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    M, d, V, rows = (512, 128, 4096, 128) if ON_GPU else (24, 32, 300, 8)
+    x = rand(M, d, dtype=dtype, device=device)
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    t[::5] = -100
+    sampled = set(torch.linspace(0, V - 1, min(V, ce_op.PROBS_SAMPLE)).round().long().tolist())
+    far = next(v for v in range(V) if v not in sampled)
+    row = M - 2  # (in the last chunk)
+    w[far] = (x[row].float() / x[row].float().norm() * (200.0 / x[row].float().norm())).to(dtype)
+    g = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
+
+    def ours(x, w, t, r):
+        return linear_cross_entropy(x, w, t, reduction=r, chunk_rows=rows)
+
+    with settings.override(ce_probs=True):  # (q overflows in the last chunk: numpy warns on a CPU)
+        redo = _run(ours, x, w, t, reduction, grad=g)
+    assert seen == {"chunks": M // rows, "out of window": 1}
+    with settings.override(ce_probs=False):
+        stored = _run(ours, x, w, t, reduction, grad=g)
+    for name, a, b in zip(("loss", "dinput", "dweight"), redo, stored):
+        assert not a.isnan().any(), name
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("case", ["float16", "smoothing", "softcap", "dx_f32"])
 def test_probs_path_only_where_it_holds(case, device, monkeypatch):
     """With ``CODETTA_CE_PROBS=1`` the calls the probabilities path does not cover keep the
