@@ -1055,6 +1055,22 @@ def test_probs_path_redo_is_the_stored_logits_path(reduction, device, monkeypatc
         assert torch.equal(a, b), name
 
 
+def test_probs_path_recorded_as_it_runs(device):
+    """A recording without running (``recording()``, ``codetta.tune``'s) hands the loss
+    outputs that hold nothing: the window check must not send the call to the stored-logits
+    path on them, so the record is the probabilities path's GEMMs alone, as a real run's."""
+    from codetta.kernels.launch import recording
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    x = torch.full((70, 32), float("nan"), dtype=dtype, device=device).requires_grad_()
+    w = torch.full((96, 32), float("nan"), dtype=dtype, device=device).requires_grad_()
+    t = torch.randint(0, 96, (70,), device=device)
+    with settings.override(ce_probs=True), recording() as rec:
+        linear_cross_entropy(x, w, t, chunk_rows=32).backward()
+    want = ["ce_probs", "ce_probs_dx", "store_f32", "ce_probs", "ce_probs_dx", "accumulate_f32"]
+    assert [c.program.name for c in rec] == want + ["ce_probs", "ce_probs_dx", "finish_f32"]
+
+
 @pytest.mark.parametrize("case", ["float16", "smoothing", "softcap", "dx_f32"])
 def test_probs_path_only_where_it_holds(case, device, monkeypatch):
     """With ``CODETTA_CE_PROBS=1`` the calls the probabilities path does not cover keep the

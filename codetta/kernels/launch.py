@@ -365,6 +365,13 @@ def recording(compute: bool = False):
         _RECORDS, _COMPUTE = outer
 
 
+def dry() -> bool:
+    """Whether ``gemm`` calls are being recorded without running (``recording()``): their
+    outputs hold nothing, and code that branches on them (the loss's window check) keeps
+    to the path a real run takes."""
+    return _RECORDS is not None and not _COMPUTE
+
+
 def _record(call: GemmCall) -> None:
     ops = tuple(
         (op.name, None, None) if op.kind is Kind.SCALAR else (op.name, tuple(v.shape), v.dtype)
@@ -397,14 +404,14 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
     given = check_outputs(program, out, call)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a codetta Config, got {type(config).__name__}")
-    dry = _RECORDS is not None and not _COMPUTE
+    recorded_only = dry()
     if _RECORDS is not None:
         _record(call)
-    if dry:
+    if recorded_only:
         outs = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in _output_meta(call)]
     else:
         outs = alloc_outputs(call, given)
-    if call.M > 0 and not dry:
+    if call.M > 0 and not recorded_only:
         if _uses_reference(call) or call.K == 0:  # (K = 0, an empty batch's dW: acc = 0, no kernel;
             # with K parts, the reference sums theirs)
             _reference(call, outs)

@@ -77,6 +77,7 @@ import contextvars
 
 import torch
 
+from ..kernels import launch
 from ..kernels.launch import gemm
 from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
@@ -381,7 +382,9 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
                                    write=False, want_sum=True,
                                    row_scale=None if rs is None else rs[sl])  # fmt: skip
             losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
-        if not use_probs or window.passed():
+        # (a recording without running, ``codetta.tune``'s: its outputs hold nothing, and a
+        # real run stays on the probabilities path)
+        if not use_probs or window.passed() or launch.dry():
             break
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
