@@ -29,6 +29,7 @@ ROLES = {
     ("ce_probs", "nn"): "LM head: exp(logit - row reference) and its row sums (CODETTA_CE_PROBS)",
     ("ce_probs_scaled", "nn"): "LM head on h, x 1/rms(x): exp(logit - row reference), row sums (CE_PROBS)",
     ("ce_probs_dx", "nt"): "loss's dX from those: a row factor, minus the target's row of W",
+    ("ce_probs_dw", "tt"): "loss's dW from those, one chunk: plus the target rows' fp32 sums, rounded once",
     ("finish_f32", "tt"): "LM head weight gradient: the last chunk's, added to the fp32 sum, rounded once",
     ("store_f32", "tt"): "LM head weight gradient: the first chunk's, stored in fp32",
 }

@@ -1122,8 +1122,10 @@ def test_target_rows_sub_sums_each_target(device):
     the rows of target t, for targets repeated many times (5 classes, 70 rows: one class
     in 30 of them, past the kernel's load step; the last row's own segment too), rows
     without a target (-100, V: skipped), in chunks sorted by one ``sort_targets`` (two of
-    35 rows, one of 70) and a chunk of one row; as the float64 sum, the same bits twice."""
-    from codetta.programs.ce import TARGET_ROWS_STEP, sort_targets, target_rows_sub_
+    35 rows, one of 70) and a chunk of one row; as the float64 sum, the same bits twice; and
+    for one chunk as ``target_rows_table``'s table (a slot for every class with a row, -1
+    for the others, and - each sum's very bits)."""
+    from codetta.programs.ce import TARGET_ROWS_STEP, sort_targets, target_rows_sub_, target_rows_table
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     V, d = 5, 40
@@ -1154,3 +1156,20 @@ def test_target_rows_sub_sums_each_target(device):
         if not ON_GPU:  # (and the PyTorch path the CPU takes without the interpreter: the same sums)
             with settings.override(force_reference=True):
                 assert torch.equal(run(), got[0])
+        if rows == M:  # the same sums as a table (a call of one chunk, CE_PROBS_DW): - each sum
+            zero = torch.zeros_like(dw0)
+            sums = target_rows_sub_(zero, x, g, order, keys)
+            slot, corr = target_rows_table(x, g, order, keys, V)
+            assert (
+                slot.dtype == torch.int32
+                and ((slot >= 0) == torch.isin(torch.arange(V), t.cpu()).to(device)).all()
+            )
+            for c in range(V):
+                if slot[c] >= 0:
+                    assert torch.equal(corr[slot[c]], sums[c]), c
+            if not ON_GPU:
+                with settings.override(force_reference=True):
+                    slot_r, corr_r = target_rows_table(x, g, order, keys, V)
+                assert torch.equal(slot_r, slot) and torch.equal(
+                    corr_r[slot[slot >= 0].long()], corr[slot[slot >= 0].long()]
+                )

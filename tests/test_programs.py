@@ -575,6 +575,12 @@ def _program_operands(name, M, N, device, K=64):
             "g": torch.randn(M, **f32),
             "wt": rand(M, N, dtype=dtype, device=device),
         },
+        "ce_probs_dw": {  # (every third row without a slot: zeros added)
+            "slot": torch.where(
+                torch.arange(M, device=device) % 3 == 0, -1, torch.randint(0, 5, (M,), device=device)
+            ).to(torch.int32),
+            "corr": torch.randn(5, N, **f32),
+        },  # fmt: skip
     }[name]
 
 

@@ -87,6 +87,7 @@ from ..programs.ce import (
     CE_LOGITS_EXT,
     CE_LOGITS_SCALED,
     CE_PROBS,
+    CE_PROBS_DW,
     CE_PROBS_DX,
     CE_PROBS_SCALED,
     ce_grad_,
@@ -95,6 +96,7 @@ from ..programs.ce import (
     scale_cast,
     sort_targets,
     target_rows_sub_,
+    target_rows_table,
 )
 from ._eager import FastOp
 from .ce_rows import (
@@ -218,7 +220,9 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     the GEMMs and - g x into the target rows of the float32 sum (``target_rows_sub_``, its
     rows sorted by target: ``sorted_rows``, the chunk's order, keys, row0 and key0; before
     the last chunk's GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``; ``first``: the
-    sum's first term, STORE_F32). With a row scale ``r`` (the rows' [R]
+    sum's first term, STORE_F32). A call of one chunk (``finishing``, no float32 sum:
+    ``dw32`` None) hands its target rows' sums to the dW GEMM as a table (CE_PROBS_DW:
+    ``target_rows_table``), no float32 [V, d] written or read. With a row scale ``r`` (the rows' [R]
     float32, else None) the logits are l = r a, a = x W^T (CE_PROBS_SCALED, as
     CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's gradient g (sum_n p a -
     a[t]) goes into ``dr``, sum_n p a = qa / sum q. Whether every row's log-sum-exp lay
@@ -256,7 +260,10 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
     # (a row without a target is skipped: a bad target's NaN reaches dW through xs)
-    if finishing:
+    if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
+        slot, corr = target_rows_table(xc, gx, *sorted_rows[:2], V, *sorted_rows[2:])
+        gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
+    elif finishing:
         target_rows_sub_(dw32, xc, gx, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
     else:
@@ -323,8 +330,6 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     probs = M > 0 and _probs_ok(x, opts, want_grads, dx_f32, gained)
     if probs:  # (evenly spaced classes for the rows' references)
         w_sample = w[torch.linspace(0, V - 1, min(V, PROBS_SAMPLE), device=x.device).round().long()]
-        if dw32 is None:  # (one chunk: its target rows go into a float32 sum rounded by FINISH_F32)
-            dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
     # (the probabilities path first where it is on; one host sync a call: a chunk out of its
     # window runs the call again on the stored-logits path, which rewrites every output)
     if probs:  # (every chunk's rows sorted by target for its target-row sums, in one sort)

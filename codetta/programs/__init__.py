@@ -13,7 +13,15 @@ from .basic import (
     STORE_K4,  # noqa: F401 - (a fourth next weight: no model has one; not in the sm_90a check's list)
     STORE_M3,
 )
-from .ce import CE_LOGITS, CE_LOGITS_EXT, CE_LOGITS_SCALED, CE_PROBS, CE_PROBS_DX, CE_PROBS_SCALED
+from .ce import (
+    CE_LOGITS,
+    CE_LOGITS_EXT,
+    CE_LOGITS_SCALED,
+    CE_PROBS,
+    CE_PROBS_DW,
+    CE_PROBS_DX,
+    CE_PROBS_SCALED,
+)
 from .lse import ROW_LSE
 from .norm import (
     GAMMA_WEIGHT_GRAD,
@@ -72,6 +80,7 @@ __all__ = [
     "CE_LOGITS_SCALED",
     "CE_PROBS",
     "CE_PROBS_DX",
+    "CE_PROBS_DW",
     "CE_PROBS_SCALED",
     "ROTATE_PAIRS",
     "RMS_ROPE_64",

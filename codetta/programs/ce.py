@@ -17,12 +17,14 @@ from ..kernels import primitives as P
 from ..kernels.configs import (
     BACKWARD_CANDIDATES,
     PINGPONG_CANDIDATES,
+    PINGPONG_F32_RING_CANDIDATES,
     PINGPONG_HEAVY_CANDIDATES,
     PINGPONG_STREAMING_CANDIDATES,
     PLAIN_CANDIDATES,
     with_row_groups,
 )
-from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowSum, Scalar, Tile
+from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowSum, RowTable, Scalar, Tile
+from .basic import FINISH_F32
 from .norm_rows import torch_path, traced
 
 
@@ -224,6 +226,36 @@ CE_PROBS_DX = Program(
 )
 
 
+@triton.jit
+def ce_probs_dw(acc, slot, corr):
+    """The loss's dW from CE_PROBS' q when the call is one chunk: acc = (q^T (s x))[v] (the
+    probabilities' term of class v's row), corr = the row of the target rows' float32 sums
+    that class v's ``slot`` names (- sum of g x over the rows whose target is v; zeros for a
+    class no row targets, slot -1): their sum rounded once, no float32 [V, d] sum held."""
+    return acc + corr
+
+
+def _probs_dw_reference(acc, slot, corr):
+    has = (slot >= 0)[:, None]
+    rows = corr.float()[slot.long().clamp(min=0)].repeat(1, acc.shape[1] // corr.shape[1])
+    return {"dw": acc + torch.where(has, rows, 0.0)}
+
+
+CE_PROBS_DW = Program(
+    "ce_probs_dw",
+    ce_probs_dw,
+    inputs=(PerRow("slot", index=True), RowTable("corr", index="slot")),
+    outputs=(Tile("dw"),),
+    reference=_probs_dw_reference,
+    # (the same GEMM as FINISH_F32's, a sparse table read for its float32 seed tile: its
+    # candidates, and its picks until its own keys are tuned)
+    configs=FINISH_F32.configs,
+    pingpong_configs=PINGPONG_F32_RING_CANDIDATES,
+    layouts=FINISH_F32.layouts,
+    tuned_like=FINISH_F32,
+)
+
+
 # The gradient pass's launch: one program a row, 4096 columns a step over 16 warps. Against
 # 1024 over 4 (the launch before): 0.962-0.997 of its time at V 32768-262144 on an H100,
 # plain and with the row scale, under paired and sustained-block timing alike (run 226),
@@ -353,13 +385,15 @@ TARGET_ROWS_STEP = 8  # (rows of a segment whose loads a program issues together
 
 
 @triton.jit
-def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, R, d, V, row0, key0, x_stride,
-                        dw_stride, BLOCK: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
+def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, slot_ptr, R, d, V, row0, key0, x_stride,
+                        dw_stride, BLOCK: tl.constexpr, STEP: tl.constexpr, TABLE: tl.constexpr):  # fmt: skip
     """dw[t] -= sum of g[m] x[m] over the rows m whose target is t: the rows sorted by key
     (``order``, their keys ``keys``: key0 + the target, key0 + V for a row without one, which
     is skipped; row m is x's row order - row0); the program of a segment's last row sums it,
     backwards, one row after another (its loads STEP rows at a time), and writes its
-    target's row of dw; every other program returns."""
+    target's row of dw; every other program returns. ``TABLE``: dw is an [R, d] table
+    instead, the segment ending at sorted row i writes - its sum into row i and i into
+    slot[t]."""
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -381,8 +415,13 @@ def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, R, d, V, row0
                 if k == STEP - 1:
                     more = same
             j -= STEP
-        dst = dw_ptr + t.to(tl.int64) * dw_stride + cols
-        tl.store(dst, tl.load(dst, mask=mask) - acc, mask=mask)
+        if TABLE:
+            tl.store(dw_ptr + i.to(tl.int64) * dw_stride + cols, -acc, mask=mask)
+            if tl.program_id(1) == 0:
+                tl.store(slot_ptr + t, i)
+        else:
+            dst = dw_ptr + t.to(tl.int64) * dw_stride + cols
+            tl.store(dst, tl.load(dst, mask=mask) - acc, mask=mask)
 
 
 def sort_targets(target: torch.Tensor, V: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -407,10 +446,29 @@ def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, order: 
     ``sort_targets``, with its row0 and key0): each target's rows summed in one order, by
     one program, no atomics: the same bits every run (the probabilities path's target term,
     ``ops/cross_entropy.py``)."""
+    _target_rows(dw, None, x, g, order, keys, dw.shape[0], row0, key0)
+    return dw
+
+
+def target_rows_table(x: torch.Tensor, g: torch.Tensor, order: torch.Tensor, keys: torch.Tensor, V: int,
+                      row0: int = 0, key0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``target_rows_sub_``'s sums as a table for CE_PROBS_DW (a call of one chunk): slot
+    (int32 [V], -1 for a class no row targets) and corr (float32 [M, d]: row slot[t] holds
+    - sum of g x over the rows whose target is t; the rows no slot names unwritten)."""
     M, d = x.shape
-    V = dw.shape[0]
+    slot = torch.full((V,), -1, dtype=torch.int32, device=x.device)
+    corr = torch.empty(M, d, dtype=torch.float32, device=x.device)
+    _target_rows(corr, slot, x, g, order, keys, V, row0, key0)
+    return slot, corr
+
+
+def _target_rows(dw, slot, x, g, order, keys, V: int, row0: int, key0: int):
+    """Each target's rows summed (``_target_rows_kernel``): subtracted from dw's row of the
+    target, or, with ``slot``, written negated into dw's row i (the segment's last sorted
+    row) and i into slot[target]."""
+    M, d = x.shape
     if M == 0:
-        return dw
+        return
     if torch_path(x):
         rel, ts = order - row0, keys - key0
         contrib = g.float()[rel, None] * x.float()[rel]
@@ -421,14 +479,16 @@ def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, order: 
             while j >= 0 and ts[j] == ts[i]:
                 acc += contrib[j]
                 j -= 1
-            dw[ts[i]] -= acc
-        return dw
+            if slot is None:
+                dw[ts[i]] -= acc
+            else:
+                dw[i], slot[ts[i]] = -acc, i
+        return
     with device.on_device(x.device):
         grid = (M, triton.cdiv(d, TARGET_ROWS_BLOCK))
-        precompile.launch(_target_rows_kernel, grid, x, g, order, keys, dw, M, d, V, row0, key0,
-                          x.stride(0), dw.stride(0), BLOCK=TARGET_ROWS_BLOCK, STEP=TARGET_ROWS_STEP,
-                          num_warps=4)  # fmt: skip
-    return dw
+        precompile.launch(_target_rows_kernel, grid, x, g, order, keys, dw, dw if slot is None else slot,
+                          M, d, V, row0, key0, x.stride(0), dw.stride(0), BLOCK=TARGET_ROWS_BLOCK,
+                          STEP=TARGET_ROWS_STEP, TABLE=slot is not None, num_warps=4)  # fmt: skip
 
 
 PROBS_ROWS_BLOCK = 1024  # (columns a step of the row loop: d 2048 in two)
@@ -486,10 +546,12 @@ def row_pass_jobs() -> list[tuple]:
         label = f"ce_grad {'every option' if every else 'plain'}, {GRAD_WARPS} warps"
         jobs.append((label, _ce_grad_kernel, types, consts, GRAD_WARPS))
     i32 = "i32"
-    types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i32", "dw_ptr": f32, "R": i32,
-             "d": i32, "V": i32, "row0": i32, "key0": i32, "x_stride": i32, "dw_stride": i32}  # fmt: skip
-    consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP}
-    jobs.append(("ce target rows", _target_rows_kernel, types, consts, 4))
+    for table in (False, True):
+        types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i32", "dw_ptr": f32,
+                 "slot_ptr": "*i32" if table else f32, "R": i32, "d": i32, "V": i32, "row0": i32, "key0": i32,
+                 "x_stride": i32, "dw_stride": i32}  # fmt: skip
+        consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP, "TABLE": table}
+        jobs.append((f"ce target rows{' (table)' if table else ''}", _target_rows_kernel, types, consts, 4))
     types = {"x_ptr": "*bf16", "wt_ptr": "*bf16", "s_ptr": f32, "at_ptr": f32, "xs_ptr": "*bf16", "d": "i32",
              "x_stride": "i32", "wt_stride": "i32", "xs_stride": "i32"}  # fmt: skip
     jobs.append(("ce probs rows", _probs_rows_kernel, types, {"BLOCK": PROBS_ROWS_BLOCK}, 4))
