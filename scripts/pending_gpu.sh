@@ -16,6 +16,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 13   # the loss without its gradient pass in a model step
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 14   # that path's keys tuned, its kernels against the default's
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 15   # that path without its host sync and slow target rows
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 16   # that path at one chunk: its target rows as a table
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -242,6 +243,15 @@ case "${1:-}" in
     TEST_TIMEOUT=100 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'probs or target_rows'"
     SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 16384x2048x128256 8192x4096x128256"
     BENCH_TIMEOUT=300 BENCH_ARGS="--variants torch.compile codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
+    ;;
+  16)
+    # (either GPU) the probabilities path at one chunk (<= 4096 tokens): its dW GEMM adds the
+    # target rows' float32 sums from a table (CE_PROBS_DW, tuned like FINISH_F32; the
+    # thirty-second session) instead of FINISH_F32 over a zero-filled float32 [V, d]. Its
+    # tests (ce_probs_dw's reference-against-kernel test among them), then each kernel of
+    # both paths at 4096 tokens, d 2048 and 4096 (the default's one chunk: one plain dW GEMM)
+    TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'probs or target_rows'"
+    SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 4096x4096x128256"
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13|14" >&2
