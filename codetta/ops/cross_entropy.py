@@ -57,7 +57,8 @@ q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradie
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
 float32, rounded once), dW = q^T ((g / sum q) x) by the GEMMs, - g x added into the target
 rows of the float32 dW sum (each target's rows summed by one program in one order,
-``programs/ce.py: target_rows_sub_``: the same bits every run). A call with a row whose
+``programs/ce.py: target_rows_sub_``: the same bits every run; a call of one chunk holds
+no float32 sum: those sums go to its dW GEMM as a table, ``CE_PROBS_DW``). A call with a row whose
 lse - ref leaves [-60, 50] (q near bf16's range, or (g / sum q) x near its subnormals; its
 largest logit ~60 nats above its sampled classes') runs again on the stored-logits path
 (one wait a call on an event queued after the last chunk's log-sum-exp, its gradient GEMMs
