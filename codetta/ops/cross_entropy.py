@@ -331,8 +331,9 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     probs = M > 0 and _probs_ok(x, opts, want_grads, dx_f32, gained)
     if probs:  # (evenly spaced classes for the rows' references)
         w_sample = w[torch.linspace(0, V - 1, min(V, PROBS_SAMPLE), device=x.device).round().long()]
-    # (the probabilities path first where it is on; one host sync a call: a chunk out of its
-    # window runs the call again on the stored-logits path, which rewrites every output)
+    # (the probabilities path first where it is on; one wait a call, on the window's event: a
+    # chunk out of its window runs the call again on the stored-logits path, which rewrites
+    # every output)
     if probs:  # (every chunk's rows sorted by target for its target-row sums, in one sort)
         order, keys = sort_targets(target, V, rows)
     for use_probs in (True, False) if probs else (False,):
