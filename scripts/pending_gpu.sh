@@ -254,7 +254,7 @@ case "${1:-}" in
     SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 4096x4096x128256"
     ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|3|4|5|6|7|8|9|10|11|12|13|14" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|16" >&2
     exit 2
     ;;
 esac

@@ -902,16 +902,34 @@ def _count_probs_chunks(monkeypatch):
     out of their window (whose call then ran again on the stored-logits path)."""
     from codetta.ops import cross_entropy as ce_op
 
-    seen = {"chunks": 0, "out of window": 0}
+    seen = _ChunkCounts()
     real = ce_op._WindowCheck.add
 
     def counted(self, flag):
-        seen["chunks"] += 1
-        seen["out of window"] += int(not bool(flag.all()))
+        seen.flags.append(flag.all())  # (read when asked, not here: no host sync a chunk)
         return real(self, flag)
 
     monkeypatch.setattr(ce_op._WindowCheck, "add", counted)
     return seen
+
+
+class _ChunkCounts:
+    """``_count_probs_chunks``' counts, {"chunks", "out of window"}, formed from the chunks'
+    flags when read (so the path's own wait on its window, not a read here, is what runs)."""
+
+    def __init__(self):
+        self.flags = []
+
+    def counts(self) -> dict:
+        return {"chunks": len(self.flags), "out of window": sum(int(not bool(f)) for f in self.flags)}
+
+    def __getitem__(self, key):
+        return self.counts()[key]
+
+    def __eq__(self, other):
+        return self.counts() == other
+
+    __hash__ = None
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -1021,36 +1039,46 @@ def test_probs_path_same_bits_and_window(device, monkeypatch):
         assert_within(name, a, b, c)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_probs_path_redo_is_the_stored_logits_path(reduction, device, monkeypatch):
+@pytest.mark.parametrize("case", ["mean", "none", "row scale", "one chunk"])
+def test_probs_path_redo_is_the_stored_logits_path(case, device, monkeypatch):
     """A call whose last chunk leaves its window (a row's logit for an unsampled class far
     above the rest: q overflows) runs again on the stored-logits path after the wait on the
     window's flag (on a GPU an event, the last chunk's gradient GEMMs queued behind it):
-    every output and gradient the same bits as that path's own call (bf16 on a GPU)."""
+    every output and gradient the same bits as that path's own call (bf16 on a GPU), with
+    reduction 'none' under a non-uniform gradient, with a row scale (its gradient too) and
+    as one chunk (its dW GEMM's table, CE_PROBS_DW, then the plain GEMM)."""
     from codetta.ops import cross_entropy as ce_op
 
     seen = _count_probs_chunks(monkeypatch)
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     M, d, V, rows = (512, 128, 4096, 128) if ON_GPU else (24, 32, 300, 8)
+    rows = M if case == "one chunk" else rows
+    reduction = "none" if case == "none" else "mean"
     x = rand(M, d, dtype=dtype, device=device)
     w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    r = torch.rand(M, device=device) + 0.5 if case == "row scale" else None
     t = torch.randint(0, V, (M,), device=device)
     t[::5] = -100
     sampled = set(torch.linspace(0, V - 1, min(V, ce_op.PROBS_SAMPLE)).round().long().tolist())
     far = next(v for v in range(V) if v not in sampled)
     row = M - 2  # (in the last chunk)
     w[far] = (x[row].float() / x[row].float().norm() * (200.0 / x[row].float().norm())).to(dtype)
-    g = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
+    g = torch.rand(M, device=device) + 0.5 if reduction == "none" else torch.ones((), device=device)
 
-    def ours(x, w, t, r):
-        return linear_cross_entropy(x, w, t, reduction=r, chunk_rows=rows)
+    def run():
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        rs = None if r is None else r.clone().requires_grad_()
+        loss = linear_cross_entropy(xs, ws, t, reduction=reduction, chunk_rows=rows, row_scale=rs)
+        (loss.double() * g.double()).sum().backward()
+        return loss.detach(), xs.grad, ws.grad, *(() if rs is None else (rs.grad,))
 
     with settings.override(ce_probs=True):  # (q overflows in the last chunk: numpy warns on a CPU)
-        redo = _run(ours, x, w, t, reduction, grad=g)
-    assert seen == {"chunks": M // rows, "out of window": 1}
+        redo = run()
+    # (the far row's chunk out; another row may be too, its own logit for that class large)
+    assert seen["chunks"] == M // rows and seen["out of window"] >= 1, seen.counts()
     with settings.override(ce_probs=False):
-        stored = _run(ours, x, w, t, reduction, grad=g)
-    for name, a, b in zip(("loss", "dinput", "dweight"), redo, stored):
+        stored = run()
+    for name, a, b in zip(("loss", "dinput", "dweight", "drow_scale"), redo, stored):
         assert not a.isnan().any(), name
         assert torch.equal(a, b), name
 
@@ -1124,7 +1152,7 @@ def test_target_rows_sub_sums_each_target(device):
     without a target (-100, V: skipped), in chunks sorted by one ``sort_targets`` (two of
     35 rows, one of 70) and a chunk of one row; as the float64 sum, the same bits twice; and
     for one chunk as ``target_rows_table``'s table (a slot for every class with a row, -1
-    for the others, and - each sum's very bits)."""
+    for the others, and each sum negated, equal to the subtracted one)."""
     from codetta.programs.ce import TARGET_ROWS_STEP, sort_targets, target_rows_sub_, target_rows_table
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32

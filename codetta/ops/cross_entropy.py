@@ -391,7 +391,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
             losses[sl] = torch.where(valid[sl], row_loss(lse, picked, wc, sums, opts, V, w_sum), 0.0)
         # (a recording without running, ``codetta.tune``'s: its outputs hold nothing, and a
         # real run stays on the probabilities path)
-        if not use_probs or window.passed() or launch.dry():
+        if not use_probs or launch.dry() or window.passed():
             break
     if bad is not None:
         losses = torch.where(bad, float("nan"), losses)
