@@ -1187,7 +1187,7 @@ def test_target_rows_sub_sums_each_target(device):
         if rows == M:  # the same sums as a table (a call of one chunk, CE_PROBS_DW): - each sum
             zero = torch.zeros_like(dw0)
             sums = target_rows_sub_(zero, x, g, order, keys)
-            slot, corr = target_rows_table(x, g, order, keys, V)
+            slot, corr = target_rows_table(x, g, V, order, keys)
             assert (
                 slot.dtype == torch.int32
                 and ((slot >= 0) == torch.isin(torch.arange(V), t.cpu()).to(device)).all()
@@ -1197,7 +1197,7 @@ def test_target_rows_sub_sums_each_target(device):
                     assert torch.equal(corr[slot[c]], sums[c]), c
             if not ON_GPU:
                 with settings.override(force_reference=True):
-                    slot_r, corr_r = target_rows_table(x, g, order, keys, V)
+                    slot_r, corr_r = target_rows_table(x, g, V, order, keys)
                 assert torch.equal(slot_r, slot) and torch.equal(
                     corr_r[slot[slot >= 0].long()], corr[slot[slot >= 0].long()]
                 )

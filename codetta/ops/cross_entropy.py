@@ -262,7 +262,7 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
     # (a row without a target is skipped: a bad target's NaN reaches dW through xs)
     if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
-        slot, corr = target_rows_table(xc, gx, *sorted_rows[:2], V, *sorted_rows[2:])
+        slot, corr = target_rows_table(xc, gx, V, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
     elif finishing:
         target_rows_sub_(dw32, xc, gx, *sorted_rows)
@@ -329,13 +329,13 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     unit = 16 // x.element_size()
     buf = torch.empty(min(rows, M), -(-V // unit) * unit, dtype=x.dtype, device=x.device)
     probs = M > 0 and _probs_ok(x, opts, want_grads, dx_f32, gained)
-    if probs:  # (evenly spaced classes for the rows' references)
+    if probs:  # (evenly spaced classes for the rows' references; every chunk's rows sorted by
+        # target for its target-row sums, in one sort)
         w_sample = w[torch.linspace(0, V - 1, min(V, PROBS_SAMPLE), device=x.device).round().long()]
+        order, keys = sort_targets(target, V, rows)
     # (the probabilities path first where it is on; one wait a call, on the window's event: a
     # chunk out of its window runs the call again on the stored-logits path, which rewrites
     # every output)
-    if probs:  # (every chunk's rows sorted by target for its target-row sums, in one sort)
-        order, keys = sort_targets(target, V, rows)
     for use_probs in (True, False) if probs else (False,):
         window = _WindowCheck(-(-M // rows)) if use_probs else None
         for start in range(0, M, rows):

@@ -450,7 +450,7 @@ def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, order: 
     return dw
 
 
-def target_rows_table(x: torch.Tensor, g: torch.Tensor, order: torch.Tensor, keys: torch.Tensor, V: int,
+def target_rows_table(x: torch.Tensor, g: torch.Tensor, V: int, order: torch.Tensor, keys: torch.Tensor,
                       row0: int = 0, key0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``target_rows_sub_``'s sums as a table for CE_PROBS_DW (a call of one chunk): slot
     (int32 [V], -1 for a class no row targets) and corr (float32 [M, d]: row slot[t] holds
