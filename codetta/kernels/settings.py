@@ -61,7 +61,8 @@
 | ``CODETTA_CE_NORM_FACTORS`` | 1 | 0: the Hugging Face drop-in's final RMSNorm forms its output n for |
 |  |  | the loss, instead of handing h and rstd on (``row_scale``: the logits GEMM's |
 |  |  | epilogue applies rstd, one pass over [M, d] less each way; NOTES.md) |
-| ``CODETTA_CE_PROBS`` | 0 | 1 (experimental; 1.5-2.5 % faster than the default on an H200, run 237): the |
+| ``CODETTA_CE_PROBS`` | 0 | 1 (experimental; on an H200's bench ce, run 237, geomean 1.4 % faster |
+|  |  | than the default paired, 2.4 % sustained; its model step not measured): the |
 |  |  | plain LM head + loss in bf16 or float32 stores q = exp(l - ref) for a |
 |  |  | per-row reference instead of its logits, so no gradient pass runs over the |
 |  |  | chunk (``CE_PROBS``; ``ops/cross_entropy.py``; NOTES.md, "A lead for the loss") |
