@@ -17,6 +17,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 14   # that path's keys tuned, its kernels against the default's
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 15   # that path without its host sync and slow target rows
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 16   # that path at one chunk: its target rows as a table
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 17   # that path's keys tuned on this GPU (the H100's had none)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -252,6 +253,24 @@ case "${1:-}" in
     # both paths at 4096 tokens, d 2048 and 4096 (the default's one chunk: one plain dW GEMM)
     TEST_TIMEOUT=120 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'probs or target_rows'"
     SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 4096x4096x128256"
+    ;;
+  17)
+    # (either GPU; written for the H100, whose table had no key of the probabilities path:
+    # run 238 found ce_probs 4.16 ms against cuBLAS's 3.29 at 4096 x 2048 x 128256, untuned)
+    # that path's keys at 4096 and 16384 tokens (the 1B and 8B widths; ce_probs_dw only at
+    # one chunk) tuned into a copy of the table, then its kernels against the default's at
+    # both token counts, then bench ce: the default against ce-probs.
+    # Limits 150 + 70 + 90 + 200 = 510 s of a call's 600
+    probs_tune() {  # limit, programs, label (the tune's log kept as tune-<label>.txt)
+      CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
+        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 4096 16384 --program $2" bash scripts/gpu_call.sh tune
+      cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+      mv "$OUT/tune.txt" "$OUT/tune-$3.txt"
+    }
+    CODETTA_CE_NORM_FACTORS=0 probs_tune 150 "ce_probs ce_probs_dx ce_probs_dw" plain
+    probs_tune 70 ce_probs_scaled scaled
+    SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 16384x2048x128256"
+    BENCH_TIMEOUT=200 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|16" >&2
