@@ -72,7 +72,8 @@ case "${1:-}" in
     # (an H100) its own table's pending keys, the most-used first: Llama 3 1B / 8B and Qwen3-8B
     # at the other token buckets (the 16384-token keys are tuned: runs 217, 219)
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 4 is for an H100" >&2; exit 2; }
-    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=520 \
+    # (TUNE_FORCE=0: only the keys its table still lacks; runs 241-242 took 102 of the 119)
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_FORCE=0 TUNE_ARGS="--method both" TUNE_TIMEOUT=520 \
       TUNE_SCOPE="--model llama3-1b llama3-8b qwen3-8b --tokens 4096 8192 32768" bash scripts/gpu_call.sh tune
     ;;
   5)

@@ -62,7 +62,8 @@
 |  |  | the loss, instead of handing h and rstd on (``row_scale``: the logits GEMM's |
 |  |  | epilogue applies rstd, one pass over [M, d] less each way; NOTES.md) |
 | ``CODETTA_CE_PROBS`` | 0 | 1 (experimental; on an H200's bench ce, run 237, geomean 1.4 % faster |
-|  |  | than the default paired, 2.4 % sustained; its model step not measured): the |
+|  |  | than the default paired, 2.4 % sustained; a tie in an H100's model step, |
+|  |  | run 240): the |
 |  |  | plain LM head + loss in bf16 or float32 stores q = exp(l - ref) for a |
 |  |  | per-row reference instead of its logits, so no gradient pass runs over the |
 |  |  | chunk (``CE_PROBS``; ``ops/cross_entropy.py``; NOTES.md, "A lead for the loss") |
