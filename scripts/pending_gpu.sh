@@ -18,6 +18,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 15   # that path without its host sync and slow target rows
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 16   # that path at one chunk: its target rows as a table
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 17   # that path's keys tuned on this GPU (the H100's had none)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 18   # the LM head's logits on 128x256 / 256x128 tiles too
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -272,6 +273,29 @@ case "${1:-}" in
     probs_tune 70 ce_probs_scaled scaled
     SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 16384x2048x128256"
     BENCH_TIMEOUT=200 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
+    ;;
+  18)
+    # (either GPU, the H100 first) the logits programs (ce_logits and the programs that take
+    # its candidates: _scaled, _ext, ce_probs, ce_probs_scaled) got the portable mainloop's
+    # 128x256 and 256x128 tiles at quarter sub-tiles (the thirty-third session, no GPU):
+    # cuBLAS runs these GEMMs on 256x128 / 320x128 tiles, and the H100's ping-pong 128x128
+    # picks were 1.10-1.26x its time (runs 238-239). First ce_logits against ce_probs at the
+    # 1B width in isolation (run 239: ce_probs 3.91 ms against ce_logits 3.54 at one config
+    # family on the H100, equal on the H200; their sm_90a SASS has the same registers and
+    # ~the same instructions), then the four logits keys of each program re-tuned (--force:
+    # the new candidates among the old) into a copy of the table, the ratios again, bench ce.
+    # Limits 45 + 45 + 110 + 80 + 60 + 150 = 490 s of a call's 600 (the peers: step 15's bench)
+    CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_logits"
+    CODETTA_CE_PROBS=1 CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 \
+      bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_probs ce_probs_dw"
+    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=110 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 16384 --program ce_logits_scaled" bash scripts/gpu_call.sh tune
+    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+    CODETTA_CE_NORM_FACTORS=0 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=80 \
+      TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 16384 --program ce_logits" bash scripts/gpu_call.sh tune
+    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+    RATIO_TIMEOUT=60 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
+    BENCH_TIMEOUT=150 BENCH_ARGS="--variants codetta" bash scripts/gpu_call.sh bench:ce
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|16" >&2

@@ -21,6 +21,7 @@ from ..kernels.configs import (
     PINGPONG_HEAVY_CANDIDATES,
     PINGPONG_STREAMING_CANDIDATES,
     PLAIN_CANDIDATES,
+    config_grid,
     with_row_groups,
 )
 from ..kernels.program import DType, PerCol, PerRow, Program, RowLogSumExp, RowSum, RowTable, Scalar, Tile
@@ -55,7 +56,13 @@ CE_LOGITS = Program(
     inputs=(DType("elem"),),
     outputs=(Tile("logits"), RowLogSumExp("lse", split=True)),
     reference=lambda acc, elem: _lse_reference(acc.to(elem).to(acc.dtype)),
-    configs=tuple(BACKWARD_CANDIDATES) + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2),
+    # (the portable mainloop's 128x256 and 256x128 tiles at quarter sub-tiles too: cuBLAS
+    # runs these GEMMs on 256x128 / 320x128 tiles, and on an H100 the ping-pong 128x128 pick
+    # was 1.10-1.26x its time, runs 238-239; none spills on sm_90a, 168-211 registers; not
+    # e2 flattened, the rule's pick for a vocabulary-wide store: a tuned pick only)
+    configs=tuple(BACKWARD_CANDIDATES)
+    + tuple(c for c in PLAIN_CANDIDATES if c.occupancy == 2)
+    + tuple(config_grid(((128, 256, 3, 8), (128, 256, 4, 8), (256, 128, 3, 8)), (4,), (False,))),
     # (the held-tiles rule's candidates, e1 and e2) at raster row groups of 8 and 4: the LM
     # head's chunks are few row-tiles by many column-tiles (configs.with_row_groups)
     pingpong_configs=with_row_groups(PINGPONG_CANDIDATES),
