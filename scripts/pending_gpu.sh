@@ -35,6 +35,16 @@ tune_head() {
   RATIO_TIMEOUT=90 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
 }
 
+# The probabilities path's keys (CODETTA_CE_PROBS=1) of the 1B and 8B widths: limit $1 s,
+# programs $2, at token counts $4, merged into a copy of the shipped table that this
+# checkout then runs; the tune's log kept as tune-$3.txt
+probs_tune() {
+  CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
+    TUNE_SCOPE="--model llama3-1b llama3-8b --tokens $4 --program $2" bash scripts/gpu_call.sh tune
+  cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+  mv "$OUT/tune.txt" "$OUT/tune-$3.txt"
+}
+
 case "${1:-}" in
   1)
     # the wgmma fixes after run 216 timed (fp16 ce_logits, P.rounded: 2x cuBLAS before; the
@@ -222,14 +232,8 @@ case "${1:-}" in
     # kernel of both paths (ce_kernels.py), then bench ce: the default against ce-probs.
     # Limits 100 + 100 + 70 + 80 + 190 = 540 s of a call's 600 (each gpu_call start ~5-10 s)
     TEST_TIMEOUT=100 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'probs'"
-    probs_tune() {  # limit, programs, label (the tune's log kept as tune-<label>.txt)
-      CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
-        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 16384 --program $2" bash scripts/gpu_call.sh tune
-      cp "$OUT"/tuned/*.json codetta/kernels/tuned/
-      mv "$OUT/tune.txt" "$OUT/tune-$3.txt"
-    }
-    CODETTA_CE_NORM_FACTORS=0 probs_tune 100 "ce_probs ce_probs_dx" plain
-    probs_tune 70 ce_probs_scaled scaled
+    CODETTA_CE_NORM_FACTORS=0 probs_tune 100 "ce_probs ce_probs_dx" plain 16384
+    probs_tune 70 ce_probs_scaled scaled 16384
     SCRIPT_TIMEOUT=80 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 16384x2048x128256"
     BENCH_TIMEOUT=190 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
     ;;
@@ -263,14 +267,8 @@ case "${1:-}" in
     # one chunk) tuned into a copy of the table, then its kernels against the default's at
     # both token counts, then bench ce: the default against ce-probs.
     # Limits 150 + 70 + 90 + 200 = 510 s of a call's 600
-    probs_tune() {  # limit, programs, label (the tune's log kept as tune-<label>.txt)
-      CODETTA_CE_PROBS=1 CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT="$1" \
-        TUNE_SCOPE="--model llama3-1b llama3-8b --tokens 4096 16384 --program $2" bash scripts/gpu_call.sh tune
-      cp "$OUT"/tuned/*.json codetta/kernels/tuned/
-      mv "$OUT/tune.txt" "$OUT/tune-$3.txt"
-    }
-    CODETTA_CE_NORM_FACTORS=0 probs_tune 150 "ce_probs ce_probs_dx ce_probs_dw" plain
-    probs_tune 70 ce_probs_scaled scaled
+    CODETTA_CE_NORM_FACTORS=0 probs_tune 150 "ce_probs ce_probs_dx ce_probs_dw" plain "4096 16384"
+    probs_tune 70 ce_probs_scaled scaled "4096 16384"
     SCRIPT_TIMEOUT=90 bash scripts/gpu_call.sh "script:ce_kernels.py --shapes 4096x2048x128256 16384x2048x128256"
     BENCH_TIMEOUT=200 BENCH_ARGS="--variants codetta codetta:ce-probs" bash scripts/gpu_call.sh bench:ce
     ;;
@@ -284,7 +282,10 @@ case "${1:-}" in
     # family on the H100, equal on the H200; their sm_90a SASS has the same registers and
     # ~the same instructions), then the four logits keys of each program re-tuned (--force:
     # the new candidates among the old) into a copy of the table, the ratios again, bench ce.
-    # Limits 45 + 45 + 110 + 80 + 60 + 150 = 490 s of a call's 600 (the peers: step 15's bench)
+    # First of all the probabilities path's confident-rows test, bf16 at its GPU shapes (its
+    # dW target term and a confident row's loss fixed on the CPU in the same session).
+    # Limits 60 + 45 + 45 + 110 + 80 + 60 + 150 = 550 s of a call's 600 (the peers: step 15's bench)
+    TEST_TIMEOUT=60 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py -k 'confident_rows or probs_path'"
     CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_logits"
     CODETTA_CE_PROBS=1 CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 \
       bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_probs ce_probs_dw"

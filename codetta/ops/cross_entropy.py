@@ -48,17 +48,19 @@ ce_grad_``), which also forms the smoothing term's row sums. Still one logits GE
 per chunk plus the dX and dW GEMMs.
 
 The probabilities path (``CODETTA_CE_PROBS=1``; experimental: its tests pass on an H200,
-where, tuned, it was faster than this default at bench ce's shapes, its model step not yet
-measured; NOTES.md): for the plain
+where, tuned, it was faster than this default at bench ce's shapes; in an H100's model step
+a tie with it, run 240; NOTES.md): for the plain
 loss (a row scale allowed: ``CE_PROBS_SCALED`` also sums q a for r's gradient) in bf16 or
 float32, the logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), for each row's reference
 ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
 float32, rounded once), dW = q^T ((g / sum q) x) by the GEMMs, - g x added into the target
-rows of the float32 dW sum (each target's rows summed by one program in one order,
-``programs/ce.py: target_rows_sub_``: the same bits every run; a call of one chunk holds
-no float32 sum: those sums go to its dW GEMM as a table, ``CE_PROBS_DW``). A call with a row whose
+rows of the float32 dW sum (formed as - (sum q) xs from the GEMM's own rounded rows xs = (g
+/ sum q) x, so that q[t] xs - (sum q) xs holds p[t] - 1 to xs' rounding as p[t] nears 1) (each
+target's rows summed by one program in one order, ``programs/ce.py: target_rows_sub_``: the
+same bits every run; a call of one chunk holds no float32 sum: those sums go to its dW GEMM
+as a table, ``CE_PROBS_DW``). A call with a row whose
 lse - ref leaves [-60, 50] (q near bf16's range, or (g / sum q) x near its subnormals; its
 largest logit ~60 nats above its sampled classes') runs again on the stored-logits path
 (one wait a call on an event queued after the last chunk's log-sum-exp, its gradient GEMMs
@@ -217,14 +219,15 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
     losses into ``loss_out`` (0 where not ``valid``: an ignored row); with g the rows'
     gradient scale (0 for an ignored row), dlogits = (g / sum q) q - g onehot: dX = that
-    (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T ((g / sum q) x) by
-    the GEMMs and - g x into the target rows of the float32 sum (``target_rows_sub_``, its
-    rows sorted by target: ``sorted_rows``, the chunk's order, keys, row0 and key0; before
-    the last chunk's GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``; ``first``: the
-    sum's first term, STORE_F32). A call of one chunk (``finishing``, no float32 sum:
-    ``dw32`` None) hands its target rows' sums to the dW GEMM as a table (CE_PROBS_DW:
-    ``target_rows_table``), no float32 [V, d] written or read. With a row scale ``r`` (the rows' [R]
-    float32, else None) the logits are l = r a, a = x W^T (CE_PROBS_SCALED, as
+    (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T xs by the GEMMs (xs = (g
+    / sum q) x rounded, ``probs_rows``) and - g x, as - (sum q) xs, into the target rows of
+    the float32 sum (``target_rows_sub_``, its rows sorted by target: ``sorted_rows``, the
+    chunk's order, keys, row0 and key0; before the last chunk's GEMM rounds it,
+    ``finishing``: FINISH_F32 into ``dw``; ``first``: the sum's first term, STORE_F32). A
+    call of one chunk (``finishing``, no float32 sum: ``dw32`` None) hands its target rows'
+    sums to the dW GEMM as a table (CE_PROBS_DW: ``target_rows_table``), no float32 [V, d]
+    written or read. With a row scale ``r`` (the rows' [R] float32, else None) the logits
+    are l = r a, a = x W^T (CE_PROBS_SCALED, as
     CE_LOGITS_SCALED): the GEMMs' gradient scale is g r, and r's gradient g (sum_n p a -
     a[t]) goes into ``dr``, sum_n p a = qa / sum q. Whether every row's log-sum-exp lay
     within the window of its reference (else q may have left bf16's range, or the dW GEMM's
@@ -253,26 +256,36 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     at, xs = probs_rows(xc, wt, s)
     at = torch.where(inside, at, 0.0)
     rel = (at if r is None else at * r) - ref
+    qt = q.gather(1, tcc[:, None])[:, 0].float()
     if q.dtype == torch.float32:
-        qt = q.gather(1, tcc[:, None])[:, 0]
         rel = torch.where(qt > torch.finfo(torch.float32).tiny, torch.log(qt), rel)
-    loss_out.copy_(torch.where(valid, torch.log(qsum) - rel, 0.0))
+    # a confident row (q[t] over half of sum q): its loss log(1 + (the others' sum) / q[t]),
+    # q[t] as exp(rel) (the stored one's rounding, 2^-9 in bf16, no longer in the sum: as
+    # log(sum q) - rel the loss of a row at p[t] 0.9999 was 20x off, 2^-9 of 1e-4)
+    sure = qt > 0.5 * qsum
+    loss = torch.where(sure, torch.log1p((qsum - qt) / torch.exp(rel)), torch.log(qsum) - rel)
+    loss_out.copy_(torch.where(valid, loss, 0.0))
     if r is not None:  # (g is NaN for a bad target: its dr NaN, as the stored-logits path's)
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
     # (a row without a target is skipped: a bad target's NaN reaches dW through xs)
+    # dW's target term - g x is formed as - qsum xs, from the same rounded xs the GEMM's
+    # q[t] xs reads: their sum xs (q[t] - qsum) keeps p[t] - 1 exact as it goes to 0 (from
+    # g x, xs' rounding, 2^-9 in bf16, was left over whole: dW at a confident row's target
+    # 0.9x to 35x its size off at p[t] 0.9994 to 0.99999; found by review, the tests'
+    # confident rows were not: test_probs_path_confident_rows_and_a_class_ignored)
     if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
-        slot, corr = target_rows_table(xc, gx, V, *sorted_rows)
+        slot, corr = target_rows_table(xs, qsum, V, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
     elif finishing:
-        target_rows_sub_(dw32, xc, gx, *sorted_rows)
+        target_rows_sub_(dw32, xs, qsum, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
     else:
         if first:
             gemm(q.t(), xs.t(), epilogue=STORE_F32, out=dw32)
         else:
             gemm(q.t(), xs.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
-        target_rows_sub_(dw32, xc, gx, *sorted_rows)
+        target_rows_sub_(dw32, xs, qsum, *sorted_rows)
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,

@@ -236,9 +236,10 @@ CE_PROBS_DX = Program(
 @triton.jit
 def ce_probs_dw(acc, slot, corr):
     """The loss's dW from CE_PROBS' q when the call is one chunk: acc = (q^T (s x))[v] (the
-    probabilities' term of class v's row), corr = the row of the target rows' float32 sums
-    that class v's ``slot`` names (- sum of g x over the rows whose target is v; zeros for a
-    class no row targets, slot -1): their sum rounded once, no float32 [V, d] sum held."""
+    probabilities' term of class v's row), corr = the row of the target rows' float32 sums that
+    class v's ``slot`` names (- sum of g x over the rows whose target is v, formed as (sum
+    q) (s x) from the rows acc reads; zeros for a class no row targets, slot -1): their sum
+    rounded once, no float32 [V, d] sum held."""
     return acc + corr
 
 
