@@ -953,11 +953,13 @@ def test_probs_path_matches_float64(M, d, V, rows, reduction, device, monkeypatc
     assert seen["chunks"] >= -(-M // (rows or M)) and seen["out of window"] == 0
 
 
+@pytest.mark.parametrize("probs", [True, False], ids=["probs", "stored"])
 @pytest.mark.parametrize("one_chunk", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_probs_path_confident_rows_and_a_class_ignored(reduction, one_chunk, device, monkeypatch):
-    """The probabilities path where p[t] is near 1 (every row's target logit raised: p[t]
-    over 0.99 at most rows, over 0.999 at the median: a trained model's tokens), in bf16
+def test_confident_rows_and_a_class_ignored(reduction, one_chunk, probs, device, monkeypatch):
+    """The probabilities path (and the stored-logits default) where p[t] is near 1 (every
+    row's target logit raised: p[t] over 0.99 at most rows, over 0.999 at the median: a
+    trained model's tokens), in bf16
     also on the CPU (the programs' references round as the GPU's kernels do): p[t] - 1 must
     come out as exact as the rest in the loss (a confident row's as log(1 + others / q[t]),
     q[t] unrounded), dX (q summed as stored) and dW (its target term formed from the GEMM's
@@ -989,13 +991,14 @@ def test_probs_path_confident_rows_and_a_class_ignored(reduction, one_chunk, dev
     def same(x, w, t, r):
         return F.cross_entropy(F.linear(x, w).float(), t, reduction=r, ignore_index=5).to(x.dtype)
 
-    with settings.override(ce_probs=True):
+    with settings.override(ce_probs=probs):
         got = _run(ours, x, w, t, reduction, grad)
     want = _run(exact, x.double(), w.double(), t, reduction, grad)
     torch_ = _run(same, x, w, t, reduction, grad)
     for name, a, b, c in zip(("loss", "dinput", "dweight"), got, want, torch_):
         assert_within(name, a, b, c)
-    assert seen["chunks"] == (1 if one_chunk else -(-M // rows)) and seen["out of window"] == 0
+    chunks = (1 if one_chunk else -(-M // rows)) if probs else 0
+    assert seen["chunks"] == chunks and seen["out of window"] == 0
 
 
 def test_probs_path_same_bits_and_window(device, monkeypatch):

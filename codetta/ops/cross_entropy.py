@@ -273,7 +273,7 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     # q[t] xs reads: their sum xs (q[t] - qsum) keeps p[t] - 1 exact as it goes to 0 (from
     # g x, xs' rounding, 2^-9 in bf16, was left over whole: dW at a confident row's target
     # 0.9x to 35x its size off at p[t] 0.9994 to 0.99999; found by review, the tests'
-    # confident rows were not: test_probs_path_confident_rows_and_a_class_ignored)
+    # confident rows were not: test_confident_rows_and_a_class_ignored)
     if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
         slot, corr = target_rows_table(xs, qsum, V, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
