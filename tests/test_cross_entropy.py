@@ -759,6 +759,29 @@ def test_empty_batch(device, vocab_chunk):
         x.grad = w.grad = b.grad = None
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_softcap_confident_rows_loss(bias, device):
+    """A soft-capped loss on confident rows (float32, p[t] near 1: each row's loss ~1e-5,
+    lse - c[t] with c = 30 tanh(l / 30)): the target's c is formed as the kernels cap the
+    chunk (``cap_rows``, P.tanh; with torch.tanh, ~2 % of targets an ulp off what their
+    log-sum-exp summed, the row losses were 5-8x past PyTorch's error, found by review;
+    the CPU's reference path caps with torch.tanh on both sides)."""
+    M, d, V = (512, 256, 4000) if ON_GPU else (128, 64, 504)
+    w = rand(V, d, dtype=torch.float32, device=device, scale=d**-0.5)
+    t = torch.randint(0, V, (M,), device=device)
+    x = rand(M, d, dtype=torch.float32, device=device)
+    x = x + 26.0 * w[t] / w[t].pow(2).sum(1, keepdim=True)
+    b = rand(V, dtype=torch.float32, device=device, scale=0.1) if bias else None
+    loss = linear_cross_entropy(x, w, t, linear_bias=b, reduction="none", softcap=30.0)
+
+    def chain(x, w, b):
+        return F.cross_entropy(30.0 * torch.tanh(F.linear(x, w, b) / 30.0), t, reduction="none")
+
+    exact = chain(x.double(), w.double(), None if b is None else b.double())
+    assert exact.median() < 1e-4, "the rows are confident"
+    assert_within("loss", loss, exact, chain(x, w, b))
+
+
 def _softcap_ratios(device, seed0: int, shape: tuple, which: int, bias=False, reduction="mean", draws=8,
                     **changes):  # fmt: skip
     """Ours / PyTorch's error against float64 of one gradient (``which``: 0 dX, 2 dB) of the

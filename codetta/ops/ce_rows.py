@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from ..kernels.reductions import two_sum
-from ..programs.ce import cap, pick_stored
+from ..programs.ce import cap_rows, pick_stored
 
 
 def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
@@ -68,11 +68,12 @@ class CEOptions(NamedTuple):
 
 def scaled_pick(logits, target, opts: CEOptions, rows=slice(None)):
     """Each row's target logit from a stored chunk (``pick_stored``), times the row's scale
-    (``row_scale``'s rows ``rows``: the same float32 product as CE_LOGITS_SCALED's), capped."""
+    (``row_scale``'s rows ``rows``: the same float32 product as CE_LOGITS_SCALED's), capped
+    as the kernels cap the chunk (``cap_rows``)."""
     picked = pick_stored(logits, target)
     if opts.row_scale is not None:
         picked = picked * opts.row_scale[rows]
-    return cap(picked, opts.softcap)
+    return cap_rows(picked, opts.softcap, logits.dtype)
 
 
 def row_weights(tc, valid, opts: CEOptions):
