@@ -532,7 +532,11 @@ def residual_rmsnorm_linear(
     residual [..., d], gamma [d] (float32 or the input
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument. bf16/fp16 on
-    the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows).
+    the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows). In fp16 the
+    norm's input times gamma is stored in fp16 before the row's rstd is applied (the next
+    GEMMs apply it): an element past 65504 (a massive activation of 1500 under a gamma of
+    50) gives inf where PyTorch's chain (normalise, then gamma) does not, and rows of RMS
+    ~1e-4 under small gammas land in fp16's subnormals (NOTES.md); bf16 holds both.
 
     ``weight`` may be a list or tuple of [N_i, d] tensors (a norm that feeds several
     GEMMs: a layer's q, k and v projections, or gate and up): then ``z`` is a tuple,
