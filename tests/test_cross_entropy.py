@@ -761,21 +761,27 @@ def test_empty_batch(device, vocab_chunk):
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_softcap_confident_rows_loss(bias, device):
-    """A soft-capped loss on confident rows (float32, p[t] near 1: each row's loss ~1e-5,
-    lse - c[t] with c = 30 tanh(l / 30)): the target's c is formed as the kernels cap the
-    chunk (``cap_rows``, P.tanh; with torch.tanh, ~2 % of targets an ulp off what their
-    log-sum-exp summed, the row losses were 5-8x past PyTorch's error, found by review;
-    the CPU's reference path caps with torch.tanh on both sides)."""
+    """A soft-capped loss on confident rows (p[t] near 1: each row's loss ~1e-5, lse - c[t]
+    with c = 30 tanh(l / 30); float32 on the CPU, float16 on the GPU, the loss kept in
+    float32): the target's c is formed as the kernels cap the chunk (``cap_rows``, P.tanh;
+    with torch.tanh, ~2 % of targets an ulp off what their log-sum-exp summed, the row
+    losses were 5-8x past PyTorch's error in float32, found by review; the CPU's reference
+    path caps with torch.tanh on both sides)."""
+    dtype = torch.float16 if ON_GPU else torch.float32
     M, d, V = (512, 256, 4000) if ON_GPU else (128, 64, 504)
     w = rand(V, d, dtype=torch.float32, device=device, scale=d**-0.5)
     t = torch.randint(0, V, (M,), device=device)
     x = rand(M, d, dtype=torch.float32, device=device)
-    x = x + 26.0 * w[t] / w[t].pow(2).sum(1, keepdim=True)
-    b = rand(V, dtype=torch.float32, device=device, scale=0.1) if bias else None
-    loss = linear_cross_entropy(x, w, t, linear_bias=b, reduction="none", softcap=30.0)
+    x, w = (x + 26.0 * w[t] / w[t].pow(2).sum(1, keepdim=True)).to(dtype), w.to(dtype)
+    b = rand(V, dtype=dtype, device=device, scale=0.1) if bias else None
+    loss = linear_cross_entropy(
+        x, w, t, linear_bias=b, reduction="none", softcap=30.0, loss_dtype=torch.float32
+    )
 
-    def chain(x, w, b):
-        return F.cross_entropy(30.0 * torch.tanh(F.linear(x, w, b) / 30.0), t, reduction="none")
+    def chain(x, w, b):  # (PyTorch's: the logits in their dtype, capped in float32 or float64)
+        logits = F.linear(x, w, b)
+        logits = logits if logits.dtype == torch.float64 else logits.float()
+        return F.cross_entropy(30.0 * torch.tanh(logits / 30.0), t, reduction="none")
 
     exact = chain(x.double(), w.double(), None if b is None else b.double())
     assert exact.median() < 1e-4, "the rows are confident"
