@@ -55,9 +55,9 @@ float32, the logits GEMM stores q = exp(l - ref) instead of l (``CE_PROBS``), fo
 ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20, and sums
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
-float32, rounded once), dW = q^T ((g / sum q) x) by the GEMMs, - g x added into the target
-rows of the float32 dW sum (formed as - (sum q) xs from the GEMM's own rounded rows xs = (g
-/ sum q) x, so that q[t] xs - (sum q) xs holds p[t] - 1 to xs' rounding as p[t] nears 1) (each
+float32, rounded once), dW = q^T xs by the GEMMs (xs = (g / sum q) x rounded), - g x added
+into the target rows of the float32 dW sum as - (sum q) xs, from the GEMM's own rounded
+rows, so that q[t] xs - (sum q) xs holds p[t] - 1 to xs' rounding as p[t] nears 1 (each
 target's rows summed by one program in one order, ``programs/ce.py: target_rows_sub_``: the
 same bits every run; a call of one chunk holds no float32 sum: those sums go to its dW GEMM
 as a table, ``CE_PROBS_DW``). A call with a row whose
@@ -219,9 +219,9 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     PROBS_MARGIN), the rows' log-sum-exp (ref + log sum q, hi + lo) into ``lse_out`` and
     losses into ``loss_out`` (0 where not ``valid``: an ignored row); with g the rows'
     gradient scale (0 for an ignored row), dlogits = (g / sum q) q - g onehot: dX = that
-    (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T xs by the GEMMs (xs = (g
-    / sum q) x rounded, ``probs_rows``) and - g x, as - (sum q) xs, into the target rows of
-    the float32 sum (``target_rows_sub_``, its rows sorted by target: ``sorted_rows``, the
+    (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T xs by the GEMMs
+    (xs = (g / sum q) x rounded, ``probs_rows``) and - g x, as - (sum q) xs, into the target
+    rows of the float32 sum (``target_rows_sub_``, its rows sorted by target: ``sorted_rows``, the
     chunk's order, keys, row0 and key0; before the last chunk's GEMM rounds it,
     ``finishing``: FINISH_F32 into ``dw``; ``first``: the sum's first term, STORE_F32). A
     call of one chunk (``finishing``, no float32 sum: ``dw32`` None) hands its target rows'
@@ -268,12 +268,10 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     if r is not None:  # (g is NaN for a bad target: its dr NaN, as the stored-logits path's)
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
-    # (a row without a target is skipped: a bad target's NaN reaches dW through xs)
-    # dW's target term - g x is formed as - qsum xs, from the same rounded xs the GEMM's
-    # q[t] xs reads: their sum xs (q[t] - qsum) keeps p[t] - 1 exact as it goes to 0 (from
-    # g x, xs' rounding, 2^-9 in bf16, was left over whole: dW at a confident row's target
-    # 0.9x to 35x its size off at p[t] 0.9994 to 0.99999; found by review, the tests'
-    # confident rows were not: test_confident_rows_and_a_class_ignored)
+    # (a row without a target is skipped: a bad target's NaN reaches dW through xs.) The
+    # target term as - qsum xs, from the rows the GEMM reads: as - g x, xs' bf16 rounding
+    # was left over whole, dW at a confident row's target 0.9-35x its size off (NOTES.md;
+    # test_confident_rows_and_a_class_ignored)
     if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
         slot, corr = target_rows_table(xs, qsum, V, *sorted_rows)
         gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
