@@ -285,7 +285,10 @@ case "${1:-}" in
     # First of all the probabilities path's confident-rows test, bf16 at its GPU shapes (its
     # dW target term and a confident row's loss fixed on the CPU in the same session).
     # Limits 60 + 45 + 45 + 110 + 80 + 60 + 150 = 550 s of a call's 600 (the peers: step 15's bench)
-    TEST_TIMEOUT=60 TEST_WORKERS=2 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py -k 'confident_rows or probs_path or softcap_confident'"
+    # (and RoPE's sines at positions 2^17-2^22: exact on the GPU if its reductions compile
+    # to fused multiply-adds, the thirty-fourth session's reading)
+    TEST_TIMEOUT=60 TEST_WORKERS=2 bash scripts/gpu_call.sh \
+      "tests:tests/test_cross_entropy.py tests/test_programs.py -k 'confident_rows or probs_path or softcap_confident or sincos'"
     CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_logits"
     CODETTA_CE_PROBS=1 CODETTA_CE_NORM_FACTORS=0 RATIO_TIMEOUT=45 \
       bash scripts/gpu_call.sh "ratios:--widths llama3-1b --tokens 4096 --only ce_probs ce_probs_dw"

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from conftest import ON_GPU
 from util import SHAPES, assert_within, rand
 
 import codetta
@@ -309,6 +310,27 @@ def test_sincos(approx, device):
     g = torch.Generator().manual_seed(0)
     pos = torch.cat([torch.arange(4096), torch.randint(4096, 2**17, (4096,), generator=g)]).float()
     freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in (1e4, 5e5, 1e6)])
+    x = (pos[:, None] * freq[None, :]).reshape(-1).to(device)
+    n = x.numel()
+    out = torch.full((2 * n,), float("nan"), device=device)
+    _sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
+    xd = x.double()
+    assert (out[:n].double() - xd.sin()).abs().max().item() < 2e-6
+    assert (out[n:].double() - xd.cos()).abs().max().item() < 2e-6
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the GPU's fused multiply-adds (numpy rounds each product)")
+@pytest.mark.parametrize("approx", [False, True], ids=["polynomial", "approx"])
+def test_sincos_long_positions(approx, device):
+    """Positions 2^17 to 2^22 (Qwen2.5-1M's context and past it; angles to ~4M radians): on
+    the GPU both reductions stay exact, as each ``x - j * C`` compiles to one fused
+    multiply-add (the product unrounded), so both helpers are within 2e-6 of float64's sin
+    and cos of the same float32 angle. The interpreter rounds each product: there the
+    first constant's product is exact only while j * 201 < 2^24 (``P.sincos``: x below
+    ~131k radians), so this range is the GPU's only (README, "Numerics")."""
+    g = torch.Generator().manual_seed(1)
+    pos = torch.randint(2**17, 2**22, (8192,), generator=g).float()
+    freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in (1e4, 1e6)])
     x = (pos[:, None] * freq[None, :]).reshape(-1).to(device)
     n = x.numel()
     out = torch.full((2 * n,), float("nan"), device=device)
