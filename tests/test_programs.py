@@ -308,9 +308,15 @@ def test_sincos(approx, device):
     sin and cos of the same float32 angle. ``sincos_approx`` runs PTX's sin/cos.approx on
     the GPU; in the interpreter it is ``sincos`` (so on the CPU both cases check that)."""
     g = torch.Generator().manual_seed(0)
-    pos = torch.cat([torch.arange(4096), torch.randint(4096, 2**17, (4096,), generator=g)]).float()
-    freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in (1e4, 5e5, 1e6)])
-    x = (pos[:, None] * freq[None, :]).reshape(-1).to(device)
+    pos = torch.cat([torch.arange(4096), torch.randint(4096, 2**17, (4096,), generator=g)])
+    _check_sincos(pos, (1e4, 5e5, 1e6), approx, device)
+
+
+def _check_sincos(pos, thetas, approx, device):
+    """Both helpers' sin and cos of RoPE's float32 angles (``pos`` times head dim 128's
+    frequencies for each theta) within 2e-6 of float64's of the same angles."""
+    freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in thetas])
+    x = (pos.float()[:, None] * freq[None, :]).reshape(-1).to(device)
     n = x.numel()
     out = torch.full((2 * n,), float("nan"), device=device)
     _sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
@@ -329,15 +335,7 @@ def test_sincos_long_positions(approx, device):
     first constant's product is exact only while j * 201 < 2^24 (``P.sincos``: x below
     ~131k radians), so this range is the GPU's only (README, "Numerics")."""
     g = torch.Generator().manual_seed(1)
-    pos = torch.randint(2**17, 2**22, (8192,), generator=g).float()
-    freq = torch.cat([1.0 / theta ** (torch.arange(0, 128, 2).float() / 128) for theta in (1e4, 1e6)])
-    x = (pos[:, None] * freq[None, :]).reshape(-1).to(device)
-    n = x.numel()
-    out = torch.full((2 * n,), float("nan"), device=device)
-    _sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
-    xd = x.double()
-    assert (out[:n].double() - xd.sin()).abs().max().item() < 2e-6
-    assert (out[n:].double() - xd.cos()).abs().max().item() < 2e-6
+    _check_sincos(torch.randint(2**17, 2**22, (8192,), generator=g), (1e4, 1e6), approx, device)
 
 
 # ---- the contract: one body, checked here, run by both mainloops
