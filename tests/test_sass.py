@@ -139,3 +139,25 @@ def test_wgmma_serialized_reading():
     assert not wgmma_serialized(arrive + hgmma * 4 + depbar)
     assert wgmma_serialized((arrive + hgmma + depbar) * 4)
     assert not wgmma_serialized(arrive + hgmma + depbar)  # (one HGMMA: nothing to pipeline)
+
+
+def test_sincos_reductions_fused():
+    """RoPE's sin/cos helpers compiled for sm_90a: every product of their reductions
+    (x - j C, C the constant's three parts) is a fused multiply-add, so each stays exact
+    past the interpreter's ~131k radians (numpy rounds the product; the GPU's
+    ``test_sincos_long_positions`` times it to 2^22). Compiled in a subprocess, without the
+    interpreter."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    script = os.path.join(root, "tests", "sincos_ptx.py")
+    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(found) == {"polynomial", "approx"}
+    for helper, consts in found.items():
+        assert len(consts) == 3, (helper, consts)
+        for c, instrs in consts.items():
+            assert instrs == ["fma.rn.f32"], (helper, c, instrs)

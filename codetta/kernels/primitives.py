@@ -93,10 +93,11 @@ def interleave(even, odd):
 @triton.jit
 def sincos(x):
     """(sin x, cos x) in fp32, from arithmetic only: x is reduced by multiples of pi/2
-    (three-part constant: exact for |x| < ~2^17), then minimax polynomials on
-    [-pi/4, pi/4] (absolute error ~1e-7 plus ~|x| 2^-24 from the reduction). libdevice's
-    sinf/cosf keep a slow path for huge arguments whose local array spills an epilogue's
-    registers; these do not."""
+    (three-part constant; each x - j C is one fused multiply-add on the GPU, exact to |x| ~
+    4M; through the interpreter, whose products are rounded, only below ~2^17), then
+    minimax polynomials on [-pi/4, pi/4] (absolute error ~1e-7). libdevice's sinf/cosf keep
+    a slow path for huge arguments whose local array spills an epilogue's registers; these
+    do not."""
     j = tl.floor(x * 0.6366197723675814 + 0.5)  # nearest multiple of pi/2
     r = ((x - j * 1.5703125) - j * 4.837512969970703125e-4) - j * 7.549789954891882e-8
     r2 = r * r
@@ -120,8 +121,8 @@ def _ptx_unary(x, op: tl.constexpr):
 @triton.jit
 def sincos_approx(x):
     """(sin x, cos x) in fp32 from the GPU's special-function unit: x reduced by multiples
-    of 2 pi (three-part constant, 6.28125 + 1.934051513671875e-3 + 1.2556659e-6: the first
-    two products exact for |x| < 2^17; reduction error <= 1.2e-7 there), then PTX's
+    of 2 pi (three-part constant, 6.28125 + 1.934051513671875e-3 + 1.2556659e-6, each x - j C
+    one fused multiply-add: exact to |x| ~ 4M, reduction error <= 1.2e-7 there), then PTX's
     ``sin.approx.f32`` / ``cos.approx.f32`` (absolute error <= 2^-20.9 on [-pi, pi]). About
     7 instructions for both against ~40 for ``sincos``'s polynomials, the same accuracy for a
     bf16 or fp16 result. In the interpreter: ``sincos``."""

@@ -23,10 +23,9 @@ class RoPE(NamedTuple):
     sin scaled by ``attention_scaling`` (a model's ``rotary_emb.inv_freq`` and
     ``.attention_scaling`` cover its rope_scaling type). ``position_ids``: integers
     broadcastable to the tokens' shape (packed sequences: per-token positions). Angles are
-    reduced exactly below ~524k radians on the GPU (the special-function unit's path, the
-    default both ways) and ~131k on the polynomial one (the interpreter's, a backward launch
-    without ``approx``): a position past that times the lowest frequency (1) loses the
-    sines' and cosines' precision (5e-3 at 2^17-2^18 on the polynomial path, NOTES.md).
+    reduced exactly on the GPU to ~4M radians, positions to 2^22 (both sin/cos helpers: each
+    product of the reduction compiles to a fused multiply-add), through the interpreter
+    only below ~131k (its products rounded: 5e-3 off at 2^17-2^18, NOTES.md).
     ``qk_norm_weights``: one [head_dim] weight per rotated output (Qwen3's q_norm and
     k_norm), an RMSNorm over each head (``qk_norm_eps``) applied before the rotation."""
 
