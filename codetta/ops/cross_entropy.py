@@ -220,9 +220,10 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     losses into ``loss_out`` (0 where not ``valid``: an ignored row); with g the rows'
     gradient scale (0 for an ignored row), dlogits = (g / sum q) q - g onehot: dX = that
     (q @ W) - g W[t] into ``dx`` (CE_PROBS_DX, rounded once), dW += q^T xs by the GEMMs
-    (xs = (g / sum q) x rounded, ``probs_rows``) and - g x, as - (sum q) xs, into the target
-    rows of the float32 sum (``target_rows_sub_``, its rows sorted by target: ``sorted_rows``, the
-    chunk's order, keys, row0 and key0; before the last chunk's GEMM rounds it,
+    (xs = (g / sum q) x rounded, ``probs_rows``) and - g x (a confident row's as - (sum q)
+    xs) into the target rows of the float32 sum (``target_rows_sub_``, its rows sorted by
+    target: ``sorted_rows``, the chunk's order, keys, row0 and key0; before the last chunk's
+    GEMM rounds it,
     ``finishing``: FINISH_F32 into ``dw``; ``first``: the sum's first term, STORE_F32). A
     call of one chunk (``finishing``, no float32 sum: ``dw32`` None) hands its target rows'
     sums to the dW GEMM as a table (CE_PROBS_DW: ``target_rows_table``), no float32 [V, d]
@@ -269,21 +270,25 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
         dr.copy_(torch.where(valid, g * (qa / qsum - at), 0.0))
     gemm(q, w.t(), epilogue=CE_PROBS_DX, s=s, g=gx, wt=wt, out=dx)
     # (a row without a target is skipped: a bad target's NaN reaches dW through xs.) The
-    # target term as - qsum xs, from the rows the GEMM reads: as - g x, xs' bf16 rounding
-    # was left over whole, dW at a confident row's target 0.9-35x its size off (NOTES.md;
-    # test_confident_rows_and_a_class_ignored)
+    # target term of a confident row as - qsum xs, from the rows the GEMM reads: their sum
+    # (q[t] - qsum) xs, 1 - p[t] as exact as the rest (as - g x, xs' bf16 rounding was left
+    # over whole: dW at a confident row's target 0.9-35x its size off); of any other row as
+    # - g x, unrounded (xs' rounding then enters scaled by p[t] < 1/2; as - qsum xs, whole:
+    # dW at the targets 2x PyTorch's error at p[t] ~ 0, NOTES.md;
+    # test_confident_rows_and_a_class_ignored, test_probs_path_matches_float64)
+    gt, alt = torch.where(sure, qsum, gx), (xs, sure)
     if finishing and dw32 is None:  # (one chunk: its target rows' sums a table the GEMM adds in)
-        slot, corr = target_rows_table(xs, qsum, V, *sorted_rows)
+        slot, corr = target_rows_table(xc, gt, V, *sorted_rows, alt=alt)
         gemm(q.t(), xs.t(), epilogue=CE_PROBS_DW, slot=slot, corr=corr, out=dw)
     elif finishing:
-        target_rows_sub_(dw32, xs, qsum, *sorted_rows)
+        target_rows_sub_(dw32, xc, gt, *sorted_rows, alt=alt)
         gemm(q.t(), xs.t(), epilogue=FINISH_F32, c=dw32, out=dw)
     else:
         if first:
             gemm(q.t(), xs.t(), epilogue=STORE_F32, out=dw32)
         else:
             gemm(q.t(), xs.t(), epilogue=ACCUMULATE_F32, c=dw32, out=dw32)
-        target_rows_sub_(dw32, xs, qsum, *sorted_rows)
+        target_rows_sub_(dw32, xc, gt, *sorted_rows, alt=alt)
 
 
 def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=None, want_grads=True,

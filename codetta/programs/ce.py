@@ -423,15 +423,17 @@ TARGET_ROWS_STEP = 8  # (rows of a segment whose loads a program issues together
 
 
 @triton.jit
-def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, slot_ptr, R, d, V, row0, key0, x_stride,
-                        dw_stride, BLOCK: tl.constexpr, STEP: tl.constexpr, TABLE: tl.constexpr):  # fmt: skip
+def _target_rows_kernel(x_ptr, alt_ptr, pick_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, slot_ptr, R, d, V, row0,
+                        key0, x_stride, alt_stride, dw_stride, BLOCK: tl.constexpr, STEP: tl.constexpr,
+                        TABLE: tl.constexpr, ALT: tl.constexpr):  # fmt: skip
     """dw[t] -= sum of g[m] x[m] over the rows m whose target is t: the rows sorted by key
     (``order``, their keys ``keys``: key0 + the target, key0 + V for a row without one, which
     is skipped; row m is x's row order - row0); the program of a segment's last row sums it,
     backwards, one row after another (its loads STEP rows at a time), and writes its
     target's row of dw; every other program returns. ``TABLE``: dw is an [R, d] table
     instead, the segment ending at sorted row i writes - its sum into row i and i into
-    slot[t]."""
+    slot[t]. ``ALT``: a row m with pick[m] set takes alt[m] instead of x[m] (each row's
+    vector read from one of the two)."""
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -448,7 +450,13 @@ def _target_rows_kernel(x_ptr, g_ptr, order_ptr, keys_ptr, dw_ptr, slot_ptr, R, 
                 same = tl.load(keys_ptr + j - k, mask=inside, other=-1) == key
                 row = tl.load(order_ptr + j - k, mask=same, other=row0).to(tl.int64) - row0
                 gk = tl.load(g_ptr + row, mask=same, other=0.0)
-                xk = tl.load(x_ptr + row * x_stride + cols, mask=mask & same, other=0.0).to(tl.float32)
+                if ALT:
+                    pk = tl.load(pick_ptr + row, mask=same, other=0) != 0
+                    yk = tl.load(alt_ptr + row * alt_stride + cols, mask=mask & same & pk, other=0.0)
+                    xk = tl.load(x_ptr + row * x_stride + cols, mask=mask & same & ~pk, other=0.0)
+                    xk = tl.where(pk, yk, xk).to(tl.float32)
+                else:
+                    xk = tl.load(x_ptr + row * x_stride + cols, mask=mask & same, other=0.0).to(tl.float32)
                 acc += gk * xk  # (the rows in order; + 0 past the segment: the bits of one at a time)
                 if k == STEP - 1:
                     more = same
@@ -478,38 +486,43 @@ def sort_targets(target: torch.Tensor, V: int, rows: int) -> tuple[torch.Tensor,
 
 
 def target_rows_sub_(dw: torch.Tensor, x: torch.Tensor, g: torch.Tensor, order: torch.Tensor,
-                     keys: torch.Tensor, row0: int = 0, key0: int = 0):  # fmt: skip
+                     keys: torch.Tensor, row0: int = 0, key0: int = 0, alt: tuple | None = None):  # fmt: skip
     """dw[t] -= g[m] x[m] for every row m of x with a target t in [0, V), in place (dw float32
     [V, d], x [M, d], g float32 [M]; ``order``, ``keys``: the chunk's slice of
     ``sort_targets``, with its row0 and key0): each target's rows summed in one order, by
     one program, no atomics: the same bits every run (the probabilities path's target term,
-    ``ops/cross_entropy.py``)."""
-    _target_rows(dw, None, x, g, order, keys, dw.shape[0], row0, key0)
+    ``ops/cross_entropy.py``). ``alt``: (y [M, d], pick bool [M]): row m's vector is y[m]
+    where pick[m] is set, x[m] elsewhere."""
+    _target_rows(dw, None, x, g, order, keys, dw.shape[0], row0, key0, alt)
     return dw
 
 
 def target_rows_table(x: torch.Tensor, g: torch.Tensor, V: int, order: torch.Tensor, keys: torch.Tensor,
-                      row0: int = 0, key0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      row0: int = 0, key0: int = 0, alt: tuple | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``target_rows_sub_``'s sums as a table for CE_PROBS_DW (a call of one chunk): slot
     (int32 [V], -1 for a class no row targets) and corr (float32 [M, d]: row slot[t] holds
     - sum of g x over the rows whose target is t; the rows no slot names unwritten)."""
     M, d = x.shape
     slot = torch.full((V,), -1, dtype=torch.int32, device=x.device)
     corr = torch.empty(M, d, dtype=torch.float32, device=x.device)
-    _target_rows(corr, slot, x, g, order, keys, V, row0, key0)
+    _target_rows(corr, slot, x, g, order, keys, V, row0, key0, alt)
     return slot, corr
 
 
-def _target_rows(dw, slot, x, g, order, keys, V: int, row0: int, key0: int):
+def _target_rows(dw, slot, x, g, order, keys, V: int, row0: int, key0: int, alt=None):
     """Each target's rows summed (``_target_rows_kernel``): subtracted from dw's row of the
     target, or, with ``slot``, written negated into dw's row i (the segment's last sorted
-    row) and i into slot[target]."""
+    row) and i into slot[target]; ``alt`` (y, pick): y's row where pick is set."""
     M, d = x.shape
     if M == 0:
         return
+    if alt is not None:
+        assert alt[0].shape == x.shape and alt[0].stride(1) == 1 and alt[1].shape == (M,), "target rows: alt"
     if torch_path(x):
         rel, ts = order - row0, keys - key0
-        contrib = g.float()[rel, None] * x.float()[rel]
+        rows = x if alt is None else torch.where(alt[1][:, None], alt[0], x)
+        contrib = g.float()[rel, None] * rows.float()[rel]
         ends = torch.ones(M, dtype=torch.bool, device=x.device)
         ends[:-1] = ts[1:] != ts[:-1]
         for i in torch.nonzero(ends & (ts < V)).flatten().tolist():  # (each segment summed backwards)
@@ -524,9 +537,11 @@ def _target_rows(dw, slot, x, g, order, keys, V: int, row0: int, key0: int):
         return
     with device.on_device(x.device):
         grid = (M, triton.cdiv(d, TARGET_ROWS_BLOCK))
-        precompile.launch(_target_rows_kernel, grid, x, g, order, keys, dw, dw if slot is None else slot,
-                          M, d, V, row0, key0, x.stride(0), dw.stride(0), BLOCK=TARGET_ROWS_BLOCK,
-                          STEP=TARGET_ROWS_STEP, TABLE=slot is not None, num_warps=4)  # fmt: skip
+        y, pick = (x, g) if alt is None else (alt[0], alt[1].view(torch.uint8))
+        precompile.launch(_target_rows_kernel, grid, x, y, pick, g, order, keys, dw,
+                          dw if slot is None else slot, M, d, V, row0, key0, x.stride(0), y.stride(0),
+                          dw.stride(0), BLOCK=TARGET_ROWS_BLOCK, STEP=TARGET_ROWS_STEP,
+                          TABLE=slot is not None, ALT=alt is not None, num_warps=4)  # fmt: skip
 
 
 PROBS_ROWS_BLOCK = 1024  # (columns a step of the row loop: d 2048 in two)
@@ -584,12 +599,14 @@ def row_pass_jobs() -> list[tuple]:
         label = f"ce_grad {'every option' if every else 'plain'}, {GRAD_WARPS} warps"
         jobs.append((label, _ce_grad_kernel, types, consts, GRAD_WARPS))
     i32 = "i32"
-    for table in (False, True):
-        types = {"x_ptr": "*bf16", "g_ptr": f32, "order_ptr": "*i64", "keys_ptr": "*i32", "dw_ptr": f32,
-                 "slot_ptr": "*i32" if table else f32, "R": i32, "d": i32, "V": i32, "row0": i32, "key0": i32,
-                 "x_stride": i32, "dw_stride": i32}  # fmt: skip
-        consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP, "TABLE": table}
-        jobs.append((f"ce target rows{' (table)' if table else ''}", _target_rows_kernel, types, consts, 4))
+    for table, alt in ((False, False), (True, False), (False, True), (True, True)):
+        types = {"x_ptr": "*bf16", "alt_ptr": "*bf16", "pick_ptr": "*u8" if alt else f32, "g_ptr": f32,
+                 "order_ptr": "*i64", "keys_ptr": "*i32", "dw_ptr": f32, "slot_ptr": "*i32" if table else f32,
+                 "R": i32, "d": i32, "V": i32, "row0": i32, "key0": i32, "x_stride": i32, "alt_stride": i32,
+                 "dw_stride": i32}  # fmt: skip
+        consts = {"BLOCK": TARGET_ROWS_BLOCK, "STEP": TARGET_ROWS_STEP, "TABLE": table, "ALT": alt}
+        label = f"ce target rows{' (table)' if table else ''}{' (two inputs)' if alt else ''}"
+        jobs.append((label, _target_rows_kernel, types, consts, 4))
     types = {"x_ptr": "*bf16", "wt_ptr": "*bf16", "s_ptr": f32, "at_ptr": f32, "xs_ptr": "*bf16", "d": "i32",
              "x_stride": "i32", "wt_stride": "i32", "xs_stride": "i32"}  # fmt: skip
     jobs.append(("ce probs rows", _probs_rows_kernel, types, {"BLOCK": PROBS_ROWS_BLOCK}, 4))
