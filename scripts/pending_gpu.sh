@@ -301,8 +301,16 @@ case "${1:-}" in
     RATIO_TIMEOUT=60 bash scripts/gpu_call.sh "ratios:--widths llama3-1b llama3-8b --tokens 16384 --only ce_logits_scaled"
     BENCH_TIMEOUT=150 BENCH_ARGS="--variants codetta" bash scripts/gpu_call.sh bench:ce
     ;;
+  19)
+    # (either GPU; short: ~120 s) the probabilities path's dW target term chosen per row (a
+    # confident row's - qsum xs, any other's - g x: run 243's dweight failure at 999 x 4096 x
+    # 128256, sum) and the confident-rows test's boost by log V, at their GPU shapes; the
+    # target-rows kernel's two-input form (the thirty-fourth session, CPU-built)
+    TEST_TIMEOUT=200 TEST_WORKERS=2 bash scripts/gpu_call.sh \
+      "tests:tests/test_cross_entropy.py -k 'confident_rows or probs_path or target_rows'"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|16" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|19" >&2
     exit 2
     ;;
 esac
