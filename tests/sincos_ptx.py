@@ -1,6 +1,7 @@
-"""Compile RoPE's sin/cos helpers for sm_90a (no GPU needed) and print each reduction
-constant's PTX instructions, for test_sass.py's ``test_sincos_reductions_fused``: run as a
-script, without the interpreter (whose JIT functions cannot be compiled)."""
+"""RoPE's sin/cos helpers in a kernel (``sincos_kernel``: test_programs.py runs it); as a
+script, compiled for sm_90a (no GPU needed), each reduction constant's PTX instructions
+printed, for test_sass.py's ``test_sincos_reductions_fused`` (run without the
+interpreter, whose JIT functions cannot be compiled)."""
 
 import json
 import struct
@@ -19,7 +20,7 @@ CONSTANTS = {
 
 
 @triton.jit
-def _kernel(x_ptr, out_ptr, N, APPROX: tl.constexpr, BLOCK: tl.constexpr):
+def sincos_kernel(x_ptr, out_ptr, N, APPROX: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
@@ -40,7 +41,7 @@ def main():
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "APPROX": "constexpr", "BLOCK": "constexpr"}
     found = {}
     for approx, consts in CONSTANTS.items():
-        ptx = compile_kernel_sm90(_kernel, sig, {"APPROX": approx, "BLOCK": 256}, 4).asm["ptx"]
+        ptx = compile_kernel_sm90(sincos_kernel, sig, {"APPROX": approx, "BLOCK": 256}, 4).asm["ptx"]
         # (each constant's instructions: "fma.rn.f32" alone where every product is fused)
         found["approx" if approx else "polynomial"] = {
             repr(c): sorted({ln.split()[0] for ln in ptx.splitlines() if _hex(c) in ln or _hex(-c) in ln})

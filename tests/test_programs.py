@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from conftest import ON_GPU
+from sincos_ptx import sincos_kernel
 from util import SHAPES, assert_within, rand
 
 import codetta
@@ -288,19 +289,6 @@ def test_activation_helpers(dtype, device):
     assert_within("rowsum", out.rowsum, acc64.sum(1), acc_t.sum(1))
 
 
-@triton.jit
-def _sincos_kernel(x_ptr, out_ptr, N, APPROX: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < N
-    x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    if APPROX:
-        s, c = P.sincos_approx(x)
-    else:
-        s, c = P.sincos(x)
-    tl.store(out_ptr + offs, s, mask=m)
-    tl.store(out_ptr + N + offs, c, mask=m)
-
-
 @pytest.mark.parametrize("approx", [False, True], ids=["polynomial", "approx"])
 def test_sincos(approx, device):
     """RoPE's angles (positions below 2^17 times Llama's and Qwen's frequencies, formed in
@@ -319,7 +307,7 @@ def _check_sincos(pos, thetas, approx, device):
     x = (pos.float()[:, None] * freq[None, :]).reshape(-1).to(device)
     n = x.numel()
     out = torch.full((2 * n,), float("nan"), device=device)
-    _sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
+    sincos_kernel[(triton.cdiv(n, 1024),)](x, out, n, APPROX=approx, BLOCK=1024)
     xd = x.double()
     assert (out[:n].double() - xd.sin()).abs().max().item() < 2e-6
     assert (out[n:].double() - xd.cos()).abs().max().item() < 2e-6

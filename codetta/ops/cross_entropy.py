@@ -223,8 +223,8 @@ def _probs_chunk(xc, tc, valid, w, w_sample, q, g, r, dx, dw32, dw, dr, lse_out,
     (xs = (g / sum q) x rounded, ``probs_rows``) and - g x (a confident row's as - (sum q)
     xs) into the target rows of the float32 sum (``target_rows_sub_``, its rows sorted by
     target: ``sorted_rows``, the chunk's order, keys, row0 and key0; before the last chunk's
-    GEMM rounds it,
-    ``finishing``: FINISH_F32 into ``dw``; ``first``: the sum's first term, STORE_F32). A
+    GEMM rounds it, ``finishing``: FINISH_F32 into ``dw``; ``first``: the sum's first term,
+    STORE_F32). A
     call of one chunk (``finishing``, no float32 sum: ``dw32`` None) hands its target rows'
     sums to the dW GEMM as a table (CE_PROBS_DW: ``target_rows_table``), no float32 [V, d]
     written or read. With a row scale ``r`` (the rows' [R] float32, else None) the logits
