@@ -30,6 +30,17 @@ def _shared_dir() -> str | None:
     return os.path.join(tempfile.gettempdir(), f"codetta-sass-{uid}") if uid else None
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _compile_env() -> dict:
+    """The environment of a subprocess that compiles for sm_90a: the interpreter off (its
+    JIT functions cannot be compiled), this checkout first on the path."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def start(workers: int = 1) -> None:
     """Start the sm_90a check in the background (once per run); its output and exit
     status go to files."""
@@ -45,9 +56,7 @@ def start(workers: int = 1) -> None:
             _RUN["dir"] = shared
             return
         folder = shared
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = _compile_env()
     env["CODETTA_AOT_WORKERS"] = str(workers)
     # the exit status is written last (its file's presence says the check is over)
     cmd = f'"{sys.executable}" -m codetta.programs.sm90_check > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc'
@@ -145,14 +154,12 @@ def test_sincos_reductions_fused():
     """RoPE's sin/cos helpers compiled for sm_90a: every product of their reductions
     (x - j C, C the constant's three parts) is a fused multiply-add, so each stays exact
     past the interpreter's ~131k radians (numpy rounds the product; the GPU's
-    ``test_sincos_long_positions`` times it to 2^22). Compiled in a subprocess, without the
-    interpreter."""
+    ``test_sincos_long_positions`` checks the values to 2^22). Compiled in a subprocess,
+    without the interpreter."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    script = os.path.join(root, "tests", "sincos_ptx.py")
+    script = os.path.join(_ROOT, "tests", "sincos_ptx.py")
+    env = _compile_env()
     run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])

@@ -56,9 +56,10 @@ ref = its largest logit over 256 evenly spaced classes (one small GEMM) plus 20,
 q per row; lse = ref + log sum q, so p = q / sum q is a row factor and no gradient pass
 runs: dX = (g / sum q) (q @ W) - g W[t] (``CE_PROBS_DX``: the target's row subtracted in
 float32, rounded once), dW = q^T xs by the GEMMs (xs = (g / sum q) x rounded), - g x added
-into the target rows of the float32 dW sum as - (sum q) xs, from the GEMM's own rounded
-rows, so that q[t] xs - (sum q) xs holds p[t] - 1 to xs' rounding as p[t] nears 1 (each
-target's rows summed by one program in one order, ``programs/ce.py: target_rows_sub_``: the
+into the target rows of the float32 dW sum: a confident row's (q[t] over half of sum q) as
+- (sum q) xs, from the GEMM's own rounded rows, so that q[t] xs - (sum q) xs holds p[t] - 1
+to xs' rounding as p[t] nears 1; any other row's unrounded, xs' rounding then scaled by
+p[t] (each target's rows summed by one program in one order, ``programs/ce.py: target_rows_sub_``: the
 same bits every run; a call of one chunk holds no float32 sum: those sums go to its dW GEMM
 as a table, ``CE_PROBS_DW``). A call with a row whose
 lse - ref leaves [-60, 50] (q near bf16's range, or (g / sum q) x near its subnormals; its
