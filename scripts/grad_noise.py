@@ -10,8 +10,11 @@ how many seeds exceed 2: a defect shows as a median near or above 2, noise as a 
 below 1 with rare excursions. (NOTES.md, "A test's statistic".)
 
 Usage (repo root): PYTHONPATH=.:tests python scripts/grad_noise.py [family] [seeds] [head_dim]
-(family: llama, qwen3 or mistral; default qwen3 tied, 12 seeds, head_dim 16; on a GPU in
-bf16 with the real kernels, on a CPU in bf16 through the programs' PyTorch references)
+[--dtype bf16|fp16] [--mask none|padding|packed] [--untied] [--only SUBSTR]
+(family: llama, qwen3, qwen2, mistral or phi3; default qwen3 tied, 12 seeds, head_dim 16, bf16,
+no mask; on a GPU with the real kernels; on a CPU bf16 runs the programs' PyTorch
+references and fp16 the kernels through the Triton interpreter, which needs
+TRITON_INTERPRET=1 set, as the tests' conftest.py does)
 """
 
 from __future__ import annotations
@@ -30,21 +33,21 @@ import test_hf as hf  # noqa: E402  (the test's model, inputs and step)
 from util import err  # noqa: E402
 
 
-def ratios(family: str, seeds: int, head_dim: int) -> dict:
+def ratios(family: str, seeds: int, head_dim: int, dtype=torch.bfloat16, mask="none", tied=True) -> dict:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     widths = {} if head_dim == 16 else dict(hidden_size=2 * head_dim, intermediate_size=3 * head_dim,
                                             head_dim=head_dim)  # fmt: skip
     out: dict = {}
     for seed in range(seeds):
-        model = hf._model(family, True, torch.bfloat16, seed=1000 + seed, **widths).to(dev)
+        model = hf._model(family, tied, dtype, seed=1000 + seed, **widths).to(dev)
         ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
         ours = codetta.apply_codetta(copy.deepcopy(model))
-        kw = hf._inputs("none")
+        kw = hf._inputs(mask)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, 128, tuple(kw["input_ids"].shape), generator=gen)
-        labels = ids.clone()
-        labels[0, :3] = -100
-        kw.update(input_ids=ids.to(dev), labels=labels.to(dev))
+        labels = torch.where(kw["labels"] == -100, -100, ids)  # the mask's ignored positions kept
+        kw.update(input_ids=ids, labels=labels)
+        kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in kw.items()}
         want, same, got = (hf._step(m, kw) for m in (ref64, plain, ours))
         for name in same[2]:
             e_torch = err(same[2][name], want[2][name])
@@ -53,14 +56,31 @@ def ratios(family: str, seeds: int, head_dim: int) -> dict:
 
 
 def main() -> None:
+    import argparse
+
     warnings.filterwarnings("ignore")
-    family = sys.argv[1] if len(sys.argv) > 1 else "qwen3"
-    seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-    head_dim = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    found = ratios(family, seeds, head_dim)
-    where = "GPU kernels" if torch.cuda.is_available() else "CPU references"
-    print(f"{family}, tied, head_dim {head_dim}, {seeds} seeds, bf16, {where}: err(codetta) / err(PyTorch)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("family", nargs="?", default="qwen3")
+    ap.add_argument("seeds", nargs="?", type=int, default=12)
+    ap.add_argument("head_dim", nargs="?", type=int, default=16)
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--mask", choices=("none", "padding", "packed"), default="none")
+    ap.add_argument("--untied", action="store_true")
+    ap.add_argument("--only", default="", help="print only the parameters whose name contains this")
+    a = ap.parse_args()
+    dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
+    found = ratios(a.family, a.seeds, a.head_dim, dtype, a.mask, not a.untied)
+    if torch.cuda.is_available():
+        where = "GPU kernels"
+    else:
+        where = "CPU, the interpreter" if codetta.interpreting() else "CPU references"
+    print(
+        f"{a.family}, {'untied' if a.untied else 'tied'}, mask {a.mask}, head_dim {a.head_dim}, "
+        f"{a.seeds} seeds, {a.dtype}, {where}: err(codetta) / err(PyTorch)"
+    )
     for name, rs in found.items():
+        if a.only not in name:
+            continue
         over = sum(r > 2 for r in rs)
         print(f"  {name:48s} median {statistics.median(rs):5.2f}  max {max(rs):5.2f}  > 2: {over}/{len(rs)}")
     every = [r for rs in found.values() for r in rs]
