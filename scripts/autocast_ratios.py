@@ -22,7 +22,10 @@ import os
 import statistics
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__":  # (run as a program; imported by a test, it must not switch the
+    # interpreter on for the rest of that process: a GPU test process then ran torch.compile's
+    # own kernels through it, run 250)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

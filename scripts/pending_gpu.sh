@@ -314,8 +314,9 @@ case "${1:-}" in
   20)
     # (either GPU; ~200 s) run 250's two failures (an H100, 02516a7, 4 xdist workers):
     # test_compiled_backward_follows_keep_y, whose inductor kernel ran through Triton's
-    # interpreter in a GPU test process: alone in one process, then among the same
-    # selection as run 250 (the test now asserts the interpreter is off first); and
+    # interpreter in a GPU test process (scripts/autocast_ratios.py, loaded by a test, set
+    # TRITON_INTERPRET at import: fixed after the run): alone in one process, then among the
+    # same selection as run 250 (the test now asserts the interpreter is off first); and
     # test_matches_unpatched[qwen2-True-padding-float16]'s layer-1 q_proj.bias gradient
     # (2.22x PyTorch's error): the same comparison over 16 seeds with the real kernels
     # (the CPU's interpreter, 40 seeds: that bias's ratio median 1.02, 1 of 40 over 2)

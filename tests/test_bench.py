@@ -544,3 +544,26 @@ def test_launch_census_on_cpu(capsys):
     assert c["gemm"]["ce_logits"] == 1 and sum(c["gemm"].values()) >= 7 * 3 - 2
     assert sum(c["rows"].values()) > 0 and "set_" not in c["aten"] and "mm" not in c["aten"]
     assert counts["eager"]["aten"]["mm"] > 0 and not counts["eager"]["gemm"]
+
+
+def test_no_script_switches_the_interpreter_on_when_imported():
+    """A script may switch Triton's interpreter on for its own run, never at import: the
+    tests load scripts as modules (``load_script``), and an environment variable set then
+    stays for the rest of the process, so a GPU test process later ran torch.compile's own
+    kernels through the interpreter (run 250). Checked on each script's top-level
+    statements (an assignment inside ``if __name__ == "__main__":`` is the program's)."""
+    import ast
+    from pathlib import Path
+
+    scripts = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+    assert scripts
+    leaks = []
+    for path in scripts:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                continue
+            if "TRITON_INTERPRET" in ast.unparse(node) and "environ" in ast.unparse(node):
+                src = ast.unparse(node)
+                if "setdefault" in src or "] =" in src or ".update(" in src:
+                    leaks.append(f"{path.name}:{node.lineno}")
+    assert not leaks, f"scripts that set TRITON_INTERPRET when imported: {leaks}"
