@@ -562,8 +562,8 @@ def test_no_script_switches_the_interpreter_on_when_imported():
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
                 continue
-            if "TRITON_INTERPRET" in ast.unparse(node) and "environ" in ast.unparse(node):
-                src = ast.unparse(node)
-                if "setdefault" in src or "] =" in src or ".update(" in src:
-                    leaks.append(f"{path.name}:{node.lineno}")
+            src = ast.unparse(node)
+            sets = "setdefault" in src or "] =" in src or ".update(" in src
+            if "TRITON_INTERPRET" in src and "environ" in src and sets:
+                leaks.append(f"{path.name}:{node.lineno}")
     assert not leaks, f"scripts that set TRITON_INTERPRET when imported: {leaks}"

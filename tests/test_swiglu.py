@@ -571,9 +571,9 @@ def test_compiled_backward_follows_keep_y(device, monkeypatch):
     if device == "cpu" and not (shutil.which("g++") or shutil.which("clang++")):
         pytest.skip("inductor on CPU needs a C++ compiler")
     if device == "cuda":
-        # (run 250, an H100, 4 xdist workers: inductor's own kernel of this graph ran through
-        # Triton's interpreter and failed in it; this tells a process-wide interpreter
-        # switch apart from a cause inside the compile)
+        # (run 250: a script another test had loaded switched Triton's interpreter on for
+        # the whole worker, and inductor's kernels of this graph ran through it and failed;
+        # test_bench.py checks the scripts now, this names such a cause if one comes back)
         from triton import knobs
 
         assert not knobs.runtime.interpret, (
