@@ -571,6 +571,20 @@ def test_autocast_mode_per_model():
     assert not hasattr(cast, "_codetta_autocast")
 
 
+def test_grad_noise_script():
+    """scripts/grad_noise.py (err(codetta) / err(PyTorch) per gradient over seeds; NOTES.md's
+    "A test's statistic" and run 250): one seed of an untied Qwen2 with packed positions,
+    every parameter's ratio finite and positive, the biases among them."""
+    from conftest import ON_GPU
+    from util import load_script
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float16  # (the CPU: the kernels through the interpreter)
+    out = load_script("grad_noise").ratios("qwen2", 1, 16, dtype, "packed", tied=False)
+    names = {n for n, _ in _model("qwen2", False).named_parameters()}
+    assert set(out) == names and any(n.endswith("q_proj.bias") for n in out)
+    assert all(len(r) == 1 and 0 < r[0] < float("inf") for r in out.values())
+
+
 def test_autocast_ratios_script():
     """scripts/autocast_ratios.py (the cast mode's and a held model's errors against
     autocast's, per gradient; NOTES.md's numbers): one seed gives a ratio per gradient for
