@@ -574,7 +574,7 @@ def test_autocast_mode_per_model():
 def test_grad_noise_script():
     """scripts/grad_noise.py (err(codetta) / err(PyTorch) per gradient over seeds; NOTES.md's
     "A test's statistic" and run 250): one seed of an untied Qwen2 with packed positions,
-    every parameter's ratio finite and positive, the biases among them."""
+    every parameter's ratio finite, the biases among them."""
     from conftest import ON_GPU
     from util import load_script
 
@@ -582,7 +582,8 @@ def test_grad_noise_script():
     out = load_script("grad_noise").ratios("qwen2", 1, 16, dtype, "packed", tied=False)
     names = {n for n, _ in _model("qwen2", False).named_parameters()}
     assert set(out) == names and any(n.endswith("q_proj.bias") for n in out)
-    assert all(len(r) == 1 and 0 < r[0] < float("inf") for r in out.values())
+    # (0 where codetta's gradient is exact; PyTorch's exact too gives 0 over 1e-30)
+    assert all(len(r) == 1 and 0 <= r[0] < float("inf") for r in out.values())
 
 
 def test_autocast_ratios_script():
