@@ -560,6 +560,8 @@ def test_no_script_switches_the_interpreter_on_when_imported():
     leaks = []
     for path in scripts:
         for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue  # (runs when called, not at import)
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
                 continue
             src = ast.unparse(node)
