@@ -39,9 +39,15 @@ for step in "$@"; do
       # shell words, quotes honoured: "tests:tests/test_hf.py -k 'llama or qwen3'"
       eval "targs=(${step#tests:})"
       [ -n "${TEST_WORKERS:-}" ] && targs+=(-n "$TEST_WORKERS")
-      timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -rf --tb=short -p no:cacheprovider "${targs[@]}" \
-        > "$OUT/tests-$(echo "${step#tests:}" | tr -c 'a-z0-9' '_' | cut -c1-40).txt" 2>&1
-      tail -n 25 "$OUT"/tests-*.txt | grep -E "passed|failed|FAILED|^E |Error" | tail -30 ;;
+      # -v names every test as it ends and SIGINT at the limit lets pytest print its summary
+      # (runs 251 and 253: a plain SIGTERM cut both parts of pending_gpu.sh 22 with no names,
+      # one failure among 500 tests unnamed)
+      tlog="$OUT/tests-$(echo "${step#tests:}" | tr -c 'a-z0-9' '_' | cut -c1-40).txt"
+      timeout -s INT -k 30 "${TEST_TIMEOUT:-240}" python3 -m pytest -v -rf --tb=short -p no:cacheprovider "${targs[@]}" \
+        > "$tlog" 2>&1
+      # the failed tests by name (from -v's lines too, so a cut run still names them), then the count
+      grep -E "^(FAILED|ERROR) | (FAILED|ERROR) tests/" "$tlog" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | tail -30
+      tail -n 5 "$tlog" | grep -E "passed|failed|error|Interrupt|^E " ;;
     profile)
       timeout 120 python3 scripts/profile_launch.py 2>&1 | tee "$OUT/profile.txt" | head -60 ;;
     tune)
