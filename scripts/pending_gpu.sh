@@ -20,9 +20,9 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 17   # that path's keys tuned on this GPU (the H100's had none)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 18   # the LM head's logits on 128x256 / 256x128 tiles too
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 19   # the probabilities path's per-row dW target term, GPU shapes
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 20   # run 250's two GPU failures taken apart
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in two calls (PART=A, PART=B)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 20   # run 250's two GPU failures taken apart (done: runs 254-255)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (run 252: same picks)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
