@@ -75,6 +75,19 @@ def _train_here(tmp_path, config, tag):
     return json.loads(out.read_text()), torch.load(save)
 
 
+def _train_plain_here(tmp_path, config):
+    """The unpatched model in one process, in this one (a launch of its own cost ~10 s of
+    the suite's time): the trained weights."""
+    from codetta.train import add_arguments, train
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out, save = tmp_path / "plain-one.json", tmp_path / "plain-one.pt"
+    train(parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--no-codetta",
+                             "--out", str(out), "--save", str(save)]))  # fmt: skip
+    return torch.load(save)
+
+
 def _rel(a, b):
     return max(((a[k] - b[k]).abs().max() / b[k].abs().max()).item() for k in b)
 
@@ -125,7 +138,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
             # the unpatched model too: its own spread, per weight, bounds codetta's; so for
             # Qwen3 (layer 2's gate_proj: the unpatched model 1.9e-5, codetta 1.1e-5) and
             # Qwen2 after the split log-sum-exp, NOTES.md; measured only where TOL is passed)
-            _, p_one = _train(tmp_path, config, "plain-one", 1, "--parallel", "none", "--no-codetta")
+            p_one = _train_plain_here(tmp_path, config)
             _, p_w = _train(tmp_path, config, "plain-" + tag, 2, "--parallel", parallel, "--accum", "2",
                             "--no-codetta", *extra)  # fmt: skip
             for k in w_one:
