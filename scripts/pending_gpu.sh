@@ -351,8 +351,8 @@ case "${1:-}" in
     # (either GPU) the whole suite at one commit, which no run has done since the early
     # sessions (each call ran the files its change touched). Runs 251 and 253 (an H100,
     # 78a5ce8) took it in two parts of 540 s and were both cut (part A at ~73 %, part B at
-    # ~97 % with one failure then unnamed), so four parts now: A1 test_cross_entropy, A2 the
-    # other kernel files (2 workers: the V 262144 loss cases need the memory), B1 the
+    # ~97 % with one failure then unnamed), so four parts now: A1 test_cross_entropy (2
+    # workers: its V 262144 loss cases need the memory), A2 the other kernel files (4), B1 the
     # model files (test_hf, test_swiglu, test_tied_embedding), B2 the rest (4 workers;
     # test_hf's 200-step loss curves left out, ~4 min each: their own step). gpu_call.sh
     # names each failed test even when a part is cut at its limit
@@ -360,7 +360,7 @@ case "${1:-}" in
     MODELS="tests/test_hf.py tests/test_swiglu.py tests/test_tied_embedding.py"
     case "${PART:-A1}" in
       A1) TEST_WORKERS=2 TEST_TIMEOUT=540 bash scripts/gpu_call.sh "tests:tests/test_cross_entropy.py" ;;
-      A2) TEST_WORKERS=2 TEST_TIMEOUT=540 bash scripts/gpu_call.sh \
+      A2) TEST_WORKERS=4 TEST_TIMEOUT=540 bash scripts/gpu_call.sh \
            "tests:tests/test_programs.py tests/test_pingpong.py tests/test_gemm.py" ;;
       B1) TEST_WORKERS=4 TEST_TIMEOUT=540 bash scripts/gpu_call.sh "tests:$MODELS -k 'not loss_curve'" ;;
       B2) TEST_WORKERS=4 TEST_TIMEOUT=540 bash scripts/gpu_call.sh \
