@@ -94,6 +94,33 @@ def test_tune_says_where_a_long_key_is(monkeypatch, capsys):
     assert "long: compiled in" in err and "2 of 2 ran once" in err and "timing them" in err
 
 
+def test_scout_keeps_each_mainloops_best():
+    """The short scouting round drops the candidates clearly behind the best of their own
+    mainloop, so the portable mainloop's best goes on to the full timing even when every
+    portable candidate is behind the ping-pong's best (under sustained load, which ``both``
+    judges after the scout, it can win: the ping-pong draws more power; and it is the
+    CODETTA_PINGPONG=0 key's pick). Until the thirty-sixth session the scout kept only
+    those within SCOUT_KEEP of the overall best (here the two fastest ping-pong configs)."""
+    pp = [configs.Config(block_n=128, num_warps=4, num_stages=s, pingpong=True) for s in (2, 3, 4, 5)]
+    portable = [configs.Config(num_stages=s) for s in (3, 4)]
+    quick = {pp[0]: 1.0, pp[1]: 1.05, pp[2]: 1.3, pp[3]: 1.5, portable[0]: 1.2, portable[1]: 1.4}
+    timed = []
+
+    def measure(fns):
+        timed.extend(fns)
+        return {c: quick[c] for c in fns}
+
+    def scout(fns):
+        return {c: quick[c] for c in fns}
+
+    times = tuning.tune_times("k", pp + portable, lambda cfg: lambda: None, measure, scout=scout)
+    assert sorted(timed, key=quick.get) == [pp[0], pp[1], portable[0]] and set(times) == set(timed)
+    # one mainloop alone: as before, within SCOUT_KEEP of its best
+    timed.clear()
+    tuning.tune_times("k", pp, lambda cfg: lambda: None, measure, scout=scout)
+    assert sorted(timed, key=quick.get) == [pp[0], pp[1]]
+
+
 def test_tune_all_fail():
     def prepare(cfg):
         raise RuntimeError("nope")

@@ -91,7 +91,8 @@ def tune(key: str, candidates: list[Config], prepare, measure) -> Config:
     return min(times, key=times.get)
 
 
-SCOUT_KEEP = 1.10  # candidates within this factor of the scouting round's best are timed in full
+# candidates within this factor of the scouting round's best (per mainloop) are timed in full
+SCOUT_KEEP = 1.10
 PROGRESS_S = 10.0  # a key whose compiles and first runs took longer prints a line before its timing
 
 
@@ -105,7 +106,8 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
     is in training). A candidate that fails to compile or launch (shared memory,
     registers) is skipped; if none runs, the error of the first is raised. ``scout``
     (same contract as ``measure``), if given, times all of them briefly first and
-    only those within ``SCOUT_KEEP`` of its best go on to ``measure``.
+    only those within ``SCOUT_KEEP`` of the best of their own mainloop (portable or
+    ping-pong) go on to ``measure``.
     """
     print(f"codetta: tuning {key} over {len(candidates)} configs ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -134,10 +136,16 @@ def tune_times(key: str, candidates: list[Config], prepare, measure, scout=None)
         print(f"codetta:   {key}: compiled in {t1 - t0:.1f} s, {len(fns)} of {len(candidates)} ran once in "
               f"{t2 - t1:.1f} s; timing them ...", file=sys.stderr, flush=True)  # fmt: skip
     if scout is not None and len(fns) > 3:
-        # a short paired round first: candidates clearly behind drop out before the long one
+        # a short paired round first: candidates clearly behind the best of their own
+        # mainloop drop out before the long one. Each mainloop's best goes on: the two differ
+        # under sustained load (the ping-pong draws more power; on an H100 its sustained
+        # penalty, NOTES.md), which ``--method both`` / ``sustained`` judge after the scout,
+        # and the portable one's best is the CODETTA_PINGPONG=0 key's pick (``Chooser.picks``)
         quick = scout(fns)
-        best = min(quick.values())
-        fns = {c: fn for c, fn in fns.items() if quick[c] <= SCOUT_KEEP * best}
+        best = {}
+        for c, ms in quick.items():
+            best[c.pingpong] = min(ms, best.get(c.pingpong, ms))
+        fns = {c: fn for c, fn in fns.items() if quick[c] <= SCOUT_KEEP * best[c.pingpong]}
     t3 = time.perf_counter()
     med = measure(fns)
     t4 = time.perf_counter()
