@@ -21,7 +21,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 18   # the LM head's logits on 128x256 / 256x128 tiles too
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 19   # the probabilities path's per-row dW target term, GPU shapes
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 20   # run 250's two GPU failures taken apart (done: runs 254-255)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (run 252: same picks)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (run 252: same picks; again after b7369bf)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
@@ -336,6 +336,9 @@ case "${1:-}" in
     # (+0.61), all on picks of the H100's first tune (runs 217-219). Their four keys
     # re-tuned (--force, --method both: paired and sustained) into a copy of the table,
     # then the 1B step with the new picks against the table before (table_ab).
+    # Run 252 (78a5ce8): every pick the same, but dswiglu's final timing had only its two
+    # ping-pong configs (the scout dropped the portable ones); since b7369bf the scout keeps
+    # each mainloop's best, so a re-run times the best portable one under both timings too.
     # Limits 200 + 260 = 460 s of a call's 600
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 21 is for an H100" >&2; exit 2; }
     cp codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json .table-before-h100.json
