@@ -339,6 +339,7 @@ case "${1:-}" in
     # Run 252 (78a5ce8): every pick the same, but dswiglu's final timing had only its two
     # ping-pong configs (the scout dropped the portable ones); since b7369bf the scout keeps
     # each mainloop's best, so a re-run times the best portable one under both timings too.
+    # Run 257 (363882b): it did, and lost everywhere (dswiglu 1.459 ms against 1.055): 0 changed
     # Limits 200 + 260 = 460 s of a call's 600
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 21 is for an H100" >&2; exit 2; }
     cp codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json .table-before-h100.json
@@ -378,11 +379,13 @@ case "${1:-}" in
     # pay) on the H100, where the 1B step runs at the 700 W cap (run 249: codetta's median SM
     # clock 1455 MHz against Liger's 1590) and is 1.064x Liger's tokens/s (issue 12: 1.10x).
     # On an H200 it was level (run 55, within 0.5 %). Under that policy 7 of the 1B's 21 keys
-    # at 16384 tokens are portable-only, and the H100 table lends all 7 from the H200's:
+    # at 16384 tokens are portable-only, and the H100 table lent all 7 from the H200's:
     # tuned here first (store, store_k2, residual_rms: 9 keys, --method both), then the step,
     # codetta against codetta:epilogue-bound and Liger in one process, 2 rounds.
     # PART=2 (the same warm machine after PART=1: its user cache holds the picks) profiles
-    # both codetta variants' clocks and GEMM calls. Limits 200 + 330 = 530 s; PART=2 240 s
+    # both codetta variants' clocks and GEMM calls. Limits 200 + 330 = 530 s; PART=2 240 s.
+    # Run 256 (363882b): level (1.126 / 1.129 against 1.122 / 1.128 x floor; Liger 1.211),
+    # its 7 keys shipped; part 2 not run (nothing between the arms to explain)
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 23 is for an H100" >&2; exit 2; }
     case "${PART:-1}" in
       1)

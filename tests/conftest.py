@@ -33,10 +33,13 @@ def pytest_collection_modifyitems(config, items):
     if sass:
         import test_sass  # the sm_90a compile check runs in the background from here on
 
-        # two compile workers beside the interpreter tests (CI's machine has two cores: the
+        # the cores the test workers leave, at least two (CI's machine has two cores: the
         # three processes share them, and the check's wait comes last, when it is all
-        # that is left, instead of halfway through with one core idle)
-        test_sass.start(workers=2)
+        # that is left, instead of halfway through with one core idle; a 16-core GPU
+        # machine with 4 test workers gives it 12: with 2 it was still compiling when
+        # the rest of the suite had ended, run 261)
+        testers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        test_sass.start(workers=max(2, (os.cpu_count() or 2) - testers))
         items[:] = [item for item in items if item not in sass] + sass
     if ON_GPU:
         return
