@@ -54,6 +54,22 @@ def _tiny_llama():
     return mb, config, base, torch.randint(0, config.vocab_size, (2, 16))
 
 
+def test_check_to_eager_names_the_tensor_past_its_bound(capsys):
+    """The parts' check against eager: every error returned (and printed after ``show``),
+    the first tensor past the bound named in the error; forward calls run without a graph."""
+    from codetta.bench.harness import check_to_eager, no_grad_call
+
+    ref = [torch.randn(8, 4) for _ in range(2)]
+    got = [ref[0] * (1 + 1e-3), ref[1] * 1.5]
+    errs = check_to_eager(["a", "b"], got[:1], ref[:1], tol=1e-2, show="1B codetta")
+    assert set(errs) == {"a"} and errs["a"] == pytest.approx(1e-3, rel=1e-3)
+    assert "1B codetta a: relative difference to eager 1.00e-03" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="^b: relative difference to eager 5.00e-01"):
+        check_to_eager(["a", "b"], got, ref, tol=1e-2)
+    w = torch.randn(4, requires_grad=True)
+    assert not no_grad_call(torch.mul, w, 2.0)().requires_grad
+
+
 def test_model_step_variants_on_cpu():
     """The model part's pieces on a tiny Llama (CPU): each variant's training step runs
     and the first-step losses agree; the floor's GEMM list covers the step."""

@@ -21,7 +21,16 @@ import torch.nn.functional as F
 
 from ..kernels.settings import override
 from ..ops import linear_cross_entropy
-from .harness import Results, add_rows, compare, peak_memory_gb, rel_error, run_fwd_bwd_cases, selected
+from .harness import (
+    Results,
+    add_rows,
+    check_to_eager,
+    compare,
+    no_grad_call,
+    peak_memory_gb,
+    run_fwd_bwd_cases,
+    selected,
+)
 
 # (tokens, d, V)
 CASES = (
@@ -128,12 +137,7 @@ def check(p: dict, fn, tol: float = 2e-2) -> dict:
     ref_g = torch.autograd.grad(ref, (x, w))
     got = fn(x, w, t)
     got_g = torch.autograd.grad(got, (x, w))
-    errs = {}
-    for name, a, b in zip(("loss", "dx", "dw"), (got, *got_g), (ref, *ref_g)):
-        errs[name] = err = rel_error(a, b)
-        if not err < tol:
-            raise AssertionError(f"{name}: relative difference to eager {err:.2e}")
-    return errs
+    return check_to_eager(("loss", "dx", "dw"), (got, *got_g), (ref, *ref_g), tol)
 
 
 def same_bits(p: dict, fn=codetta) -> bool:
@@ -161,11 +165,7 @@ def run_case(res_fwd: Results, res_bwd: Results, shape: tuple[int, int, int]):
               f"same bits on two runs: {same_bits(p, fn)}")  # fmt: skip
 
     def fwd(fn):
-        def run():
-            with torch.no_grad():
-                return fn(x, w, t)
-
-        return run
+        return no_grad_call(fn, x, w, t)
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(x, w, t), (x, w))

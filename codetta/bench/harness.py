@@ -337,6 +337,31 @@ def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+def check_to_eager(names, got, ref, tol: float = 3e-2, show: str | None = None) -> dict:
+    """Relative differences of the tensors ``got`` to eager's ``ref`` (both in ``names``'
+    order) as {name: error}; raises past ``tol``. ``show``: print each, after that prefix."""
+    errs = {}
+    for name, a, b in zip(names, got, ref):
+        errs[name] = err = rel_error(a, b)
+        line = f"{name}: relative difference to eager {err:.2e}"
+        if show is not None:
+            line = f"{show} {line}"
+            print(f"  {line}")
+        if not err < tol:
+            raise AssertionError(line)
+    return errs
+
+
+def no_grad_call(fn, *args):
+    """``fn(*args)`` under ``torch.no_grad()`` as a callable (what the forward rows time)."""
+
+    def run():
+        with torch.no_grad():
+            return fn(*args)
+
+    return run
+
+
 def with_settings(fn, **changes):
     """``fn`` run under these codetta settings (restored after), for A/B variants that
     differ only in a launcher switch (the tuner keys its choices on them)."""

@@ -22,10 +22,11 @@ from ..ops import swiglu_mlp
 from .harness import (
     Results,
     add_rows,
+    check_to_eager,
     compare,
+    no_grad_call,
     peak_memory_gb,
     rand_bf16,
-    rel_error,
     run_fwd_bwd_cases,
     selected,
     triton_only,
@@ -98,19 +99,11 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str):
     ref_grads = torch.autograd.grad(ref_out, leaves, dout)
     out = _codetta(*leaves)
     grads = torch.autograd.grad(out, leaves, dout)
-    for label, a, b in zip(["out", "dn", "dw_gate", "dw_up", "dw_down", "dres"], [out, *grads],
-                           [ref_out, *ref_grads]):  # fmt: skip
-        err = rel_error(a, b)
-        print(f"  {name} codetta {label}: relative difference to eager {err:.2e}")
-        if not err < 3e-2:
-            raise AssertionError(f"{name} codetta {label}: {err:.2e} from eager")
+    labels = ["out", "dn", "dw_gate", "dw_up", "dw_down", "dres"]
+    check_to_eager(labels, [out, *grads], [ref_out, *ref_grads], show=f"{name} codetta")
 
     def fwd(fn):
-        def run():
-            with torch.no_grad():
-                return fn(*leaves)
-
-        return run
+        return no_grad_call(fn, *leaves)
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(*leaves), leaves, dout)

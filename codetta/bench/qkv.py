@@ -30,10 +30,11 @@ from ..ops import RoPE, rmsnorm_linear
 from .harness import (
     Results,
     add_rows,
+    check_to_eager,
     compare,
     host_ms,
+    no_grad_call,
     peak_memory_gb,
-    rel_error,
     run_fwd_bwd_cases,
     selected,
     triton_only,
@@ -185,12 +186,7 @@ def check(p: dict, fn, tol: float = 3e-2) -> dict:
     out = fn(p, *leaves)
     got_g = torch.autograd.grad(out, leaves, _grads_like(out, p["grads"]))
     names = ["q", "k", "v", "dx", "dgamma", "dwq", "dwk", "dwv", "dq_norm", "dk_norm"]
-    errs = {}
-    for name, a, b in zip(names, [*out, *got_g], [*ref, *ref_g]):
-        errs[name] = err = rel_error(a, b)
-        if not err < tol:
-            raise AssertionError(f"{name}: relative difference to eager {err:.2e}")
-    return errs
+    return check_to_eager(names, [*out, *got_g], [*ref, *ref_g], tol)
 
 
 def run_case(res_fwd: Results, res_bwd: Results, case: str):
@@ -206,11 +202,7 @@ def run_case(res_fwd: Results, res_bwd: Results, case: str):
             print(f"  {case} {name}: largest relative difference to eager {worst[1]:.2e} ({worst[0]})")
 
     def fwd(fn):
-        def run():
-            with torch.no_grad():
-                return fn(p, *leaves)
-
-        return run
+        return no_grad_call(fn, p, *leaves)
 
     flops = sum(2 * M * N * K for M, N, K in gemm_shapes(p))
     fns = {"cublas": cublas_gemms(p, backward=False), **{k: fwd(v) for k, v in variants.items()}}

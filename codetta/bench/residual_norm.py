@@ -12,10 +12,11 @@ from ..ops.residual_rmsnorm import residual_rmsnorm_linear_variant as _variant
 from .harness import (
     Results,
     add_rows,
+    check_to_eager,
     compare,
+    no_grad_call,
     peak_memory_gb,
     rand_bf16,
-    rel_error,
     run_fwd_bwd_cases,
     selected,
     triton_only,
@@ -126,18 +127,10 @@ def run_width(res_fwd: Results, res_bwd: Results, name: str, research: bool = Fa
         out = fn(*leaves)
         grads = torch.autograd.grad(out, leaves, (dx, dz))
         labels = ["x", "z", "dy", "dw_o", "dres", "dgamma", "dw"]
-        for label, a, b in zip(labels, list(out) + list(grads), list(ref_out) + list(ref_grads)):
-            err = rel_error(a, b)
-            print(f"  {name} {fn.__name__} {label}: relative difference to eager {err:.2e}")
-            if not err < 3e-2:
-                raise AssertionError(f"{name} {fn.__name__} {label}: {err:.2e} from eager")
+        check_to_eager(labels, [*out, *grads], [*ref_out, *ref_grads], show=f"{name} {fn.__name__}")
 
     def fwd(fn):
-        def run():
-            with torch.no_grad():
-                return fn(*leaves)
-
-        return run
+        return no_grad_call(fn, *leaves)
 
     with torch.no_grad():
         fwd_flops = 2 * M * d * K + 2 * M * N * d
