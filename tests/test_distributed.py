@@ -55,37 +55,31 @@ def _train(tmp_path, config, tag, nproc, *args):
     return json.loads(out.read_text()), torch.load(save)
 
 
-def _train_here(tmp_path, config, tag):
-    """One process, in this one (no launch): the operators' PyTorch reference path, as in
-    the launched processes (which run without the interpreter)."""
-    from codetta.kernels.settings import override
+def _train_in_process(tmp_path, config, tag, *extra):
+    """One process, in this one (a launch of its own cost ~10 s of the suite's time):
+    (the run's JSON summary, the trained weights)."""
     from codetta.train import add_arguments, train
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     out, save = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
-    args = parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--out", str(out),
-                              "--save", str(save), "--time-from", "1", "--host-profile", "2",
-                              "--precompile"])  # fmt: skip
-    with override(force_reference=True):
-        train(args)
-    # --host-profile: where the host's time went over steps 1-2, by function
-    host = (tmp_path / f"{tag}.host.txt").read_text()
-    assert "2 steps by tottime" in host and "2 steps by cumulative" in host and "launch.py" in host
+    train(parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--out", str(out),
+                             "--save", str(save), *extra]))  # fmt: skip
     return json.loads(out.read_text()), torch.load(save)
 
 
-def _train_plain_here(tmp_path, config):
-    """The unpatched model in one process, in this one (a launch of its own cost ~10 s of
-    the suite's time): the trained weights."""
-    from codetta.train import add_arguments, train
+def _train_here(tmp_path, config, tag):
+    """The patched model in one process: the operators' PyTorch reference path, as in
+    the launched processes (which run without the interpreter)."""
+    from codetta.kernels.settings import override
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    out, save = tmp_path / "plain-one.json", tmp_path / "plain-one.pt"
-    train(parser.parse_args(["--model", str(config), *COMMON, "--parallel", "none", "--no-codetta",
-                             "--out", str(out), "--save", str(save)]))  # fmt: skip
-    return torch.load(save)
+    with override(force_reference=True):
+        run = _train_in_process(tmp_path, config, tag, "--time-from", "1", "--host-profile", "2",
+                                "--precompile")  # fmt: skip
+    # --host-profile: where the host's time went over steps 1-2, by function
+    host = (tmp_path / f"{tag}.host.txt").read_text()
+    assert "2 steps by tottime" in host and "2 steps by cumulative" in host and "launch.py" in host
+    return run
 
 
 def _rel(a, b):
@@ -138,7 +132,7 @@ def test_fsdp2_and_ddp_match_one_process(tmp_path, family):
             # the unpatched model too: its own spread, per weight, bounds codetta's; so for
             # Qwen3 (layer 2's gate_proj: the unpatched model 1.9e-5, codetta 1.1e-5) and
             # Qwen2 after the split log-sum-exp, NOTES.md; measured only where TOL is passed)
-            p_one = _train_plain_here(tmp_path, config)
+            p_one = _train_in_process(tmp_path, config, "plain-one", "--no-codetta")[1]
             _, p_w = _train(tmp_path, config, "plain-" + tag, 2, "--parallel", parallel, "--accum", "2",
                             "--no-codetta", *extra)  # fmt: skip
             for k in w_one:
