@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--precompile",
         action="store_true",
         help="before the first step, compile every codetta kernel of a micro-batch's forward and "
-        "backward at once (codetta.precompile; GPU-measured on one process, not yet under FSDP2/DDP)",
+        "backward at once (codetta.precompile, GPU-measured on one process; this flag not yet run on a GPU)",
     )
     p.add_argument("--data", default="synthetic", help="'synthetic' or a flat file of token ids")
     p.add_argument("--data-dtype", choices=["uint16", "int32", "int64"], default="uint16")
