@@ -8,8 +8,9 @@ import copy
 
 import pytest
 import torch
+from conftest import ON_GPU
 from torch.utils._python_dispatch import TorchDispatchMode
-from util import assert_within
+from util import assert_within, load_script
 
 import codetta
 
@@ -153,7 +154,6 @@ def test_phi3_longrope():
     factors past ``original_max_position_embeddings`` (8 here, so these 12-token rows take
     the long branch, attention scaling 1.41) and the fused RoPE reads them after it ran; the
     same checks against float64."""
-    from conftest import ON_GPU
 
     hd = 32 if ON_GPU else 16  # (Phi-3's rotary width is hidden / heads: GPU_WIDTHS' 128 / 4)
     short, long = [1.0 + 0.1 * i for i in range(hd // 2)], [1.0 + 0.5 * i for i in range(hd // 2)]
@@ -204,7 +204,6 @@ def test_odd_vocabulary(tied, dtype):
 
 
 def _check_matches(family, tied, mask, dtype, **over):
-    from conftest import ON_GPU
 
     dev = "cuda" if ON_GPU else "cpu"  # on a GPU: the real kernels, bf16 where the CPU runs fp32
     if ON_GPU and dtype == torch.float32:
@@ -247,8 +246,6 @@ def _embedding_case(monkeypatch, tied: bool, kernel: str):
     same dtype and in float64, one training step of each, and a spy counting the calls of
     ``ops/tied_embedding.py``'s ``kernel``: (want, same, got, ours, kw, calls, dtype, dev)."""
     import importlib
-
-    from conftest import ON_GPU
 
     mod = importlib.import_module("codetta.ops.tied_embedding")
     calls = []
@@ -502,7 +499,6 @@ def test_autocast_cast_mode_within_autocasts_error(family, tied):
     (as autocast keeps it): the loss, every float32 parameter's gradient and the evaluation
     logits within twice the error of the unpatched model under the same autocast, against
     float64 (NOTES.md: with the stream in the low dtype, 2.15x on one gradient)."""
-    from conftest import ON_GPU
 
     from codetta.kernels.settings import override
 
@@ -575,8 +571,6 @@ def test_grad_noise_script():
     """scripts/grad_noise.py (err(codetta) / err(PyTorch) per gradient over seeds; NOTES.md's
     "A test's statistic" and run 250): one seed of an untied Qwen2 with packed positions,
     every parameter's ratio finite, the biases among them."""
-    from conftest import ON_GPU
-    from util import load_script
 
     dtype = torch.bfloat16 if ON_GPU else torch.float16  # (the CPU: the kernels through the interpreter)
     out = load_script("grad_noise").ratios("qwen2", 1, 16, dtype, "packed", tied=False)
@@ -592,8 +586,6 @@ def test_autocast_ratios_script():
     each, finite, the cast mode's median within 2 (a cast mode that broke the numbers, e.g.
     weights cast to the wrong dtype, lands far above)."""
     import statistics
-
-    from util import load_script
 
     out = load_script("autocast_ratios").ratios(0, torch.float16)
     assert set(out) == {"frobenius", "max abs"}
@@ -973,7 +965,6 @@ def test_torch_compile_fullgraph_autocast_cast_mode():
     the full graph) and meets the eager cast mode's bar: within twice autocast's own
     error. (Not bit-equal to eager: inductor may fuse a rounding away, one rounding apart;
     run 198.)"""
-    from conftest import ON_GPU
 
     from codetta.kernels.settings import override
 
@@ -995,7 +986,6 @@ def test_torch_compile_fullgraph_autocast_cast_mode():
 def _compiled_step(model, kw, context):
     """``_step`` of ``torch.compile(model, fullgraph=True)`` inside ``context()``, and the
     traced graph's call targets (inductor on a GPU machine, aot_eager on a CPU one)."""
-    from conftest import ON_GPU
 
     targets = []
 
@@ -1039,7 +1029,6 @@ def test_loss_curve_tracks_unpatched_on_gpu():
     jittered gradients and the float32 curve, for diagnosis: NOTES.md, run 204.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from util import load_script
 
     lc = load_script("loss_curve")
     init, batches = lc.setup(False, 200)
@@ -1089,7 +1078,6 @@ def test_amp_training_steps_within_autocasts_error_on_gpu():
     draws = 4
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from util import load_script
 
     lc = load_script("loss_curve")
     init, batches = lc.setup(True, 200)
@@ -1131,7 +1119,6 @@ def test_loss_curve_script_on_cpu(tmp_path, capsys):
     and stream on the CPU: every run trains, the noise runs differ from the unpatched one
     (the jitter and the moved weights took effect), the codetta runs ran the fused path
     (it raises on a fallback), and the comparison reports each."""
-    from util import load_script
 
     from codetta.kernels.settings import override
 
@@ -1185,7 +1172,6 @@ def test_spike_check_script_on_cpu(capsys):
     """scripts/spike_check.py --small (a tiny model on the CPU): the cast mode's run to a
     state, each way's gradient and update errors per parameter kind, the next batch's loss
     after each way's step, and each way's further steps are printed."""
-    from util import load_script
 
     load_script("spike_check").main(["--small", "--at", "3", "--follow", "1"])
     out = capsys.readouterr().out
