@@ -21,9 +21,9 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 18   # the LM head's logits on 128x256 / 256x128 tiles too
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 19   # the probabilities path's per-row dW target term, GPU shapes
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 20   # run 250's two GPU failures taken apart (done: runs 254-255)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (run 252: same picks; again after b7369bf)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (runs 252, 257: same picks)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
