@@ -24,6 +24,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (runs 252, 257: same picks)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -396,6 +397,30 @@ case "${1:-}" in
         BENCH_TIMEOUT=330 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:epilogue-bound liger --rounds 2" \
           bash scripts/gpu_call.sh bench:model ;;
       2) PROF_TIMEOUT=240 bash scripts/gpu_call.sh "profstep:llama-3.2-1B:codetta,codetta:epilogue-bound" ;;
+      *) echo "PART=1 or PART=2" >&2; exit 2 ;;
+    esac
+    ;;
+  24)
+    # (either GPU, the H200 first) the README's model-step tables at this commit with every
+    # peer: the last full ones are runs 130-132 and 195-196 (H200, dec19e1 / 6fc6655), some
+    # 60 commits ago; the H100 has none with eager and the regional compile. One process per
+    # bench, 2 rounds, paired and sustained. PART=1: Llama-3.2-1B (eager, Liger, the regional
+    # compile, codetta) and the two-layer fwd+bwd cases at both widths (issue 12's decoder-
+    # layer bar); PART=2: the 8B-width slice with its head, and the 1B step under autocast
+    # (float32 parameters, bf16 autocast: Hugging Face Trainer's bf16=True). Limits 260 + 280
+    # and 300 + 260 s (runs 195-196 took under 3 min for the 1B step's four variants)
+    PEERS="liger torch.compile:regional codetta"
+    case "${PART:-1}" in
+      1)
+        BENCH_TIMEOUT=260 BENCH_ARGS="--models llama-3.2-1B --variants eager $PEERS --rounds 2" \
+          bash scripts/gpu_call.sh bench:model
+        BENCH_TIMEOUT=280 BENCH_ARGS="--models 1B-layers 8B-layers --step fwd-bwd --variants eager $PEERS --rounds 2" \
+          bash scripts/gpu_call.sh bench:model ;;
+      2)
+        BENCH_TIMEOUT=300 BENCH_ARGS="--models 8B-4layers+head --variants $PEERS --rounds 2" \
+          bash scripts/gpu_call.sh bench:model
+        BENCH_TIMEOUT=260 BENCH_ARGS="--amp --models llama-3.2-1B --variants $PEERS --rounds 2" \
+          bash scripts/gpu_call.sh bench:model ;;
       *) echo "PART=1 or PART=2" >&2; exit 2 ;;
     esac
     ;;
