@@ -554,9 +554,9 @@ def test_tune_list_names_each_keys_source(capsys):
     assert others <= {"lent (NVIDIA H200)", "none (nearest entry or rule)"} | like
     assert "own" in err and "lent (NVIDIA H200)" in err
     # (the LM head's row-scaled logits: the H100 tuned Llama-3-8B's, run 221; where it has
-    # not, as Mistral-7B's, ce_logits's entries stand in)
+    # not, as Qwen3-0.6B's (Mistral-7B's until run 269), ce_logits's entries stand in)
     assert {w for k, w in rows.items() if k.startswith("ce_logits_scaled@")} <= like | {"own"}
-    assert main(["tune", "--model", "mistral-7b", "--tokens", "16384", "--list", "--gpu", H100[0]]) == 0
+    assert main(["tune", "--model", "qwen3-0.6b", "--tokens", "16384", "--list", "--gpu", H100[0]]) == 0
     out, _ = capsys.readouterr()
     rows = dict(line.split("  ", 1) for line in out.splitlines())
     assert {w for k, w in rows.items() if k.startswith("ce_logits_scaled@")} <= like

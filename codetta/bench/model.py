@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import math
 import sys
 
@@ -354,8 +355,10 @@ def run_case(
                 step.precompile()
             except Exception as exc:  # noqa: BLE001 - only time is lost: the first step compiles
                 print(f"  {case}: {name}: precompile failed ({type(exc).__name__}: {exc})", file=sys.stderr)
-        step()  # compile (what precompile left), tune, allocate optimizer state
         fns[name] = step
+        del step  # (fns holds it, so a variant left out below frees its model)
+        # compile (what precompile left), tune, allocate optimizer state
+        run_or_leave_out(fns, name, case, fns[name])
     add_ab_steps(
         fns,
         lambda changes, base=base: variant_step(
@@ -369,7 +372,9 @@ def run_case(
         print(f"  {case}: first-step loss {k:<16} {loss:.5f}")
         if ref is not None and abs(loss - ref) > 2e-2 * abs(ref):
             raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
-    mem = {k: peak_memory_gb(fn) for k, fn in fns.items()}
+    mem = {}
+    for k in list(fns):
+        mem[k] = run_or_leave_out(fns, k, case, peak_memory_gb, fns[k])
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     times = compare(fns, precompile=False)  # (each codetta step precompiled itself, above)
     check_after_timing(case, fns)
@@ -390,6 +395,30 @@ def run_case(
               f"host {host[name]:.1f} ms to issue a step")  # fmt: skip
         if t.rounds:
             print(f"  {label:<34} {name:<18} x floor {round_spread(t, b)} ({len(t.rounds)})")
+
+
+def run_or_leave_out(fns: dict, name: str, case: str, call, *args):
+    """``call(*args)``, or, where it runs out of GPU memory, variant ``name`` taken out of
+    ``fns`` with the reason (its model, gradients and AdamW state freed) and None. Every
+    variant's model and optimizer state live in one process through the paired timing, so
+    on an 80 GB card the 1B step's eager variant (its logits alone 7.8 GB) or the regional
+    compile under ``--amp`` does not fit beside three others (runs 262 and 265, an H100);
+    the run goes on with the variants that fit instead of ending in a traceback. The
+    floor, the table's baseline, is never left out."""
+    oom = None
+    try:
+        return call(*args)
+    except torch.OutOfMemoryError as exc:
+        if name == "floor":
+            raise
+        oom = str(exc).split(".")[0]  # (outside the except block: its frames hold tensors)
+    del fns[name], call, args
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    print(f"  {case}: {name} left out: {oom} with {len(fns) + 1} variants' models and optimizer "
+          f"states in one process; time it in a run with fewer (--variants)", file=sys.stderr)  # fmt: skip
+    return None
 
 
 def add_ab_steps(fns: dict, build) -> dict:
