@@ -25,7 +25,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -437,14 +437,27 @@ case "${1:-}" in
     # call table now times the norm backward's calls too (q/k/v and gate/up dX and dW, ~60
     # ms of GEMM time run 264 left untimed), each against cuBLAS; then those keys re-tuned
     # with --method both --force (store_k2 / store at 8B width: portable 128x256 s3 picks,
-    # no clusters) and the slice against the table before. Limits 200 + 150 + 200 s
-    PROF_TIMEOUT=200 bash scripts/gpu_call.sh "profstep:8B-4layers+head:codetta"
-    cp codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json .table-before-h100.json
-    CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
-      TUNE_SCOPE="--model llama3-8b --tokens 16384 --program store store_k2 store_k3" bash scripts/gpu_call.sh tune
-    cp "$OUT"/tuned/*.json codetta/kernels/tuned/
-    SCRIPT_TIMEOUT=200 bash scripts/gpu_call.sh \
-      "script:table_ab.py .table-before-h100.json --cases 8B-4layers+head --batch 4 --rounds 2"
+    # no clusters) and the slice against the table before. Limits 200 + 150 + 200 s.
+    # PART=2: the MLP backward's other plan at 8B width on this GPU: y kept from the forward
+    # (codetta:keep-y: plain dswiglu, 0.47 GB a layer more held) against y formed again
+    # (the default from width 4096 up, chosen on the H200, runs 112 and 116: dswiglu_y, one
+    # [tokens, f] write more, 1.180x cuBLAS in run 264), beside the regional compile (three
+    # 8B-slice models fit in 80 GB; four may not)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 25 is for an H100" >&2; exit 2; }
+    case "${PART:-1}" in
+      1)
+        PROF_TIMEOUT=200 bash scripts/gpu_call.sh "profstep:8B-4layers+head:codetta"
+        cp codetta/kernels/tuned/nvidia-h100-80gb-hbm3.json .table-before-h100.json
+        CODETTA_TUNE_VERBOSE=1 TUNE_MERGE=1 TUNE_ARGS="--method both" TUNE_TIMEOUT=150 \
+          TUNE_SCOPE="--model llama3-8b --tokens 16384 --program store store_k2 store_k3" bash scripts/gpu_call.sh tune
+        cp "$OUT"/tuned/*.json codetta/kernels/tuned/
+        SCRIPT_TIMEOUT=200 bash scripts/gpu_call.sh \
+          "script:table_ab.py .table-before-h100.json --cases 8B-4layers+head --batch 4 --rounds 2" ;;
+      2)
+        BENCH_TIMEOUT=330 BENCH_ARGS="--models 8B-4layers+head --variants codetta codetta:keep-y torch.compile:regional --rounds 2" \
+          bash scripts/gpu_call.sh bench:model ;;
+      *) echo "PART=1 or PART=2" >&2; exit 2 ;;
+    esac
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|25" >&2
