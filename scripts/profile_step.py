@@ -8,7 +8,9 @@ codetta variants also every GEMM call of the step timed in place (CUDA events ar
 each ``gemm`` call the operators make, finishing kernels included), grouped by
 program, layout and shape, next to cuBLAS's time for a GEMM of the same shape and
 layout timed alone right after (paired): which calls lose time inside the step,
-where isolated timing (scripts/call_ratios.py) may not show it. Then a second profiled
+where isolated timing (scripts/call_ratios.py) may not show it; beside each, the least
+bytes the call moves through HBM and the rate that makes at its time (a call near the
+memory's bandwidth is bound by its epilogue's bytes, not its products). Then a second profiled
 pass with the host side recorded: PyTorch's own ops (aten) by their self GPU time and
 input shapes, which names the small elementwise kernels of the kernel table (a copy, a
 fill, a mixed-dtype multiply) by the op and tensor that launched them.
@@ -32,7 +34,7 @@ import codetta.ops
 from codetta.bench import model as mb
 from codetta.kernels import launch, settings
 from codetta.kernels.operands import make_call
-from codetta.kernels.program import STORE
+from codetta.kernels.program import STORE, Kind
 from codetta.kernels.timing import paired_ms
 
 STEPS = 3
@@ -51,6 +53,7 @@ class CallTimer:
 
     def __init__(self):
         self.marks = []
+        self.bytes = {}  # key -> the least HBM bytes one call moves (``_key``)
         self.orig = {m: m.gemm for m in _OPS}
 
     def __enter__(self):
@@ -68,7 +71,9 @@ class CallTimer:
             start.record()
             out = gemm(a, weight, epilogue=epilogue, **kw)
             end.record()
-            self.marks.append((_key(a, weight, epilogue, kw), start, end))
+            key, nbytes = _key(a, weight, epilogue, kw, with_bytes=True)
+            self.bytes[key] = nbytes
+            self.marks.append((key, start, end))
             return out
 
         return timed
@@ -81,16 +86,36 @@ class CallTimer:
         return {k: (sum(v) / steps, len(v) // steps) for k, v in per.items()}
 
 
-def _key(a, w, prog, kw) -> tuple:
+def _key(a, w, prog, kw, with_bytes: bool = False):
     """(program, layout, M, N, K, dtype) of the one plain GEMM doing the call's products:
     a paired weight doubles N; K parts add to K, N and M parts to N and M (the launcher's
     own sizes, ``GemmCall``): cuBLAS's time is that of one product over the concatenation
-    (fewer launches and roundings than PyTorch's own sums)."""
+    (fewer launches and roundings than PyTorch's own sums). ``with_bytes``: also the least
+    HBM bytes the call moves (``_least_bytes``)."""
     ops = {k: v for k, v in kw.items() if k not in ("out", "config")}  # (not operands)
     call = make_call(prog or STORE, a, w, ops)
     n = call.N * (2 if call.program.pair_slot >= 0 else 1)
     lay = "".join("t" if t.stride(0) == 1 and t.shape[1] > 1 else "n" for t in (a, w))
-    return (call.program.name, lay, call.M, n, call.k_total, a.dtype)
+    key = (call.program.name, lay, call.M, n, call.k_total, a.dtype)
+    return (key, _least_bytes(call)) if with_bytes else key
+
+
+def _least_bytes(call) -> int:
+    """What one call must move through HBM at the least: a, the weight and every tensor
+    input read once (K / N / M parts, seeds and tile inputs, vectors), every tile output
+    written once (its declared dtype, else the GEMM's). Beside the call's time it says how
+    near the call runs to the memory's bandwidth: an epilogue-heavy GEMM (dSwiGLU: g and u
+    read, their gradients written) can be bound by these bytes, not by its products."""
+    a_size = call.a.element_size()
+    total = call.a.numel() * a_size + call.w.numel() * call.w.element_size()
+    total += sum(t.numel() * t.element_size() for t in call.inputs if isinstance(t, torch.Tensor))
+    for op in call.program.outputs:
+        if op.kind not in (Kind.TILE, Kind.HALF_TILE, Kind.TILE_PART):
+            continue
+        rows, cols = call.out_dims(op) or (call.M, call.N)
+        size = op.dtype.itemsize if op.dtype is not None else a_size
+        total += rows * (cols // 2 if op.kind == Kind.HALF_TILE else cols) * size
+    return total
 
 
 def idle_report(case: str, name: str, prof, steps: int) -> None:
@@ -278,15 +303,17 @@ def profile_variant(case: str, name: str, base, ids) -> None:
     calls = timer.table(STEPS)
     print(f"== {case} {name}: GEMM calls in the step (CUDA events per call, {STEPS} steps)")
     print(f"  {'program':<16} {'lay':<3} {'M':>6} {'N':>6} {'K':>6} {'x':>3} {'ms/call':>8} "
-          f"{'cuBLAS':>8} {'ratio':>6} {'excess ms/step':>14}")  # fmt: skip
+          f"{'cuBLAS':>8} {'ratio':>6} {'excess ms/step':>14} {'GB/call':>8} {'TB/s':>5}")  # fmt: skip
     tot_in = tot_cb = 0.0
     for key, (ms, count) in sorted(calls.items(), key=lambda kv: -kv[1][0]):
         cb = cublas_ms(key)
         per = ms / max(count, 1)
         tot_in += ms
         tot_cb += cb * count
+        gb = timer.bytes[key] / 1e9
         print(f"  {key[0]:<16} {key[1]:<3} {key[2]:>6} {key[3]:>6} {key[4]:>6} {count:>3} {per:8.3f} "
-              f"{cb:8.3f} {per / cb if cb else float('nan'):6.3f} {ms - cb * count:+14.3f}")  # fmt: skip
+              f"{cb:8.3f} {per / cb if cb else float('nan'):6.3f} {ms - cb * count:+14.3f} "
+              f"{gb:8.3f} {gb / per if per else float('nan'):5.2f}")  # fmt: skip
     print(f"== {case} {name}: GEMM calls {tot_in:.2f} ms per step, cuBLAS alone {tot_cb:.2f} ms "
           f"({tot_in / tot_cb:.3f}x)")  # fmt: skip
 

@@ -597,7 +597,8 @@ def test_profile_step_times_every_gemm_call(monkeypatch):
     """scripts/profile_step.py's call timer wraps every operator module's ``gemm``, the
     norm backward's among them (until run 264 it missed those: the dX and dW of q/k/v and
     gate/up, ~60 ms of the 8B slice's GEMM time untimed): on the CPU's tiny Llama layer
-    (CUDA events stubbed) it sees each projection's forward, dX and dW call."""
+    (CUDA events stubbed) it sees each projection's forward, dX and dW call, and the bytes
+    each moves at the least."""
     pytest.importorskip("transformers")
     from conftest import ON_GPU
     from util import load_script
@@ -633,6 +634,10 @@ def test_profile_step_times_every_gemm_call(monkeypatch):
     # loss's logits; the norm backward's dW of a norm-scaled input is a plain store
     assert len(programs) >= 7 * 3 - 2 and "ce_logits" in programs
     assert sum(p.startswith("store") for p in programs) >= 4
+    # each call's least HBM bytes: dSwiGLU (16 tokens, f 128, d 64, fp16) reads dy and the
+    # down weight once, g and u, and writes their gradients
+    (dswiglu,) = [b for key, b in timer.bytes.items() if key[0] == "dswiglu"]
+    assert dswiglu == 2 * (16 * 64 + 128 * 64 + 4 * 16 * 128)
 
 
 def test_no_script_switches_the_interpreter_on_when_imported():
