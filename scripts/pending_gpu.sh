@@ -436,8 +436,8 @@ case "${1:-}" in
     # the compiled step, +17.3 ms, where its fusions save 10.6 ms of passes): profile_step's
     # call table now times the norm backward's calls too (q/k/v and gate/up dX and dW, ~60
     # ms of GEMM time run 264 left untimed), each against cuBLAS; then those keys re-tuned
-    # with --method both --force (store_k2 / store at 8B width: portable 128x256 s3 picks,
-    # no clusters) and the slice against the table before. Limits 200 + 150 + 200 s.
+    # with --method both --force (store_k2 / store at 8B width: portable 128x256 s3 picks)
+    # and the slice against the table before. Limits 200 + 150 + 200 s.
     # PART=2: the MLP backward's other plan at 8B width on this GPU: y kept from the forward
     # (codetta:keep-y: plain dswiglu, 0.47 GB a layer more held) against y formed again
     # (the default from width 4096 up, chosen on the H200, runs 112 and 116: dswiglu_y, one
