@@ -11,9 +11,7 @@ import json
 import os
 import sys
 
-from codetta.bench.harness import Results, Row
-
-ROW_FIELDS = {"case", "variant", "ms", "flops", "baseline_ms", "peak_mem_gb", "extra"}
+from codetta.bench.harness import Results
 
 
 def main(folder: str, old: str, new: str) -> None:
@@ -21,10 +19,10 @@ def main(folder: str, old: str, new: str) -> None:
         data = json.load(open(path))
         if "rows" not in data or data.get("env", {}).get("commit") != old:
             continue
-        res = Results(os.path.basename(path)[: -len(".json")])
-        res.env = {**data["env"], "commit": new}
-        for r in data["rows"]:
-            res.rows.append(Row(**{k: v for k, v in r.items() if k in ROW_FIELDS}))
+        # (every field of a row, the sustained times too: this script once kept only the
+        # paired ones, and the tables it rewrote lost their sustained columns)
+        res = Results.load(path)
+        res.env["commit"] = new
         res.write(folder)
         print(f"{path}: commit {old} -> {new}")
 

@@ -25,6 +25,44 @@ def test_table_fits_long_variant_names(tmp_path):
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.csv").exists()
 
 
+def test_results_load_merge_and_relabel(tmp_path):
+    """A written table comes back whole (``Results.load``: paired and sustained times, the
+    baseline's label); ``scripts/merge_results.py`` joins runs of one GPU and commit into
+    one table (refusing other GPUs, commits or a case twice); ``scripts/relabel_results.py``
+    keeps the sustained times (it once dropped them); a geomean is taken over the cases
+    every variant ran."""
+    from util import load_script
+
+    def run(folder, case, variants, gpu="G", commit="abc1234"):
+        res = Results("model_step", baseline="floor")
+        res.env = {**res.env, "gpu": gpu, "commit": commit}
+        for i, v in enumerate(variants):
+            t = 1.0 + i / 10
+            res.add(Row(case, v, t, 1e12, 1.0, 2.0, sustained_ms=t + 0.2, baseline_sustained_ms=1.2))
+        res.write(str(tmp_path / folder))
+        return str(tmp_path / folder / "model_step.json")
+
+    a = run("a", "1B", ("floor", "eager", "codetta"))
+    b = run("b", "8B", ("floor", "codetta"))  # (eager left out: out of memory)
+    back = Results.load(a)
+    assert back.baseline == "floor" and back.env["commit"] == "abc1234"
+    assert [(r.ms, r.sustained_ms, r.baseline_sustained_ms) for r in back.rows][2] == (1.2, 1.4, 1.2)
+    merge = load_script("merge_results")
+    res = merge.merge([a, b])
+    assert [(r.case, r.variant) for r in res.rows][-1] == ("8B", "codetta")
+    table = res.table()
+    # the geomeans over 1B alone, the one case all three ran (8B's codetta at 1.1 left out)
+    paired = next(line for line in table.splitlines() if line.startswith("geomean (1 cases all ran)"))
+    assert paired.split()[-3:] == ["1.000", "1.100", "1.200"]
+    for bad, why in ((run("c", "1B", ("floor",)), "case '1B'"), (run("d", "70B", ("floor",), gpu="H"), "gpu"),
+                     (run("e", "70B", ("floor",), commit="def5678"), "commit")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            merge.merge([a, bad])
+    load_script("relabel_results").main(str(tmp_path / "a"), "abc1234", "fff0000")
+    again = Results.load(a)
+    assert again.env["commit"] == "fff0000" and [r.sustained_ms for r in again.rows] == [1.2, 1.3, 1.4]
+
+
 def test_rows_keep_the_host_time(tmp_path, capsys):
     """``add_rows(host=...)``: each variant's host time per call goes to its row's JSON
     and is printed beside its time; ``host_ms`` times a call (CPU: no synchronize)."""

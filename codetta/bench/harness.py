@@ -13,7 +13,7 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -428,6 +428,19 @@ class Results:
         self.rows: list[Row] = []
         self.env = env_info()
 
+    @classmethod
+    def load(cls, path: str) -> Results:
+        """The results a ``write`` left in ``path`` (its .json): name from the file name,
+        the environment it was measured in, every row with its paired and sustained times.
+        (A file written before the baseline's label was stored gets the default label.)"""
+        with open(path) as f:
+            data = json.load(f)
+        res = cls(os.path.basename(path).removesuffix(".json"), data.get("baseline", "cuBLAS GEMM-only time"))
+        res.env = dict(data["env"])
+        names = {f.name for f in fields(Row)}
+        res.rows = [Row(**{k: v for k, v in r.items() if k in names}) for r in data["rows"]]
+        return res
+
     def add(self, row: Row) -> Row:
         self.rows.append(row)
         print(
@@ -452,8 +465,13 @@ class Results:
                     for v in variants
                 ]
                 lines.append(f"{c:<34}" + "".join(cells))
-            gm = [geomean(getattr(r, attr) for r in self.rows if r.variant == v) for v in variants]
-            lines.append(f"{'geomean':<34}" + "".join(f"{g:>{w}.3f}" for g in gm))
+            # over the cases every variant ran (a variant left out of one, e.g. out of
+            # memory, would otherwise be averaged over other cases than its neighbours)
+            common = [c for c in cases if all((c, v) in by for v in variants)]
+            if common:
+                gm = [geomean(getattr(by[(c, v)], attr) for c in common) for v in variants]
+                label = "geomean" if len(common) == len(cases) else f"geomean ({len(common)} cases all ran)"
+                lines.append(f"{label:<34}" + "".join(f"{g:>{w}.3f}" for g in gm))
         ab = self.shipped_vs_tuned()
         if ab:
             lines.append(ab)
@@ -512,7 +530,7 @@ class Results:
             for r in self.rows
         ]
         with open(base + ".json", "w") as f:
-            json.dump({"env": self.env, "rows": recs}, f, indent=1)
+            json.dump({"env": self.env, "baseline": self.baseline, "rows": recs}, f, indent=1)
         if recs:
             with open(base + ".csv", "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=[k for k in recs[0] if k != "extra"])
