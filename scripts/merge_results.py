@@ -19,8 +19,9 @@ from codetta.bench.harness import Results
 
 def merge(paths: list[str], baseline: str | None = None) -> Results:
     parts = [Results.load(p) for p in paths]
-    for res in parts if baseline else ():
-        res.baseline = baseline
+    if baseline:
+        for res in parts:
+            res.baseline = baseline
     first = parts[0]
     for p, res in zip(paths, parts):
         for key in ("gpu", "commit"):

@@ -53,7 +53,7 @@ class CallTimer:
 
     def __init__(self):
         self.marks = []
-        self.bytes = {}  # key -> the least HBM bytes one call moves (``_key``)
+        self.bytes = {}  # key -> the least HBM bytes one call moves (``_least_bytes``)
         self.orig = {m: m.gemm for m in _OPS}
 
     def __enter__(self):
@@ -71,8 +71,9 @@ class CallTimer:
             start.record()
             out = gemm(a, weight, epilogue=epilogue, **kw)
             end.record()
-            key, nbytes = _key(a, weight, epilogue, kw, with_bytes=True)
-            self.bytes[key] = nbytes
+            key, call = _key(a, weight, epilogue, kw)
+            if key not in self.bytes:
+                self.bytes[key] = _least_bytes(call)
             self.marks.append((key, start, end))
             return out
 
@@ -86,18 +87,16 @@ class CallTimer:
         return {k: (sum(v) / steps, len(v) // steps) for k, v in per.items()}
 
 
-def _key(a, w, prog, kw, with_bytes: bool = False):
+def _key(a, w, prog, kw) -> tuple:
     """(program, layout, M, N, K, dtype) of the one plain GEMM doing the call's products:
     a paired weight doubles N; K parts add to K, N and M parts to N and M (the launcher's
     own sizes, ``GemmCall``): cuBLAS's time is that of one product over the concatenation
-    (fewer launches and roundings than PyTorch's own sums). ``with_bytes``: also the least
-    HBM bytes the call moves (``_least_bytes``)."""
+    (fewer launches and roundings than PyTorch's own sums); and the validated call."""
     ops = {k: v for k, v in kw.items() if k not in ("out", "config")}  # (not operands)
     call = make_call(prog or STORE, a, w, ops)
     n = call.N * (2 if call.program.pair_slot >= 0 else 1)
     lay = "".join("t" if t.stride(0) == 1 and t.shape[1] > 1 else "n" for t in (a, w))
-    key = (call.program.name, lay, call.M, n, call.k_total, a.dtype)
-    return (key, _least_bytes(call)) if with_bytes else key
+    return (call.program.name, lay, call.M, n, call.k_total, a.dtype), call
 
 
 def _least_bytes(call) -> int:
