@@ -52,12 +52,21 @@ for step in "$@"; do
       timeout 120 python3 scripts/profile_launch.py 2>&1 | tee "$OUT/profile.txt" | head -60 ;;
     tune)
       # TUNE_SCOPE (default --all-known): e.g. "--model llama3-1b --tokens 16384"; TUNE_MERGE=1 starts
-      # from the shipped table (the result is it with these keys re-tuned)
+      # from the shipped table (the result is it with these keys re-tuned), or from $OUT's table
+      # where an earlier tune of this call wrote one: chained tunes add up (run 272's second tune
+      # started again from the shipped table and its file lost the first's keys)
       mkdir -p "$OUT/tuned"
-      [ -n "${TUNE_MERGE:-}" ] && cp codetta/kernels/tuned/*.json "$OUT/tuned/" && TUNE_ARGS="${TUNE_ARGS:-} --merge"
+      if [ -n "${TUNE_MERGE:-}" ]; then
+        for f in codetta/kernels/tuned/*.json; do
+          [ -e "$OUT/tuned/$(basename "$f")" ] || cp "$f" "$OUT/tuned/"
+        done
+        TUNE_ARGS="${TUNE_ARGS:-} --merge"
+      fi
       # shellcheck disable=SC2086
       timeout "${TUNE_TIMEOUT:-300}" python3 -m codetta tune ${TUNE_SCOPE:---all-known} $([ "${TUNE_FORCE:-1}" = 0 ] || echo --force) \
         --seconds "${TUNE_SECONDS:-0.3}" --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
+      # (tune.txt: this tune's log, read by retune_report.py; tune-all.txt: every tune's of the call)
+      cat "$OUT/tune.txt" >> "$OUT/tune-all.txt"
       grep -v "^codetta: " "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | tail -5; ls -la "$OUT/tuned/" ;;
     bench:*)
       parts=${step#bench:}
