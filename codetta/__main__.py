@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         "dg, du not written over g, u (no-overwrite) or a tied embedding's two gradients formed "
         "apart (no-tied-grad) or an untied embedding's backward left to PyTorch (no-embed-grad) or every "
         "launch through Triton's own path (no-direct) or the loss's dX kept in float32 to the "
-        "backward's scale (ce-dx-f32); "
+        "backward's scale (ce-dx-f32) or y kept and the loss's chunks at 2 GiB together (more-memory); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory, codetta:dx-f32, "
         "codetta:row-scale (ce; and its codetta:ce-chunk-2g and codetta:ce-probs, as the model part's). "
