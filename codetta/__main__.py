@@ -152,7 +152,8 @@ def main(argv=None) -> int:
         "backward's scale (ce-dx-f32) or y kept and the loss's chunks at 2 GiB together (more-memory); "
         "the operator parts call the portable-only variant codetta-triton and also offer "
         "codetta-recompute-y and codetta-keep-y (mlp) and codetta:low-memory, codetta:dx-f32, "
-        "codetta:row-scale (ce; and its codetta:ce-chunk-2g and codetta:ce-probs, as the model part's). "
+        "codetta:row-scale (ce; and its codetta:ce-chunk-2g and codetta:ce-probs, as the model part's; "
+        "the model part also has codetta:ce-chunk-4g, its rows in one chunk at 16384 tokens). "
         "A name a part "
         "lacks is skipped there",
     )

@@ -26,6 +26,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -459,8 +460,26 @@ case "${1:-}" in
       *) echo "PART=1 or PART=2" >&2; exit 2 ;;
     esac
     ;;
+  26)
+    # (either GPU, the H100 first) the head's dW as one GEMM over every row, as the compile's:
+    # on the H100 at 8B width (NOTES.md, "Runs 270-275": per product against the compile's own
+    # GEMMs) the largest single excess of the slice is the loss's four row chunks' float32 dW
+    # sum (27.3 ms against the compile's one 23.5 ms GEMM); 2 GiB chunks gained 0.7-0.8 %
+    # (run 274). CODETTA_CE_CHUNK_MB=4096 puts 16384 tokens of V 128256 in one chunk (no float32
+    # sum; at d 4096 the same peak as 2 GiB chunks, at d 2048 ~2 GiB more). Its one-chunk keys
+    # (the logits GEMM at M 16384, the dW as a plain store) tuned first (TUNE_FORCE=0: into the
+    # machine's cache, which the bench reads), then the slice and the 1B step with the peers it
+    # must beat (the 1B one for its peak against Liger's). Limits 150 + 260 + 170 s.
+    CODETTA_CE_CHUNK_MB=4096 TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=150 \
+      TUNE_SCOPE="--model llama3-8b llama3-1b --tokens 16384" bash scripts/gpu_call.sh tune
+    BENCH_TIMEOUT=260 BENCH_ARGS="--models 8B-4layers+head --variants codetta codetta:ce-chunk-4g codetta:more-memory torch.compile:regional --rounds 2" \
+      bash scripts/gpu_call.sh bench:model
+    mkdir -p "$OUT/b1"
+    OUT="$OUT/b1" BENCH_TIMEOUT=170 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:ce-chunk-4g liger --rounds 2" \
+      bash scripts/gpu_call.sh bench:model
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|25" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|26" >&2
     exit 2
     ;;
 esac

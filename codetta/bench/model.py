@@ -101,6 +101,9 @@ SETTING_VARIANTS = {
     "ce-dx-f32": {"ce_dx_f32": True},
     # the loss's logits chunks at 2 GiB (half as many passes over the float32 dW, 1 GiB more)
     "ce-chunk-2g": {"ce_chunk_mb": 2048},
+    # 4 GiB: at 16384 tokens and V 128256 every row in one chunk, no float32 dW sum at all, the
+    # head's dW one GEMM over all rows as the compile's (at d 4096 the same peak as 2 GiB chunks)
+    "ce-chunk-4g": {"ce_chunk_mb": 4096},
     # both memory-for-speed trades at once (y kept, 2 GiB chunks): on an H100 at 8B width the
     # head's float32 dW passes and y's second forming cost ~2 and ~1 ms a step (runs 270-271)
     "more-memory": {"swiglu_keep_y": True, "ce_chunk_mb": 2048},
