@@ -1,0 +1,51 @@
+"""The device-call scripts' own logic (shell), with the GPU's tools stubbed out: no GPU,
+no real tuning."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def stub_path(tmp_path):
+    """A PATH whose python3 and nvidia-smi only record their arguments (and exit 0)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("python3", "nvidia-smi"):
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" | tee -a "{tmp_path}/calls.txt"\n')
+        stub.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def _tune(out: Path, path: str, scope: str) -> None:
+    env = {**os.environ, "PATH": path, "OUT": str(out), "TUNE_MERGE": "1", "TUNE_SCOPE": scope}
+    env.pop("PYTHONPATH", None)
+    cmd = ["bash", "scripts/gpu_call.sh", "tune"]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_chained_tunes_add_up(tmp_path, stub_path):
+    """Two tunes in one device call with TUNE_MERGE: the first starts from the shipped
+    tables, the second from the first's result in $OUT (run 272 lost its first tune's keys
+    when the second copied the shipped table over them); each tune's log is kept."""
+    out = tmp_path / "out"
+    _tune(out, stub_path, "--model a")
+    shipped = sorted(p.name for p in (ROOT / "codetta/kernels/tuned").glob("*.json"))
+    assert sorted(p.name for p in (out / "tuned").glob("*.json")) == shipped
+    first = out / "tuned" / shipped[0]
+    first.write_text('{"tuned": "by the first call"}')  # (what the first tune wrote)
+    _tune(out, stub_path, "--model b")
+    assert first.read_text() == '{"tuned": "by the first call"}'
+    calls = (tmp_path / "calls.txt").read_text()
+    assert "-m codetta tune --model a" in calls and "-m codetta tune --model b" in calls
+    assert calls.count("--merge") == 2
+    logs = (out / "tune-all.txt").read_text()
+    assert "tune --model a" in logs and "tune --model b" in logs
+    assert "--model a" not in (out / "tune.txt").read_text()  # (tune.txt: the last tune's)
