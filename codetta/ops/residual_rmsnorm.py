@@ -5,7 +5,9 @@
 
 Forward: K1 (o-proj GEMM; residual seeds the accumulator; stores x, h = x*gamma
 and the row sums of x^2) -> z = r * (h @ w^T), r = rsqrt(sumsq / d + eps)
-formed in the next GEMM's epilogue (RMS_SCALE). Neither n nor r is written.
+formed in the next GEMM's epilogue (RMS_SCALE). Neither n nor r is written
+(in float16, whose range may not hold h, one row pass writes n = x r gamma over h
+and the next GEMMs' r is 1: ``_k1``).
 Without a next GEMM, ``residual_rmsnorm`` forms n in one pass after K1, and
 ``residual_rmsnorm_factors`` returns h and r themselves (the mode ``FACTORS``: a
 consumer that scales rows, the loss's ``row_scale``; its backward takes dh and dr,
@@ -115,15 +117,16 @@ def _forward_impl(
     d = residual.shape[1]
     if not ws and backward == FACTORS:
         # no next GEMM, the norm's output as its factors: h and r = rsqrt(sumsq / d + eps)
-        k1 = _k1(y, w_o, residual, gamma)
+        k1 = _k1(y, w_o, residual, gamma, eps, factors=True)
         return k1.x, [k1.h, torch.rsqrt(k1.sumsq * (1.0 / d) + eps)], k1.sumsq, residual.new_empty(0)
     if not ws:
         # no next GEMM: the normalized rows themselves, n = h * r (one pass over [M, d])
-        k1 = _k1(y, w_o, residual, gamma)
-        return k1.x, [normalize_rows(k1.h, k1.sumsq, eps)], k1.sumsq, residual.new_empty(0)
+        k1 = _k1(y, w_o, residual, gamma, eps)
+        n = k1.h if k1.inv_d == 0.0 else normalize_rows(k1.h, k1.sumsq, eps)
+        return k1.x, [n], k1.sumsq, residual.new_empty(0)
     if swiglu:
-        k1 = _k1(y, w_o, residual, gamma)
-        act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
+        k1 = _k1(y, w_o, residual, gamma, eps)
+        act = gemm(k1.h, ws[0], epilogue=SWIGLU_RMS, up=ws[1], sumsq=k1.sumsq, inv_d=k1.inv_d, eps=k1.eps)
         return k1.x, list(act), k1.sumsq, ws[0].new_empty(0)
     if fold_gamma:
         # h is never written: z = r * (x @ (w * gamma)^T)
@@ -131,7 +134,7 @@ def _forward_impl(
         w_gamma = scale_columns(ws[0].contiguous(), gamma)
         z = gemm(k1.x, w_gamma, epilogue=RMS_SCALE, sumsq=k1.sumsq, inv_d=1.0 / d, eps=eps)
         return k1.x, [z], k1.sumsq, w_gamma
-    k1 = _k1(y, w_o, residual, gamma)
+    k1 = _k1(y, w_o, residual, gamma, eps)
     widths = tuple(w.shape[0] for w in ws)
     one_launch = SETTINGS.qkv_one_launch and not rope_pairs and rope_scaling == 1.0 and not biases
     if (one_launch and n_rope == 2 and len(ws) == 3 and len(rope) == 2
@@ -142,11 +145,11 @@ def _forward_impl(
         cols = derived(freq, widths, lambda: torch.cat([column_freq(freq, widths[0]),
                         column_freq(freq, widths[1]), freq.new_zeros(widths[2])]))  # fmt: skip
         zs = gemm(k1.h, ws[0], epilogue=RMS_ROPE_QKV[freq.shape[0]], w1=ws[1], w2=ws[2], sumsq=k1.sumsq,
-                  inv_d=1.0 / d, eps=eps, pos=pos, freq=cols, scaling=rope_scaling)  # fmt: skip
+                  inv_d=k1.inv_d, eps=k1.eps, pos=pos, freq=cols, scaling=rope_scaling)  # fmt: skip
         return k1.x, list(zs), k1.sumsq, ws[0].new_empty(0)
     zs, pres = [], []
     for i, w in enumerate(ws):
-        norm = {"sumsq": k1.sumsq, "inv_d": 1.0 / d, "eps": eps}
+        norm = {"sumsq": k1.sumsq, "inv_d": k1.inv_d, "eps": k1.eps}
         if biases:
             norm["bias"] = biases[i]
         if i < n_rope:
@@ -171,17 +174,33 @@ class _K1(NamedTuple):
     x: torch.Tensor
     h: torch.Tensor
     sumsq: torch.Tensor
+    inv_d: float  # the next GEMMs' row scale r = rsqrt(sumsq * inv_d + eps) ...
+    eps: float  # ... (inv_d 0 and eps 1: r = 1, h already normalized)
 
 
-def _k1(y, w_o, residual, gamma) -> _K1:
+def _k1(y, w_o, residual, gamma, eps, factors=False) -> _K1:
     """K1 (x = residual + y @ w_o^T, h = x * gamma, sumsq); without an o-projection
     (w_o [d, 0]) x is the residual (an empty tensor stands for it) and one row pass forms
     h and sumsq. A float32 residual stream (``mixed``) keeps x in float32, unrounded, and
-    h in the GEMMs' dtype."""
+    h in the GEMMs' dtype.
+
+    float16 GEMMs (unless ``factors``: that mode hands h = x * gamma on by contract)
+    normalize first, as PyTorch does: x * gamma alone may pass float16's 65504 (a massive
+    activation of 1500 under a gamma of 50) or fall into its subnormals (rows of RMS ~1e-4
+    under small gammas) where n = x r gamma does not, so one row pass writes n over h
+    (from x, rounded once) and the next GEMMs get inv_d 0 and eps 1 (r = rsqrt(1) = 1).
+    The same programs and tuned entries; one pass more over [M, d]. The backward reads x,
+    sumsq and gamma, never h: unchanged. bf16 (float32's exponent range) keeps h = x gamma."""
+    d = residual.shape[1]
     if w_o.shape[1] == 0:
-        return _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma, dtype=y.dtype))
-    prog = RESIDUAL_RMS_F32 if mixed(residual, y) else RESIDUAL_RMS
-    return _K1(*gemm(y, w_o, epilogue=prog, residual=residual, gamma=gamma))
+        k1 = _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma, dtype=y.dtype), 1.0 / d, eps)
+    else:
+        prog = RESIDUAL_RMS_F32 if mixed(residual, y) else RESIDUAL_RMS
+        k1 = _K1(*gemm(y, w_o, epilogue=prog, residual=residual, gamma=gamma), 1.0 / d, eps)
+    if y.dtype != torch.float16 or factors:
+        return k1
+    x = residual if w_o.shape[1] == 0 else k1.x
+    return k1._replace(h=normalize_rows(x, k1.sumsq, eps, gamma=gamma, out=k1.h), inv_d=0.0, eps=1.0)
 
 
 _forward = torch.library.custom_op("codetta::residual_rmsnorm_linear", mutates_args=())(_forward_impl)
@@ -532,11 +551,11 @@ def residual_rmsnorm_linear(
     residual [..., d], gamma [d] (float32 or the input
     dtype), weight [N, d]; ``eps=None`` means ``torch.finfo(dtype).eps`` as in
     ``torch.nn.RMSNorm``. Differentiable in every tensor argument. bf16/fp16 on
-    the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows). In fp16 the
-    norm's input times gamma is stored in fp16 before the row's rstd is applied (the next
-    GEMMs apply it): an element past 65504 (a massive activation of 1500 under a gamma of
-    50) gives inf where PyTorch's chain (normalise, then gamma) does not, and rows of RMS
-    ~1e-4 under small gammas land in fp16's subnormals (NOTES.md); bf16 holds both.
+    the GPU (fp32 too on CPU); K, d and N multiples of 8 (16-byte rows). In bf16 K1
+    stores h = x * gamma and the next GEMMs apply the row's rstd; in fp16, whose range
+    may not hold x * gamma (a massive activation of 1500 under a gamma of 50 is past
+    65504, rows of RMS ~1e-4 under small gammas are subnormal), one row pass after K1
+    forms n = x * rstd * gamma first, as PyTorch does (NOTES.md).
 
     ``weight`` may be a list or tuple of [N_i, d] tensors (a norm that feeds several
     GEMMs: a layer's q, k and v projections, or gate and up): then ``z`` is a tuple,
@@ -621,6 +640,8 @@ def residual_rmsnorm_factors(
     alone in the forward; in the backward one pass over the rows, no n written, the
     norm's zeta coming with rstd's gradient). Arguments as ``residual_rmsnorm``'s (``y``
     may be a ``SwiGLU``); differentiable in every tensor, through h and rstd both.
+    In float16, h = x * gamma itself may pass 65504 where n does not: there use
+    ``residual_rmsnorm`` (n formed first), as the Hugging Face drop-in does.
     """
     y, gate_up, internal = _swiglu_parts(y)
     ws, eps = check_args(y, w_o, residual, gamma, None, eps)

@@ -159,35 +159,50 @@ def gamma_sumsq(x: torch.Tensor, gamma: torch.Tensor, dtype: torch.dtype | None 
 
 
 @triton.jit
-def _normalize_kernel(h_ptr, s_ptr, n_ptr, M, D, inv_d, eps, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _normalize_kernel(h_ptr, s_ptr, g_ptr, n_ptr, M, D, inv_d, eps, HAS_GAMMA: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     rmask = rows < M
     m = rmask[:, None] & (cols < D)[None, :]
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     r = rms_scale_of(tl.load(s_ptr + rows, mask=rmask, other=0.0), inv_d, eps)
-    h = tl.load(h_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(n_ptr + offs, (h * r[:, None]).to(n_ptr.dtype.element_ty), mask=m)
+    n = tl.load(h_ptr + offs, mask=m, other=0.0).to(tl.float32) * r[:, None]
+    if HAS_GAMMA:
+        n = n * tl.load(g_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    tl.store(n_ptr + offs, n.to(n_ptr.dtype.element_ty), mask=m)
 
 
-def normalize_rows(h: torch.Tensor, sumsq: torch.Tensor, eps: float) -> torch.Tensor:
+def normalize_rows(h: torch.Tensor, sumsq: torch.Tensor, eps: float, gamma: torch.Tensor | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``n = h * r`` in h's dtype, r = rsqrt(sumsq / d + eps) per row, formed in fp32 and
     rounded once, in one pass over h: the normalized rows of a norm with no next GEMM to
     carry r (the last one, before the LM head). h: contiguous [M, d]; sumsq fp32 [M].
-    (PyTorch's h.float() * r, .to(dtype) took three passes, 0.55 ms at 16384 x 4096, run 129.)"""
+    (PyTorch's h.float() * r, .to(dtype) took three passes, 0.55 ms at 16384 x 4096, run 129.)
+    With ``gamma`` [d], h is the norm's input x itself and n = x * r * gamma (float16's
+    normalize-first forward, ``residual_rmsnorm.py``); ``out``: a contiguous [M, d] tensor
+    to write n into (its dtype, which may differ from h's: a float32 stream's), else a new
+    one in h's dtype."""
     if h.dim() != 2 or not h.is_contiguous() or sumsq.shape != (h.shape[0],) or sumsq.dtype != torch.float32:
         raise ValueError(
             f"need a contiguous [M, d] h and a float32 [M] sumsq, got {tuple(h.shape)} and "
             f"{sumsq.dtype} {tuple(sumsq.shape)}"
         )
     M, D = h.shape
-    if traced(h) or torch_path(h) or h.numel() == 0:
-        return (h.float() * _r(sumsq, D, eps)).to(h.dtype)
-    n = alloc((M, D), h.dtype, h.device)
+    if gamma is not None and gamma.shape != (D,):
+        raise ValueError(f"gamma must be [{D}], got {tuple(gamma.shape)}")
+    if out is not None and (out.shape != h.shape or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(h.shape)}")
+    dtype = h.dtype if out is None else out.dtype
+    if traced(h) or torch_path(h, dtype) or h.numel() == 0:
+        n = h.float() * _r(sumsq, D, eps)
+        n = (n if gamma is None else n * gamma.float()).to(dtype)
+        return n if out is None else out.copy_(n)
+    n = alloc((M, D), dtype, h.device) if out is None else out
     with device.on_device(h.device):
         grid = (triton.cdiv(M, 8), triton.cdiv(D, 512))
-        precompile.launch(_normalize_kernel, grid, h, sumsq, n, M, D, 1.0 / D, eps, BLOCK_M=8, BLOCK_D=512,
-                          num_warps=4)  # fmt: skip
+        precompile.launch(_normalize_kernel, grid, h, sumsq, h if gamma is None else gamma, n, M, D, 1.0 / D,
+                          eps, HAS_GAMMA=gamma is not None, BLOCK_M=8, BLOCK_D=512, num_warps=4)  # fmt: skip
     return n
 
 
