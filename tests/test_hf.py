@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 from torch.utils._python_dispatch import TorchDispatchMode
-from util import assert_within, load_script
+from util import assert_within, err, load_script
 
 import codetta
 
@@ -498,45 +498,64 @@ def test_autocast_cast_mode_within_autocasts_error(family, tied):
     on the projections' weights cast to autocast's dtype, over a float32 residual stream
     (as autocast keeps it): the loss, every float32 parameter's gradient and the evaluation
     logits within twice the error of the unpatched model under the same autocast, against
-    float64 (NOTES.md: with the stream in the low dtype, 2.15x on one gradient)."""
+    float64 (NOTES.md: with the stream in the low dtype, 2.15x on one gradient). Three
+    models (seeds 0-2): the loss and logits on each, the gradients by their median ratio
+    (one max-abs element of one gradient passes 2x in ~1 of 20 seeds on this 2-layer
+    model, at the same rate before and after float16's norms formed n first, NOTES.md)."""
 
     from codetta.kernels.settings import override
 
     dev, low = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float16)
-    model = _model(family, tied, **(GPU_WIDTHS if ON_GPU else {})).to(dev)
-    with torch.no_grad():  # a stream larger than the sublayers' outputs (a trained model's):
-        model.get_input_embeddings().weight.mul_(8)  # its rounding to the low dtype would show
-    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
-    ours = codetta.apply_codetta(copy.deepcopy(model))
-    kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
-    want = _step(ref64, kw)
-    with torch.autocast(dev, dtype=low):
-        same = _step(plain, kw)
-    with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
-        got = _step(ours, kw)
-    n_layers = model.config.num_hidden_layers
-    assert (count.calls, count.losses) == (2 * n_layers + 1, 1), "the fused path did not run"
-    _within_twice(got, want, same, kw["labels"])
-    eval_kw = {k: v for k, v in kw.items() if k != "labels"}
-    with torch.no_grad():
-        with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
-            logits = ours.eval()(**eval_kw).logits
-        assert count.calls == 2 * n_layers + 1
+    ratios = {}
+    for seed in range(3):
+        model = _model(family, tied, seed=seed, **(GPU_WIDTHS if ON_GPU else {})).to(dev)
+        with torch.no_grad():  # a stream larger than the sublayers' outputs (a trained model's):
+            model.get_input_embeddings().weight.mul_(8)  # its rounding to the low dtype would show
+        ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
+        ours = codetta.apply_codetta(copy.deepcopy(model))
+        kw = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in _inputs("padding").items()}
+        want = _step(ref64, kw)
         with torch.autocast(dev, dtype=low):
-            same_logits = plain.eval()(**eval_kw).logits
-        assert_within("logits", logits, ref64.eval()(**eval_kw).logits, same_logits)
+            same = _step(plain, kw)
+        with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
+            got = _step(ours, kw)
+        n_layers = model.config.num_hidden_layers
+        assert (count.calls, count.losses) == (2 * n_layers + 1, 1), "the fused path did not run"
+        for name, ratio in _twice_ratios(got, want, same, kw["labels"]).items():
+            ratios.setdefault(name, []).append(ratio)
+        eval_kw = {k: v for k, v in kw.items() if k != "labels"}
+        with torch.no_grad():
+            with torch.autocast(dev, dtype=low), override(autocast="cast"), CountOps() as count:
+                logits = ours.eval()(**eval_kw).logits
+            assert count.calls == 2 * n_layers + 1
+            with torch.autocast(dev, dtype=low):
+                same_logits = plain.eval()(**eval_kw).logits
+            assert_within("logits", logits, ref64.eval()(**eval_kw).logits, same_logits)
+    assert max(ratios.pop("loss")) <= 1, "loss"
+    for name, rs in ratios.items():
+        assert sorted(rs)[1] <= 1, f"{name}: error / (2 x autocast's), 3 models: {rs}"
 
 
 def _within_twice(got, want, same, labels):
     """A training step's loss and float32 gradients (``got``) within twice the error of
     PyTorch's own numbers in that precision (``same``: autocast's, or a model held in the
     low dtype) against float64 (``want``); ``_step``'s tuples."""
+    for name, ratio in _twice_ratios(got, want, same, labels).items():
+        assert ratio <= 1, f"{name}: error / (2 x PyTorch's + 1 ulp) {ratio:.3f}"
+
+
+def _twice_ratios(got, want, same, labels) -> dict:
+    """``_within_twice``'s bounds as ratios (<= 1 passes): {"loss": ..., "grad <parameter>": ...};
+    a gradient's bound is ``assert_within``'s (twice PyTorch's error + one float32 ulp)."""
     tok_want, tok_same = (_token_losses(r[0], labels)[labels[:, 1:] != -100] for r in (want, same))
     bound = 2 * (tok_same.double() - tok_want).abs().max().item() + 1e-6
-    assert abs(got[1].double().item() - want[1].double().item()) <= bound, "loss"
+    ratios = {"loss": abs(got[1].double().item() - want[1].double().item()) / bound}
     for name, g in same[2].items():
-        assert got[2][name].dtype == torch.float32, name
-        assert_within(f"grad {name}", got[2][name], want[2][name], g)
+        assert got[2][name].dtype == torch.float32 and got[2][name].shape == g.shape, name
+        ref = want[2][name]
+        e, bound = err(got[2][name], ref), 2 * err(g, ref) + 2.0**-23 * ref.abs().max().item()
+        ratios[f"grad {name}"] = e / bound if bound else (0.0 if e == 0 else float("inf"))
+    return ratios
 
 
 def test_autocast_mode_per_model():

@@ -331,14 +331,15 @@ def _block(dtype, stream=torch.float32):
     return chain
 
 
-def _block_errors(dtype, stream, device, shape_leaves=None):
+def _block_errors(dtype, stream, device, shape_leaves=None, small=not ON_GPU):
     """``_block``'s chain, codetta against float64 and PyTorch in ``dtype`` over a ``stream``
     residual stream: {name: (codetta's error, PyTorch's, one float32 ulp of the largest
     reference value)} for every output, then every gradient (``assert_within``'s terms);
     the stream and its gradient checked to keep their dtype. ``shape_leaves(leaves)``:
-    edits the drawn data in place (a stream's outliers)."""
-    d, qn, kn, f, N = (64, 64, 32, 96, 48) if not ON_GPU else (2048, 2048, 512, 8192, 1024)
-    M = 77 if not ON_GPU else 1000
+    edits the drawn data in place (a stream's outliers); ``small``: the CPU's shapes (on a
+    GPU too)."""
+    d, qn, kn, f, N = (64, 64, 32, 96, 48) if small else (2048, 2048, 512, 8192, 1024)
+    M = 77 if small else 1000
     # (the stream 8x larger than the sublayers' outputs, as in a trained model: rounding the
     # stream to the low dtype would then show, beside the GEMM outputs' own rounding)
     gamma = ((d,), None, 0)
@@ -428,7 +429,9 @@ def test_float16_norm_range(stream, data, device):
     # (the gradients, whose code this does not change, judged by the median: on the massive
     # data a single seed's max-abs error sits at the massive channel, where PyTorch's own
     # roundings cancel or not by chance: ratios 0.1-6.7 on one gradient, NOTES.md)
-    runs = [_block_errors(torch.float16, stream, device, data) for _ in range(5)]
+    # (the CPU's shapes on a GPU too: at d 2048 a massive channel past 65504 / 3 gives
+    # n ~ 45 x 3 in its rows, and PyTorch's own float16 dW of the up projection overflows)
+    runs = [_block_errors(torch.float16, stream, device, data, small=True) for _ in range(5)]
     for name in runs[0]:
         ratios = sorted(e_ours / (2 * e_torch + tiny) for e_ours, e_torch, tiny in (r[name] for r in runs))
         worst = ratios[-1] if name in ("q", "k", "v", "act", "z", "h3", "n") else ratios[2]
