@@ -550,6 +550,19 @@ def test_normalize_rows(M, D, device):
     assert_within("n", got, want, same)
     with pytest.raises(ValueError, match="sumsq"):
         normalize_rows(h, sumsq[:-1], EPS)
+    # float16's normalize-first form: from x itself (here a float32 stream's) with gamma,
+    # into a NaN-poisoned float16 buffer: n = x r gamma, rounded once
+    x = rand(M, D, dtype=torch.float32, device=device) * 300
+    gamma = torch.rand(D, device=device) * 50
+    r = torch.rsqrt(x.double().pow(2).mean(1) + EPS)
+    want = x.double() * r[:, None] * gamma.double()
+    same = (x * torch.rsqrt(x.pow(2).mean(1) + EPS)[:, None] * gamma).half()
+    out = torch.full((M, D), float("nan"), dtype=torch.float16, device=device)
+    got = normalize_rows(x, x.pow(2).sum(1), EPS, gamma=gamma, out=out)
+    assert got is out and not got.isnan().any()
+    assert_within("n from x", got, want, same)
+    with pytest.raises(ValueError, match="gamma"):
+        normalize_rows(x, x.pow(2).sum(1), EPS, gamma=gamma[:-1])
 
 
 @pytest.mark.parametrize("M,N", [(1, 8), (77, 96), (33, 5000)])
