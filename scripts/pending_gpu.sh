@@ -26,7 +26,8 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there (runs 270-271: 1.033x cuBLAS, re-tune level, keep-y 0.3-0.9 %)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -478,8 +479,22 @@ case "${1:-}" in
     OUT="$OUT/b1" BENCH_TIMEOUT=170 BENCH_ARGS="--models llama-3.2-1B --variants codetta codetta:ce-chunk-4g liger --rounds 2" \
       bash scripts/gpu_call.sh bench:model
     ;;
+  27)
+    # (an H100) the keys its table still lends from the H200's for the models users train
+    # most (`codetta tune --list --gpu "NVIDIA H100 80GB HBM3"` at 198d619: at 4096 and
+    # 8192 tokens 10 each, at 32768 14 (3 of them Llama-3-70B's / Qwen3-32B's, run 280 cut
+    # there), at 65536 63), TUNE_FORCE=0 (only what the table lacks), the two tunes adding
+    # up in one table under $OUT (gpu_call.sh); merge it with scripts/merge_tuned.py.
+    # Limits 250 + 300 s
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 27 is for an H100" >&2; exit 2; }
+    MODELS="llama3-1b llama3-3b llama3-8b qwen3-8b qwen3-14b qwen3-32b mistral-7b llama3-70b"
+    TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=250 TUNE_SCOPE="--model $MODELS --tokens 4096 8192 32768" \
+      bash scripts/gpu_call.sh tune
+    TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=300 TUNE_SCOPE="--model $MODELS --tokens 65536" \
+      bash scripts/gpu_call.sh tune
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|26" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|27" >&2
     exit 2
     ;;
 esac
