@@ -315,6 +315,56 @@ def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
         assert chooser.untuned(call, True, cands) == cands[-1]
 
 
+def test_chooser_records_where_each_pick_came_from(monkeypatch):
+    """``Chooser.served``: per key, where its configuration came from (its GPU's own table,
+    another GPU's, tuning now, the nearest entry, the shape rule), and the benchmark's line
+    naming every key that was not this GPU's own (``harness.config_sources``)."""
+    import types
+
+    from codetta.bench.harness import config_sources
+
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(RMS_SCALE)
+    monkeypatch.setattr(tuning, "candidates", lambda call, pingpong: cands)
+    monkeypatch.setattr(tuning, "capturing", lambda dev: False)
+    monkeypatch.setattr(tuning, "_capturing", lambda call: False)
+    monkeypatch.setattr(chooser, "tune", lambda call, prepare, pp, cands, seconds: cands[1])
+
+    def call(M):
+        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
+                                     N=512, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+
+    own, lent, near = call(16384), call(4096), call(8192)
+    entries = tuning.ShippedEntries({chooser.key(own, False): cands[0], chooser.key(lent, False): cands[0]})
+    entries.borrowed[chooser.key(lent, False)] = "NVIDIA H200"
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    with settings.override(autotune=False, prefer_pingpong=False):
+        for c in (own, lent, near):
+            chooser._pick(c, None, False)
+        entries.clear()
+        entries.borrowed.clear()
+        chooser._pick(call(256), None, False)  # (no entry at all: the shape rule)
+    with settings.override(autotune=True):
+        chooser._pick(call(65536), None, False)
+    assert chooser.served == {
+        chooser.key(own, False): "shipped",
+        chooser.key(lent, False): "shipped (H200's)",
+        chooser.key(near, False): "nearest entry",
+        chooser.key(call(256), False): "shape rule",
+        chooser.key(call(65536), False): "tuned now",
+    }
+    assert chooser.sources(keys={chooser.key(own, False)}) == {"shipped": [chooser.key(own, False)]}
+    monkeypatch.setattr(tuning, "CHOOSER", chooser)
+    line = config_sources(seen={chooser.key(call(65536), False)})
+    counts = "1 nearest entry, 1 shape rule, 1 shipped, 1 shipped (H200's)"
+    assert line.startswith(f"GEMM configurations: {counts}; not this GPU's own: ")
+    for c, why in ((lent, "shipped (H200's)"), (near, "nearest entry"), (call(256), "shape rule")):
+        assert f"{chooser.key(c, False)} ({why})" in line
+    assert chooser.key(own, False) not in line and chooser.key(call(65536), False) not in line
+    assert config_sources(seen=set(chooser.served)) is None
+
+
 def test_float16_calls_take_the_bfloat16_picks(monkeypatch):
     """The shipped table holds bf16 picks alone: an fp16 call (a model held or autocast in
     fp16) takes the nearest bf16 entry of its program, not the shape rule (run 210: an fp16

@@ -288,6 +288,29 @@ def add_rows(res: Results, case: str, flops: float, times: dict, mem: dict | Non
                     baseline_sustained_ms=b.sustained, extra=extra))  # fmt: skip
 
 
+# a tuning key's configuration from this GPU's own entries (``Chooser.served``'s words)
+_OWN = ("shipped", "user cache", "tuned now")
+
+
+def config_sources(seen: set) -> str | None:
+    """One line on where the GEMM configurations picked since ``seen`` (a snapshot of
+    ``CHOOSER.served``'s keys) came from, naming every key that did not come from this
+    GPU's own tuned entries (another GPU's table, the nearest entry, the shape rule): a
+    ratio measured on such picks is not the tuned one (run 276: a tune cut short left two
+    of a variant's keys to the shape rule, seen only in the tune's log). None: no new key."""
+    from ..kernels.tuning import CHOOSER
+
+    sources = {src: [k for k in keys if k not in seen] for src, keys in CHOOSER.sources().items()}
+    sources = {src: keys for src, keys in sources.items() if keys}
+    if not sources:
+        return None
+    counts = ", ".join(f"{len(keys)} {src}" for src, keys in sorted(sources.items()))
+    others = sorted(k for src, keys in sources.items() if src not in _OWN for k in keys)
+    line = f"GEMM configurations: {counts}"
+    return line + ("" if not others else "; not this GPU's own: " + ", ".join(
+        f"{k} ({CHOOSER.served[k]})" for k in others))  # fmt: skip
+
+
 def host_ms(step, n: int = 3) -> float:
     """The host's time to issue one call of ``step`` with the GPU idle at its start
     (median of n): next to the call's time, whether the host could set the pace (waits

@@ -31,6 +31,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from ..kernels.tuning import CHOOSER
 from .harness import (
     OPTIONS,
     Results,
@@ -38,6 +39,7 @@ from .harness import (
     ab_settings,
     ab_variants,
     compare,
+    config_sources,
     host_ms,
     peak_memory_gb,
     round_extra,
@@ -351,6 +353,7 @@ def run_case(
     ids = torch.randint(0, config.vocab_size, (batch, SEQ), device="cuda", generator=g)
     labels = ids.clone()
     fns = {"floor": floor_step(config, batch, SEQ)}
+    seen = set(CHOOSER.served)  # (the keys an earlier case picked: said there)
     for name in _progress(variants, f"{case}: building"):
         step = variant_step(name, base, ids, labels, optimizer=train, amp=amp)
         if step is None:
@@ -378,6 +381,9 @@ def run_case(
         print(f"  {case}: first-step loss {k:<16} {loss:.5f}")
         if ref is not None and abs(loss - ref) > 2e-2 * abs(ref):
             raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
+    sources = config_sources(seen)
+    if sources:
+        print(f"  {case}: {sources}")
     mem = {}
     for k in list(fns):
         peak = run_or_leave_out(fns, k, case, peak_memory_gb, fns[k])

@@ -300,13 +300,27 @@ class Chooser:
     table shipped for this GPU (``kernels/tuned/``); tuning now, if ``CODETTA_AUTOTUNE=1``
     (outside CUDA graph capture); the nearest entry of that table or cache (same
     program, dtype and layout; closest shape buckets); the shape rule (``rule_config``).
-    ``clear()`` forgets the memo and reloads the caches (tests)."""
+    ``clear()`` forgets the memo and reloads the caches (tests). ``served`` records, per
+    tuning key picked in this process, where its configuration came from (``sources``)."""
 
     def __init__(self):
         self._chosen: dict = {}
         self._caches: dict = {}
         self._shipped: dict = {}
         self.generation = 0  # bumped by clear(): what was decided from the memo is stale
+        # key -> "user cache", "shipped", "shipped (<GPU>'s)", "tuned now", "nearest entry",
+        # "ping-pong preference" or "shape rule" (the latest pick of each key)
+        self.served: dict[str, str] = {}
+
+    def sources(self, keys=None) -> dict[str, list[str]]:
+        """{source: [keys]} of ``served`` (or of ``keys`` among it): which configurations a
+        run took from its GPU's own entries and which it did not (another GPU's table, the
+        nearest entry, the shape rule), for a benchmark to say so beside its numbers."""
+        out: dict[str, list[str]] = {}
+        for key, source in self.served.items():
+            if keys is None or key in keys:
+                out.setdefault(source, []).append(key)
+        return out
 
     def clear(self) -> None:
         self._chosen.clear()
@@ -409,9 +423,13 @@ class Chooser:
         program and dtype, then the program it is ``tuned_like``, then the other 2-byte float
         (fp16 calls take bf16 picks, as the shipped table has bf16 alone: the tiles, stages
         and epilogues are the same for both), the first of those at the least distance."""
+        return self._untuned(call, pp, cands)[0]
+
+    def _untuned(self, call: GemmCall, pp: bool, cands: list[Config]) -> tuple[Config, str]:
+        """``untuned``'s choice and which rule made it (``served``'s words)."""
         pingpong = [c for c in cands if c.pingpong]
         if SETTINGS.prefer_pingpong and pingpong:
-            return pingpong[0]
+            return pingpong[0], "ping-pong preference"
         index = call.device.index or 0
         entries = {**self.shipped(index), **self.cache(index).entries}
         programs = [call.program] + ([call.program.tuned_like] if call.program.tuned_like is not None else [])
@@ -425,7 +443,7 @@ class Chooser:
                 other, other_dist = _nearest(self.key(stand_in, pp), cands, entries)
                 if other is not None and (near is None or other_dist < dist):
                     near, dist = other, other_dist
-        return near or rule_config(call, cands)
+        return (near, "nearest entry") if near is not None else (rule_config(call, cands), "shape rule")
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
         cands = candidates(call, pingpong=pp)
@@ -434,13 +452,17 @@ class Chooser:
                 f"program {call.program.name!r} has no configuration on this GPU for N parts {call.widths} / "
                 f"M parts {call.heights} (every boundary between parts must fall on a tile edge)"
             )
-        cfg, _ = self.known(call, pp, cands, lent=False)
-        if cfg is not None:
-            return cfg
-        lent, _ = self.known(call, pp, cands)  # (another GPU's pick: tuned anew when tuning is on)
-        if SETTINGS.autotune and not (capturing(call.device) if lent is not None else _capturing(call)):
-            return self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds)
-        return lent if lent is not None else self.untuned(call, pp, cands)
+        key = self.key(call, pp)
+        cfg, source = self.known(call, pp, cands, lent=False)
+        if cfg is None:
+            # (another GPU's pick: tuned anew when tuning is on)
+            cfg, source = self.known(call, pp, cands)
+            if SETTINGS.autotune and not (capturing(call.device) if cfg is not None else _capturing(call)):
+                cfg, source = self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds), "tuned now"
+            elif cfg is None:
+                cfg, source = self._untuned(call, pp, cands)
+        self.served[key] = source
+        return cfg
 
 
 def nearest(key: str, cands: list[Config], entries: dict) -> Config | None:
