@@ -321,6 +321,7 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch):
     naming every key that was not this GPU's own (``harness.config_sources``)."""
     import types
 
+    from codetta.bench import harness
     from codetta.bench.harness import config_sources
 
     chooser = tuning.Chooser()
@@ -355,7 +356,7 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch):
         chooser.key(call(65536), False): "tuned now",
     }
     assert chooser.sources(keys={chooser.key(own, False)}) == {"shipped": [chooser.key(own, False)]}
-    monkeypatch.setattr(tuning, "CHOOSER", chooser)
+    monkeypatch.setattr(harness, "CHOOSER", chooser)
     line = config_sources(seen={chooser.key(call(65536), False)})
     counts = "1 nearest entry, 1 shape rule, 1 shipped, 1 shipped (H200's)"
     assert line.startswith(f"GEMM configurations: {counts}; not this GPU's own: ")

@@ -21,6 +21,7 @@ import triton
 
 from ..kernels import settings
 from ..kernels.timing import paired_ms, sustained_ms
+from ..kernels.tuning import CHOOSER
 
 
 def source_hash() -> str:
@@ -233,17 +234,22 @@ def precompile_variants(fns: dict) -> None:
 def compare(fns: dict, precompile: bool = True) -> dict[str, Timing]:
     """Each variant of one case timed two ways in one run: paired
     (``timing.paired_ms``: call by call, at least 2 s) and sustained blocks
-    (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds).
-    With ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``);
+    (``timing.sustained_ms``: >= 120 ms of one variant at a time, 5 rotating rounds);
+    first, where the GEMM configurations it picked came from (``config_sources``). With
+    ``OPTIONS.tuned_ab``, codetta's two A/B variants too (``with_ab_variants``);
     only the variants the run asked for (``selected``). ``precompile``: the codetta
     variants' kernels compiled first by a dry run of each (``precompile_variants``; False
     for callables with state, such as training steps)."""
     fns = selected(with_ab_variants(fns))
+    seen = set(CHOOSER.served)
     if precompile:
         precompile_variants(fns)
     for fn in fns.values():  # compile (what precompile left), tune, allocate
         fn()
     torch.cuda.synchronize()
+    sources = config_sources(seen)  # (the keys this case picked first)
+    if sources:
+        print(f"  {sources}")
     rounds = []
     for _ in range(max(1, OPTIONS.rounds)):
         rounds.append((paired_ms(fns), sustained_ms(fns, settle_ms=OPTIONS.settle_ms)))
@@ -298,8 +304,6 @@ def config_sources(seen: set) -> str | None:
     GPU's own tuned entries (another GPU's table, the nearest entry, the shape rule): a
     ratio measured on such picks is not the tuned one (run 276: a tune cut short left two
     of a variant's keys to the shape rule, seen only in the tune's log). None: no new key."""
-    from ..kernels.tuning import CHOOSER
-
     sources = {src: [k for k in keys if k not in seen] for src, keys in CHOOSER.sources().items()}
     sources = {src: keys for src, keys in sources.items() if keys}
     if not sources:
