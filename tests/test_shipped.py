@@ -562,6 +562,40 @@ def test_tune_writes_after_every_tuned_key(monkeypatch, tmp_path):
     assert writes == [4, 5, 10, 18, 20, 23]
 
 
+def test_tune_time_limit_stops_before_a_key_it_cannot_finish(monkeypatch, tmp_path, capsys):
+    """``tune --time-limit S`` (gpu_call.sh passes its limit less a margin): before each key
+    it estimates that key's tuning from the last key tuned (seconds per estimated us of
+    GEMM time) and stops where the estimate would pass S, writes the table and names every
+    key not reached (runs 276 and 280 were cut by the device call's timeout instead: the
+    keys left showed only in the log's last progress line)."""
+    from types import SimpleNamespace
+
+    clock = [0.0]
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock[0])
+    # GEMM times 1, 2, 4, ... us; each key takes 10 s per estimated us to tune
+    calls = {f"k{i}": SimpleNamespace(M=2**i, N=1, K=1, k_total=1) for i in range(6)}
+    monkeypatch.setattr(tune, "estimated_us", lambda call: float(call.M))
+
+    def run(call, **kw):
+        clock[0] += 10.0 * call.M
+        return None, "tuned"
+
+    monkeypatch.setattr(tune, "run_call", run)
+    writes = []
+    monkeypatch.setattr(tune, "_write_table", lambda out, picked, old, asked: writes.append(sorted(picked)))
+    args = SimpleNamespace(merge=False, force=False, seconds=0.1, time_limit=100.0)
+    assert tune._tune_all(args, calls, tmp_path / "t.json") == 0
+    # k0-k2 take 10 + 20 + 40 = 70 s; k3 would end at 70 + 80 > 100: not started
+    assert writes[-1] == ["k0", "k1", "k2"] and clock[0] == 70.0
+    err = capsys.readouterr().err
+    assert "stopped with 3 of 6 keys not reached" in err
+    assert all(f"not reached: k{i}" in err for i in (3, 4, 5)) and "not reached: k2" not in err
+    args.time_limit = None  # (no limit: every key)
+    clock[0], writes[:] = 0.0, []
+    tune._tune_all(args, calls, tmp_path / "t.json")
+    assert writes[-1] == sorted(calls)
+
+
 def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):
     """``tune --merge`` over some models keeps the table's entries and the keys it lists as
     pending for the others (it kept the entries and listed only the run's own keys as
