@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     t.add_argument("--seconds", type=float, default=1.0, help="paired timing per shape (default 1.0)")
     t.add_argument("--time-limit", type=float, metavar="S",
                    help="stop before a key whose tuning would end past S seconds (estimated from the "
-                   "last key tuned), write the table and name the keys not reached")  # fmt: skip
+                   "keys tuned so far), write the table and name the keys not reached")  # fmt: skip
     t.add_argument("--method", choices=("paired", "sustained", "both"), default=None,
                    help="how candidates are timed (default CODETTA_TUNE_METHOD, else paired): "
                         "paired, call by call; sustained, each in settled blocks of its own "

@@ -250,6 +250,7 @@ def _progress(items, desc):
 
 
 def main(args) -> int:
+    start = time.monotonic()
     from .models import KNOWN, widths_of
 
     specs = args.model or []
@@ -322,8 +323,8 @@ def main(args) -> int:
             out = out / (configs.gpu_slug(dev.name(0)) + ".json")
     if getattr(args, "method", None) is not None:
         with override(tune_method=args.method):
-            return _tune_all(args, calls, out)
-    return _tune_all(args, calls, out)
+            return _tune_all(args, calls, out, start)
+    return _tune_all(args, calls, out, start)
 
 
 def _list_coverage(calls: dict, gpu: str) -> int:
@@ -360,7 +361,21 @@ def _list_coverage(calls: dict, gpu: str) -> int:
     return 0
 
 
-def _tune_all(args, calls: dict, out) -> int:
+def _tune_seconds(tuned: list, call) -> float:
+    """How long tuning ``call`` will take, from the keys tuned so far ([(estimated us,
+    seconds)]): a fixed part (compiles, the timing's fixed seconds: the shortest tuning
+    seen) plus a part that grows with the GEMM's time (the scouting and timing runs: from
+    the last key tuned, the largest so far, keys going cheapest first), with a quarter
+    to spare."""
+    fixed = min(sec for _, sec in tuned)
+    est, sec = tuned[-1]
+    per_us = max(0.0, sec - fixed) / max(est, 1.0)
+    return 1.25 * (fixed + per_us * estimated_us(call))
+
+
+def _tune_all(args, calls: dict, out, start: float | None = None) -> int:
+    """Tune ``calls`` cheapest first; ``start``: when the command began (``time.monotonic``),
+    from which ``--time-limit`` counts (its imports and CUDA start are part of the limit)."""
     old = json.loads(out.read_text()) if out is not None and out.exists() and args.merge else {}
     # (with --merge the table keeps its entries and the keys it lists as pending: a run
     # over some models or token counts leaves the others' pending keys listed)
@@ -370,24 +385,25 @@ def _tune_all(args, calls: dict, out) -> int:
     # after every key actually tuned, which takes seconds to minutes, and every 10 others)
     order = sorted(calls.items(), key=lambda kv: kv[1].M * kv[1].N * kv[1].K)
     limit = getattr(args, "time_limit", None)
-    start, rate, left = time.monotonic(), None, []  # rate: seconds of tuning per estimated us
+    start = time.monotonic() if start is None else start
+    tuned, left = [], []  # tuned: (estimated us, seconds it took) of each key tuned
     for i, (key, call) in enumerate(_progress(order, "codetta tune"), 1):
-        if limit is not None and rate is not None:
-            if time.monotonic() - start + rate * estimated_us(call) > limit:
-                left = [k for k, _ in order[i - 1 :]]
-                break
+        if limit is not None and tuned and time.monotonic() - start + _tune_seconds(tuned, call) > limit:
+            left = [k for k, _ in order[i - 1 :]]
+            break
         began = time.monotonic()
         cfg, source = run_call(call, force=args.force, seconds=args.seconds)
-        if limit is not None and source == "tuned":  # (the next, larger key scales from this one)
-            rate = (time.monotonic() - began) / max(estimated_us(call), 1.0)
+        if limit is not None and source == "tuned":
+            tuned.append((estimated_us(call), time.monotonic() - began))
         picked[key] = cfg
         sources[source] = sources.get(source, 0) + 1
         if out is not None and (source == "tuned" or i % 10 == 0 or i == len(order)):
             _write_table(out, picked, old, calls)
     print("configurations: " + ", ".join(f"{n} {s}" for s, n in sorted(sources.items())), file=sys.stderr)
     if left:
-        # (stopped before a key whose tuning would pass the limit, estimated from the last
-        # key tuned; these stay pending in the table, and some may have entries already)
+        # (stopped before a key whose tuning would pass the limit, estimated from the keys
+        # tuned; these stay pending in the table; some may have entries already, which
+        # would have taken no tuning: the estimate cannot tell them apart without a GPU look)
         if out is not None:
             _write_table(out, picked, old, calls)
         print(f"--time-limit {limit:g} s: stopped with {len(left)} of {len(order)} keys not reached:",

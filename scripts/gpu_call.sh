@@ -64,11 +64,15 @@ for step in "$@"; do
       fi
       # (--time-limit: the tune stops itself before a key it could not finish, writes its table
       # and names the keys not reached; 30 s under the hard limit for its start and last write)
+      # (a TUNE_TIMEOUT that is not whole seconds, such as 5m, goes to timeout alone)
       limit=${TUNE_TIMEOUT:-300}
-      soft=$((limit - 30 > limit / 2 ? limit - 30 : limit / 2))
+      soft=""
+      if [[ $limit =~ ^[1-9][0-9]*$ ]]; then
+        soft="--time-limit $((limit - 30 > limit / 2 ? limit - 30 : limit / 2))"
+      fi
       # shellcheck disable=SC2086
       timeout "$limit" python3 -m codetta tune ${TUNE_SCOPE:---all-known} $([ "${TUNE_FORCE:-1}" = 0 ] || echo --force) \
-        --seconds "${TUNE_SECONDS:-0.3}" --time-limit "$soft" --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
+        --seconds "${TUNE_SECONDS:-0.3}" $soft --out "$OUT/tuned/" ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
       # (tune.txt: this tune's log, read by retune_report.py; tune-all.txt: every tune's of the call)
       cat "$OUT/tune.txt" >> "$OUT/tune-all.txt"
       grep -v "^codetta: " "$OUT/tune.txt" | tr '\r' '\n' | grep -v "^\s*$" | grep -v "not reached: " | tail -5

@@ -23,8 +23,8 @@ def stub_path(tmp_path):
     return f"{bin_dir}:{os.environ['PATH']}"
 
 
-def _tune(out: Path, path: str, scope: str) -> None:
-    env = {**os.environ, "PATH": path, "OUT": str(out), "TUNE_MERGE": "1", "TUNE_SCOPE": scope}
+def _tune(out: Path, path: str, scope: str, **extra) -> None:
+    env = {**os.environ, "PATH": path, "OUT": str(out), "TUNE_MERGE": "1", "TUNE_SCOPE": scope, **extra}
     env.pop("PYTHONPATH", None)
     cmd = ["bash", "scripts/gpu_call.sh", "tune"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
@@ -49,3 +49,15 @@ def test_chained_tunes_add_up(tmp_path, stub_path):
     logs = (out / "tune-all.txt").read_text()
     assert "tune --model a" in logs and "tune --model b" in logs
     assert "--model a" not in (out / "tune.txt").read_text()  # (tune.txt: the last tune's)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_tune_gets_a_time_limit_under_the_hard_one(tmp_path, stub_path):
+    """The tune stops itself 30 s under TUNE_TIMEOUT (half of it when that is short), and a
+    TUNE_TIMEOUT that is not whole seconds (5m) goes to ``timeout`` alone: the tune still runs."""
+    for timeout, want in (("300", "--time-limit 270"), ("40", "--time-limit 20"), ("5m", None)):
+        calls = tmp_path / "calls.txt"
+        calls.unlink(missing_ok=True)
+        _tune(tmp_path / f"out{timeout}", stub_path, "--model a", TUNE_TIMEOUT=timeout)
+        line = next(x for x in calls.read_text().splitlines() if "-m codetta tune" in x)
+        assert (want in line) if want else "--time-limit" not in line, line

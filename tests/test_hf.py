@@ -500,8 +500,9 @@ def test_autocast_cast_mode_within_autocasts_error(family, tied):
     logits within twice the error of the unpatched model under the same autocast, against
     float64 (NOTES.md: with the stream in the low dtype, 2.15x on one gradient). Three
     models (seeds 0-2): the loss and logits on each, the gradients by their median ratio
-    (one max-abs element of one gradient passes 2x in ~1 of 20 seeds on this 2-layer
-    model, at the same rate before and after float16's norms formed n first, NOTES.md)."""
+    and each within 4x autocast's error (one max-abs element of one gradient passes 2x in
+    ~1 of 20 seeds on this 2-layer model, at the same rate before and after float16's
+    norms formed n first, at most 2.7x over 20 seeds, NOTES.md)."""
 
     from codetta.kernels.settings import override
 
@@ -532,8 +533,8 @@ def test_autocast_cast_mode_within_autocasts_error(family, tied):
                 same_logits = plain.eval()(**eval_kw).logits
             assert_within("logits", logits, ref64.eval()(**eval_kw).logits, same_logits)
     assert max(ratios.pop("loss")) <= 1, "loss"
-    for name, rs in ratios.items():
-        assert sorted(rs)[1] <= 1, f"{name}: error / (2 x autocast's), 3 models: {rs}"
+    for name, rs in ratios.items():  # (the median; and each model within 2x the bound)
+        assert sorted(rs)[1] <= 1 and max(rs) <= 2, f"{name}: error / (2 x autocast's), 3 models: {rs}"
 
 
 def _within_twice(got, want, same, labels):

@@ -428,14 +428,18 @@ def test_float16_norm_range(stream, data, device):
     (massive) and 1.8-2.6x PyTorch's error in q, k, v (tiny)."""
     # (the gradients, whose code this does not change, judged by the median: on the massive
     # data a single seed's max-abs error sits at the massive channel, where PyTorch's own
-    # roundings cancel or not by chance: ratios 0.1-6.7 on one gradient, NOTES.md)
+    # roundings cancel or not by chance: 0.1-6.7x PyTorch's error on one gradient, NOTES.md;
+    # and a cap on each single data set's gradients, 4x the bound, against a gross failure
+    # on one: the worst seen over 6 seeds was 3.3x)
     # (the CPU's shapes on a GPU too: at d 2048 a massive channel past 65504 / 3 gives
     # n ~ 45 x 3 in its rows, and PyTorch's own float16 dW of the up projection overflows)
     runs = [_block_errors(torch.float16, stream, device, data, small=True) for _ in range(5)]
     for name in runs[0]:
         ratios = sorted(e_ours / (2 * e_torch + tiny) for e_ours, e_torch, tiny in (r[name] for r in runs))
-        worst = ratios[-1] if name in ("q", "k", "v", "act", "z", "h3", "n") else ratios[2]
-        assert worst <= 1, f"{name}: error / (2 x torch's) {worst:.2f} (over 5 data sets: {ratios})"
+        if name in ("q", "k", "v", "act", "z", "h3", "n"):
+            assert ratios[-1] <= 1, f"{name}: error / (2 x torch's) {ratios[-1]:.2f} (5 data sets: {ratios})"
+        else:
+            assert ratios[2] <= 1 and ratios[-1] <= 4, f"{name}: error / (2 x torch's), 5 data sets: {ratios}"
 
 
 def test_module_rejects_bad_eps():

@@ -564,36 +564,46 @@ def test_tune_writes_after_every_tuned_key(monkeypatch, tmp_path):
 
 def test_tune_time_limit_stops_before_a_key_it_cannot_finish(monkeypatch, tmp_path, capsys):
     """``tune --time-limit S`` (gpu_call.sh passes its limit less a margin): before each key
-    it estimates that key's tuning from the last key tuned (seconds per estimated us of
-    GEMM time) and stops where the estimate would pass S, writes the table and names every
-    key not reached (runs 276 and 280 were cut by the device call's timeout instead: the
-    keys left showed only in the log's last progress line)."""
+    it estimates that key's tuning from the keys tuned so far (a fixed part plus a part per
+    estimated us of GEMM time) and stops where the estimate would pass S, writes the table
+    and names every key not reached (runs 276 and 280 were cut by the device call's timeout
+    instead: the keys left showed only in the log's last progress line). Both kinds of
+    cost: tuning that grows with the GEMM's time, and a fixed cost per key (compiles and
+    the timing's seconds: a large key after small ones must not stop the run early)."""
     from types import SimpleNamespace
 
     clock = [0.0]
     monkeypatch.setattr(tune.time, "monotonic", lambda: clock[0])
-    # GEMM times 1, 2, 4, ... us; each key takes 10 s per estimated us to tune
-    calls = {f"k{i}": SimpleNamespace(M=2**i, N=1, K=1, k_total=1) for i in range(6)}
     monkeypatch.setattr(tune, "estimated_us", lambda call: float(call.M))
-
-    def run(call, **kw):
-        clock[0] += 10.0 * call.M
-        return None, "tuned"
-
-    monkeypatch.setattr(tune, "run_call", run)
     writes = []
     monkeypatch.setattr(tune, "_write_table", lambda out, picked, old, asked: writes.append(sorted(picked)))
-    args = SimpleNamespace(merge=False, force=False, seconds=0.1, time_limit=100.0)
-    assert tune._tune_all(args, calls, tmp_path / "t.json") == 0
-    # k0-k2 take 10 + 20 + 40 = 70 s; k3 would end at 70 + 80 > 100: not started
-    assert writes[-1] == ["k0", "k1", "k2"] and clock[0] == 70.0
-    err = capsys.readouterr().err
+
+    def run_with(sizes, seconds, limit):
+        calls = {f"k{i}": SimpleNamespace(M=m, N=1, K=1) for i, m in enumerate(sizes)}
+
+        def run(call, **kw):
+            clock[0] += seconds(call.M)
+            return None, "tuned"
+
+        monkeypatch.setattr(tune, "run_call", run)
+        clock[0], writes[:] = 0.0, []
+        args = SimpleNamespace(merge=False, force=False, seconds=0.1, time_limit=limit)
+        assert tune._tune_all(args, calls, tmp_path / "t.json", start=0.0) == 0
+        return writes[-1], clock[0], capsys.readouterr().err
+
+    # growing: 10 s per us, GEMMs of 1, 2, 4, ... us: k0-k2 take 70 s, k3 (80 s) would pass 100
+    done, at, err = run_with([1, 2, 4, 8, 16, 32], lambda m: 10.0 * m, 100.0)
+    assert done == ["k0", "k1", "k2"] and at == 70.0
     assert "stopped with 3 of 6 keys not reached" in err
     assert all(f"not reached: k{i}" in err for i in (3, 4, 5)) and "not reached: k2" not in err
-    args.time_limit = None  # (no limit: every key)
-    clock[0], writes[:] = 0.0, []
-    tune._tune_all(args, calls, tmp_path / "t.json")
-    assert writes[-1] == sorted(calls)
+    # fixed: 20 s a key whatever its size: all six fit in 130 s (120), the last not in 115
+    done, at, err = run_with([10, 20, 30, 40, 400, 500], lambda m: 20.0, 130.0)
+    assert len(done) == 6 and at == 120.0 and "not reached" not in err
+    done, at, err = run_with([10, 20, 30, 40, 400, 500], lambda m: 20.0, 115.0)
+    assert len(done) == 5 and "not reached: k5" in err
+    # no limit: every key
+    done, at, err = run_with([1, 2, 4, 8, 16, 32], lambda m: 10.0 * m, None)
+    assert len(done) == 6 and "not reached" not in err
 
 
 def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):

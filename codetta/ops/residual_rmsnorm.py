@@ -105,7 +105,7 @@ def _forward_impl(
     # and torch.compile's caches tell the two apart)
     # no o-projection (w_o [d, 0], y [M, 0]; ``rmsnorm_linear``): x is the residual itself,
     # returned as an empty tensor (an output may not alias an input), h and sumsq from one
-    # row pass
+    # row pass (in float16 a second pass writes n over h: ``_k1``)
     # biases: [] or one [N_i] bias per next weight, added in the epilogues (before RoPE);
     # only with next weights, the default backward (rowwise, no fold_gamma), swiglu=False
     # (a SwiGLU y is fine), no q/k norms and rotate-half RoPE (the callers check first)
@@ -577,8 +577,9 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     norm with no projection before it (a first decoder layer's, over the embeddings).
     Returns z (a tuple of outputs when ``weight`` is a list or tuple); ``weight``, ``eps``,
     ``rope`` and ``bias`` as there. One row pass writes h = x * gamma and the row sums of x^2; the
-    next GEMMs apply the norm's row scale (and RoPE) in their epilogues; the backward
-    is ``residual_rmsnorm_linear``'s without the o-projection's GEMMs."""
+    next GEMMs apply the norm's row scale (and RoPE) in their epilogues (in float16 a
+    second pass writes n = x r gamma over h and the GEMMs' scale is 1: ``_k1``); the
+    backward is ``residual_rmsnorm_linear``'s without the o-projection's GEMMs."""
     check_tensor("x", x)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (its features)")

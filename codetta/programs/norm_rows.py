@@ -180,19 +180,21 @@ def normalize_rows(h: torch.Tensor, sumsq: torch.Tensor, eps: float, gamma: torc
     carry r (the last one, before the LM head). h: contiguous [M, d]; sumsq fp32 [M].
     (PyTorch's h.float() * r, .to(dtype) took three passes, 0.55 ms at 16384 x 4096, run 129.)
     With ``gamma`` [d], h is the norm's input x itself and n = x * r * gamma (float16's
-    normalize-first forward, ``residual_rmsnorm.py``); ``out``: a contiguous [M, d] tensor
-    to write n into (its dtype, which may differ from h's: a float32 stream's), else a new
-    one in h's dtype."""
+    normalize-first forward, where the next GEMMs do not carry r either: ``_k1`` in
+    ``ops/residual_rmsnorm.py``); ``out``: a contiguous [M, d] tensor on h's device to write
+    n into (its dtype, which may differ from h's: a float32 stream's), else a new one in
+    h's dtype."""
     if h.dim() != 2 or not h.is_contiguous() or sumsq.shape != (h.shape[0],) or sumsq.dtype != torch.float32:
         raise ValueError(
             f"need a contiguous [M, d] h and a float32 [M] sumsq, got {tuple(h.shape)} and "
             f"{sumsq.dtype} {tuple(sumsq.shape)}"
         )
     M, D = h.shape
-    if gamma is not None and gamma.shape != (D,):
-        raise ValueError(f"gamma must be [{D}], got {tuple(gamma.shape)}")
-    if out is not None and (out.shape != h.shape or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous tensor of shape {tuple(h.shape)}")
+    if gamma is not None and (gamma.shape != (D,) or gamma.device != h.device):
+        raise ValueError(f"gamma must be [{D}] on {h.device}, got {tuple(gamma.shape)} on {gamma.device}")
+    if out is not None and (out.shape != h.shape or not out.is_contiguous() or out.device != h.device):
+        raise ValueError(f"out must be a contiguous tensor of shape {tuple(h.shape)} on {h.device}")
+    gamma = None if gamma is None else gamma.contiguous()  # (the kernel reads it at unit stride)
     dtype = h.dtype if out is None else out.dtype
     if traced(h) or torch_path(h, dtype) or h.numel() == 0:
         n = h.float() * _r(sumsq, D, eps)
