@@ -375,7 +375,8 @@ def _tune_seconds(tuned: list, call) -> float:
 
 def _tune_all(args, calls: dict, out, start: float | None = None) -> int:
     """Tune ``calls`` cheapest first; ``start``: when the command began (``time.monotonic``),
-    from which ``--time-limit`` counts (its imports and CUDA start are part of the limit)."""
+    from which ``--time-limit`` counts (recording the models' calls and CUDA's start count;
+    the interpreter's and torch's start before ``main`` do not: gpu_call.sh leaves 30 s)."""
     old = json.loads(out.read_text()) if out is not None and out.exists() and args.merge else {}
     # (with --merge the table keeps its entries and the keys it lists as pending: a run
     # over some models or token counts leaves the others' pending keys listed)
