@@ -187,18 +187,27 @@ def _k1(y, w_o, residual, gamma, eps, factors=False) -> _K1:
     float16 GEMMs (unless ``factors``: that mode hands h = x * gamma on by contract)
     normalize first, as PyTorch does: x * gamma alone may pass float16's 65504 (a massive
     activation of 1500 under a gamma of 50) or fall into its subnormals (rows of RMS ~1e-4
-    under small gammas) where n = x r gamma does not, so one row pass writes n over h
-    (from x, rounded once) and the next GEMMs get inv_d 0 and eps 1 (r = rsqrt(1) = 1).
-    The same programs and tuned entries; one pass more over [M, d]. The backward reads x,
+    under small gammas) where n = x r gamma does not, so one row pass writes n (from x,
+    rounded once) and the next GEMMs get inv_d 0 and eps 1 (r = rsqrt(1) = 1). Over a
+    float16 stream K1 is RESIDUAL_SUMSQ (no h written; K1's tuned picks, ``tuned_like``),
+    else n is written over h. The next GEMMs' programs and entries are the same; one read
+    of x more per norm. The backward reads x,
     sumsq and gamma, never h: unchanged. bf16 (float32's exponent range) keeps h = x gamma."""
     d = residual.shape[1]
+    first = y.dtype == torch.float16 and not factors  # (normalize first)
+    if first and w_o.shape[1] != 0 and not mixed(residual, y):
+        # K1 without h (RESIDUAL_SUMSQ: x and sumsq), then n from x in a new tensor
+        x, sumsq = gemm(y, w_o, epilogue=RESIDUAL_SUMSQ, residual=residual)
+        return _K1(x, normalize_rows(x, sumsq, eps, gamma=gamma), sumsq, 0.0, 1.0)
     if w_o.shape[1] == 0:
         k1 = _K1(residual.new_empty(0), *gamma_sumsq(residual, gamma, dtype=y.dtype), 1.0 / d, eps)
     else:
         prog = RESIDUAL_RMS_F32 if mixed(residual, y) else RESIDUAL_RMS
         k1 = _K1(*gemm(y, w_o, epilogue=prog, residual=residual, gamma=gamma), 1.0 / d, eps)
-    if y.dtype != torch.float16 or factors:
+    if not first:
         return k1
+    # (no o-projection, or a float32 stream: no program stores x and sumsq alone, so h is
+    # written and n then written over it)
     x = residual if w_o.shape[1] == 0 else k1.x
     return k1._replace(h=normalize_rows(x, k1.sumsq, eps, gamma=gamma, out=k1.h), inv_d=0.0, eps=1.0)
 

@@ -90,6 +90,9 @@ RESIDUAL_SUMSQ = Program(
         "sumsq": _round(acc, elem).pow(2).sum(1),
     },
     configs=tuple(SEEDED_CANDIDATES),
+    # (K1 less its h output, on the same candidates: where its own shape is untuned, K1's
+    # picks; it serves float16's normalize-first forward and the fold_gamma variant)
+    tuned_like=RESIDUAL_RMS,
 )
 
 
