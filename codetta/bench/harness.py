@@ -304,8 +304,7 @@ def config_sources(seen: set) -> str | None:
     GPU's own tuned entries (another GPU's table, the nearest entry, the shape rule): a
     ratio measured on such picks is not the tuned one (run 276: a tune cut short left two
     of a variant's keys to the shape rule, seen only in the tune's log). None: no new key."""
-    sources = {src: [k for k in keys if k not in seen] for src, keys in CHOOSER.sources().items()}
-    sources = {src: keys for src, keys in sources.items() if keys}
+    sources = CHOOSER.sources(seen)
     if not sources:
         return None
     counts = ", ".join(f"{len(keys)} {src}" for src, keys in sorted(sources.items()))

@@ -312,13 +312,14 @@ class Chooser:
         # "ping-pong preference" or "shape rule" (the latest pick of each key)
         self.served: dict[str, str] = {}
 
-    def sources(self, keys=None) -> dict[str, list[str]]:
-        """{source: [keys]} of ``served`` (or of ``keys`` among it): which configurations a
-        run took from its GPU's own entries and which it did not (another GPU's table, the
-        nearest entry, the shape rule), for a benchmark to say so beside its numbers."""
+    def sources(self, seen=frozenset()) -> dict[str, list[str]]:
+        """{source: [keys]} of ``served``, less the keys in ``seen`` (a snapshot taken before
+        a benchmark case): which configurations a run took from its GPU's own entries and
+        which it did not (another GPU's table, the nearest entry, the shape rule), for a
+        benchmark to say so beside its numbers."""
         out: dict[str, list[str]] = {}
         for key, source in self.served.items():
-            if keys is None or key in keys:
+            if key not in seen:
                 out.setdefault(source, []).append(key)
         return out
 
