@@ -415,6 +415,7 @@ case "${1:-}" in
     # Runs 262-266 (an H100, 6963038): on its 80 GB the 1B step's eager and the autocast
     # step's Liger do not fit beside the other variants (each variant's model and AdamW state
     # live through the timing); the bench now leaves such a variant out with the reason.
+    # Run 281 (c42da0a) ran PART=1 on an H100 (asked for an H200): as runs 262-263.
     # Codetta behind the regional compile at 8B width there (slice 1.175 / 1.177 x floor
     # against 1.150 / 1.145; NOTES.md): step 25 profiles it. Still to run on an H200
     PEERS="liger torch.compile:regional codetta"
@@ -485,7 +486,8 @@ case "${1:-}" in
     # 8192 tokens 10 each, at 32768 14 (3 of them Llama-3-70B's / Qwen3-32B's, run 280 cut
     # there), at 65536 63), TUNE_FORCE=0 (only what the table lacks), the two tunes adding
     # up in one table under $OUT (gpu_call.sh); merge it with scripts/merge_tuned.py.
-    # Limits 250 + 300 s
+    # Limits 250 + 300 s. Run 282 (c42da0a) tuned 72 of them; 24 left (Llama-3-70B's and
+    # Qwen3-14B's / -32B's widest products at 32768 and 65536): the same call reaches them
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 27 is for an H100" >&2; exit 2; }
     MODELS="llama3-1b llama3-3b llama3-8b qwen3-8b qwen3-14b qwen3-32b mistral-7b llama3-70b"
     TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=250 TUNE_SCOPE="--model $MODELS --tokens 4096 8192 32768" \
