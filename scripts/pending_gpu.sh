@@ -495,8 +495,17 @@ case "${1:-}" in
     TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=300 TUNE_SCOPE="--model $MODELS --tokens 65536" \
       bash scripts/gpu_call.sh tune
     ;;
+  28)
+    # (either GPU) float16's K1 without h (fdcd15e: over a float16 stream K1 runs
+    # RESIDUAL_SUMSQ, tuned like RESIDUAL_RMS, and the row pass writes n into a new tensor),
+    # built and tested on the CPU only: the float16 tests of the norm, RoPE / q-k-v and
+    # drop-in files on the GPU (runs 277-278 passed the same selection before the change).
+    # Limit 280 s
+    TEST_WORKERS=4 TEST_TIMEOUT=280 bash scripts/gpu_call.sh \
+      "tests:tests/test_residual_rmsnorm.py tests/test_rope.py tests/test_hf.py -k 'float16 or fp16 or cast_mode or one_launch or runs_in_the_epilogue'"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|27" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|28" >&2
     exit 2
     ;;
 esac
