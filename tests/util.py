@@ -19,18 +19,34 @@ def err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x - ref.double()).abs().max().item() if x.numel() else 0.0
 
 
+def error_terms(ours: torch.Tensor, ref64: torch.Tensor, torch_same_dtype: torch.Tensor) -> tuple:
+    """``assert_within``'s terms: (err(ours), err(PyTorch in the same dtype), one float32
+    ulp of the largest reference value)."""
+    return err(ours, ref64), err(torch_same_dtype, ref64), 2.0**-23 * ref64.abs().max().item()
+
+
+def within_ratio(terms: tuple) -> float:
+    """``error_terms`` as one ratio, error / (2 x PyTorch's + the ulp): <= 1 passes."""
+    e_ours, e_torch, tiny = terms
+    bound = 2 * e_torch + tiny
+    return e_ours / bound if bound else (0.0 if e_ours == 0 else float("inf"))
+
+
+def assert_terms(name: str, terms: tuple) -> None:
+    """``error_terms`` within the bound: err(ours) <= 2 * err(PyTorch's) + the ulp."""
+    e_ours, e_torch, tiny = terms
+    assert e_ours <= 2 * e_torch + tiny, (
+        f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e} + {tiny:.1e}"
+    )
+
+
 def assert_within(name: str, ours: torch.Tensor, ref64: torch.Tensor, torch_same_dtype: torch.Tensor):
     """err(ours) <= 2 * err(PyTorch in the same dtype) + one float32 ulp of the largest
     reference value (for outputs PyTorch gets exactly). The term was 1e-6 of the largest
     value and at least 1e-6: ~8 float32 ulp, and far more for small gradients, so a float32
     check allowed ~10x PyTorch's error and hid a loss 11x past it (NOTES.md)."""
     assert ours.shape == ref64.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
-    e_ours = err(ours, ref64)
-    e_torch = err(torch_same_dtype, ref64)
-    tiny = 2.0**-23 * ref64.abs().max().item()
-    assert e_ours <= 2 * e_torch + tiny, (
-        f"{name}: error {e_ours:.3e} > 2 x torch's {e_torch:.3e} + {tiny:.1e}"
-    )
+    assert_terms(name, error_terms(ours, ref64, torch_same_dtype))
 
 
 def rand(*shape, dtype, device, scale=1.0):

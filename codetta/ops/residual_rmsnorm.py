@@ -6,8 +6,8 @@
 Forward: K1 (o-proj GEMM; residual seeds the accumulator; stores x, h = x*gamma
 and the row sums of x^2) -> z = r * (h @ w^T), r = rsqrt(sumsq / d + eps)
 formed in the next GEMM's epilogue (RMS_SCALE). Neither n nor r is written
-(in float16, whose range may not hold h, one row pass writes n = x r gamma over h
-and the next GEMMs' r is 1: ``_k1``).
+(in float16, whose range may not hold h, K1 stores no h over a float16 stream and one
+row pass writes n = x r gamma; the next GEMMs' r is 1: ``_k1``).
 Without a next GEMM, ``residual_rmsnorm`` forms n in one pass after K1, and
 ``residual_rmsnorm_factors`` returns h and r themselves (the mode ``FACTORS``: a
 consumer that scales rows, the loss's ``row_scale``; its backward takes dh and dr,
