@@ -315,7 +315,7 @@ def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
         assert chooser.untuned(call, True, cands) == cands[-1]
 
 
-def test_chooser_records_where_each_pick_came_from(monkeypatch):
+def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
     """``Chooser.served``: per key, where its configuration came from (its GPU's own table,
     another GPU's, tuning now, the nearest entry, the shape rule), and the benchmark's line
     naming every key that was not this GPU's own (``harness.config_sources``)."""
@@ -365,6 +365,9 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch):
         assert f"{chooser.key(c, False)} ({why})" in line
     assert chooser.key(own, False) not in line and chooser.key(call(65536), False) not in line
     assert config_sources(seen=set(chooser.served)) is None
+    harness.print_config_sources(seen={chooser.key(call(65536), False)}, case="a case")
+    harness.print_config_sources(seen=set(chooser.served), case="a case")  # (nothing new: no line)
+    assert capsys.readouterr().out == f"  a case: {line}\n"
 
 
 def test_float16_calls_take_the_bfloat16_picks(monkeypatch):

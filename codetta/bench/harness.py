@@ -247,9 +247,7 @@ def compare(fns: dict, precompile: bool = True) -> dict[str, Timing]:
     for fn in fns.values():  # compile (what precompile left), tune, allocate
         fn()
     torch.cuda.synchronize()
-    sources = config_sources(seen)  # (the keys this case picked first)
-    if sources:
-        print(f"  {sources}")
+    print_config_sources(seen)  # (the keys this case picked first)
     rounds = []
     for _ in range(max(1, OPTIONS.rounds)):
         rounds.append((paired_ms(fns), sustained_ms(fns, settle_ms=OPTIONS.settle_ms)))
@@ -312,6 +310,14 @@ def config_sources(seen: set) -> str | None:
     line = f"GEMM configurations: {counts}"
     return line + ("" if not others else "; not this GPU's own: " + ", ".join(
         f"{k} ({CHOOSER.served[k]})" for k in others))  # fmt: skip
+
+
+def print_config_sources(seen: set, case: str = "") -> None:
+    """``config_sources(seen)`` printed as one indented line (``case: `` before it where
+    given); nothing where no key was picked since ``seen``."""
+    sources = config_sources(seen)
+    if sources:
+        print(f"  {case + ': ' if case else ''}{sources}")
 
 
 def host_ms(step, n: int = 3) -> float:

@@ -39,9 +39,9 @@ from .harness import (
     ab_settings,
     ab_variants,
     compare,
-    config_sources,
     host_ms,
     peak_memory_gb,
+    print_config_sources,
     round_extra,
     round_spread,
 )
@@ -381,9 +381,7 @@ def run_case(
         print(f"  {case}: first-step loss {k:<16} {loss:.5f}")
         if ref is not None and abs(loss - ref) > 2e-2 * abs(ref):
             raise AssertionError(f"{case}: {k}'s first-step loss {loss} is not eager's {ref}")
-    sources = config_sources(seen)
-    if sources:
-        print(f"  {case}: {sources}")
+    print_config_sources(seen, case)
     mem = {}
     for k in list(fns):
         peak = run_or_leave_out(fns, k, case, peak_memory_gb, fns[k])
