@@ -487,7 +487,8 @@ case "${1:-}" in
     # there), at 65536 63), TUNE_FORCE=0 (only what the table lacks), the two tunes adding
     # up in one table under $OUT (gpu_call.sh); merge it with scripts/merge_tuned.py.
     # Limits 250 + 300 s. Run 282 (c42da0a) tuned 72 of them; 24 left (Llama-3-70B's and
-    # Qwen3-14B's / -32B's widest products at 32768 and 65536): the same call reaches them
+    # Qwen3-14B's / -32B's widest products at 32768 and 65536): the same call reaches them.
+    # Runs 284-285 (cee59b4) tuned 18 more; 6 left (width 8192 at 65536 tokens)
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 27 is for an H100" >&2; exit 2; }
     MODELS="llama3-1b llama3-3b llama3-8b qwen3-8b qwen3-14b qwen3-32b mistral-7b llama3-70b"
     TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=250 TUNE_SCOPE="--model $MODELS --tokens 4096 8192 32768" \
@@ -500,7 +501,7 @@ case "${1:-}" in
     # RESIDUAL_SUMSQ, tuned like RESIDUAL_RMS, and the row pass writes n into a new tensor),
     # built and tested on the CPU only: the float16 tests of the norm, RoPE / q-k-v and
     # drop-in files on the GPU (runs 277-278 passed the same selection before the change).
-    # Limit 280 s
+    # Limit 280 s. Run 283 (c91963e, an H100): 128 passed
     TEST_WORKERS=4 TEST_TIMEOUT=280 bash scripts/gpu_call.sh \
       "tests:tests/test_residual_rmsnorm.py tests/test_rope.py tests/test_hf.py -k 'float16 or fp16 or cast_mode or one_launch or runs_in_the_epilogue'"
     ;;
