@@ -271,6 +271,7 @@ OPTIONS = [  # (options, reduction): each option alone, then all together
     (dict(b=True), "mean"),
     (dict(cap=20.0), "sum"),
     (dict(cw=True), "mean"),
+    (dict(cw="negative"), "mean"),
     (dict(eps=0.1), "none"),
     (dict(z=1e-3), "mean"),
     (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "none"),
@@ -347,7 +348,8 @@ def test_row_scale_float16_range(device):
 
 # (every option: the plain path's values are checked through the drop-in in test_hf)
 VOCAB_CHUNK_CASES = [(OPTIONS[-1][0], "none"), (OPTIONS[-1][0], "mean"),
-                     (ROW_SCALE_OPTIONS[3][0], "mean"), (ROW_SCALE_OPTIONS[3][0], "none")]  # fmt: skip
+                     (ROW_SCALE_OPTIONS[3][0], "mean"), (ROW_SCALE_OPTIONS[3][0], "none"),
+                     (dict(cw="negative"), "mean")]  # fmt: skip
 
 
 @pytest.mark.parametrize("opts,reduction", VOCAB_CHUNK_CASES, ids=lambda o: str(o))
@@ -385,6 +387,8 @@ def _check_options(opts, reduction, dtype, device, **extra):
     # (larger logits in float32: test_float32_large_logits_without_slack)
     r = torch.rand(M, device=device) + 0.5 if opts.get("r") else None
     cw = torch.rand(V, device=device) + 0.5 if opts.get("cw") else None
+    if opts.get("cw") == "negative":  # (a negative sum under mean, as PyTorch allows)
+        cw = -cw
     t = torch.randint(0, V, (M,), device=device)
     t[::5] = -100
     grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None

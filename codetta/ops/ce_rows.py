@@ -14,12 +14,14 @@ from ..programs.ce import cap_rows, pick_stored
 
 
 def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
-    """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none)."""
+    """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none).
+    denom (the counted rows' class-weight sum) may be negative, as PyTorch allows; where
+    it is 0 (every row ignored) the scale is 0, as PyTorch's gradient is."""
     if reduction == "none":
         return torch.where(valid, grad.float(), 0.0)
     s = valid.float()
     if reduction == "mean":
-        s = s / denom.clamp_min(torch.finfo(torch.float32).tiny)
+        s = s / torch.where(denom == 0, torch.finfo(torch.float32).tiny, denom)
     return s
 
 
