@@ -221,3 +221,27 @@ def test_triton_series_check():
     why = triton_mismatch("3.7.0")
     assert why and "Triton 3.6.x" in why and "Triton 3.7.0" in why
     assert triton_mismatch("3.10.0") and triton_mismatch("4.0") and triton_mismatch("nightly")
+
+
+def test_switches_take_words_and_refuse_the_rest():
+    """The on/off variables (CODETTA_AUTOTUNE, CODETTA_PINGPONG, ...): 1 / true / on / yes
+    and 0 / false / off / no in any case, unset or empty for the default; anything else is
+    refused with the variable's name (``false`` was once read as on: any value but "0")."""
+    from codetta.kernels import settings
+
+    S = settings.Settings.from_env
+    for word in ("0", "false", "FALSE", "off", "No", " 0 "):
+        assert S({"CODETTA_AUTOTUNE": word}).autotune is False
+        assert S({"CODETTA_PINGPONG": word}).pingpong is False
+        assert S({"CODETTA_SWIGLU_KEEP_Y": word}).swiglu_keep_y is False
+    for word in ("1", "true", "On", "yes"):
+        assert S({"CODETTA_AUTOTUNE": word}).autotune is True
+        assert S({"CODETTA_SWIGLU_KEEP_Y": word}).swiglu_keep_y is True
+    assert S({"CODETTA_AUTOTUNE": ""}).autotune is False and S({}).autotune is False
+    assert S({"CODETTA_PINGPONG": ""}).pingpong is True and S({}).pingpong is True
+    assert S({"CODETTA_SWIGLU_KEEP_Y": ""}).swiglu_keep_y is None
+    for bad in ("2", "maybe", "disable"):
+        with pytest.raises(ValueError, match="CODETTA_PINGPONG"):
+            S({"CODETTA_PINGPONG": bad})
+        with pytest.raises(ValueError, match="CODETTA_SWIGLU_KEEP_Y"):
+            S({"CODETTA_SWIGLU_KEEP_Y": bad})

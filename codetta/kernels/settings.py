@@ -1,4 +1,7 @@
 """Environment switches, read once at import, and the public hooks that change them.
+An on/off switch (default 0 or 1 below) takes 0 / 1, or false / true, off / on, no / yes
+in any case; unset or empty keeps its default; any other value is refused at import with
+the variable's name.
 
 | variable | default | meaning |
 |---|---|---|
@@ -155,7 +158,7 @@ class Settings:
     @classmethod
     def from_env(cls, env=os.environ) -> Settings:
         def flag(name: str, default: bool) -> bool:
-            return env.get(name, "1" if default else "0") != "0"
+            return _flag(name, env.get(name, ""), default)
 
         cache = env.get("CODETTA_CACHE_DIR") or os.path.join(
             env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "codetta"
@@ -210,12 +213,26 @@ TUNE_METHODS = ("paired", "sustained", "both")
 _CHOICES = {"tune_method": TUNE_METHODS, "pingpong_policy": PINGPONG_POLICIES, "autocast": AUTOCAST_MODES}
 
 
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def _flag(name: str, value: str, default: bool) -> bool:
+    """An on/off switch: 1 / true / on / yes or 0 / false / off / no (any case); unset or
+    empty: the default. Anything else is an error, never read as on (``false`` once was)."""
+    word = value.strip().lower()
+    if not word:
+        return default
+    if word not in _ON + _OFF:
+        raise ValueError(f"{name} must be 0 or 1 (or false / true, off / on, no / yes), got {value!r}")
+    return word in _ON
+
+
 def _auto_flag(name: str, value: str) -> bool | None:
-    if value == "auto":
+    if value.strip().lower() in ("auto", ""):
         return None
-    if value not in ("0", "1"):
+    if value.strip().lower() not in _ON + _OFF:
         raise ValueError(f"{name} must be 0, 1 or auto, got {value!r}")
-    return value == "1"
+    return _flag(name, value, False)
 
 
 def _choice(name: str, value: str, choices: tuple) -> str:
