@@ -248,6 +248,15 @@ def test_bad_arguments(device):
         linear_cross_entropy(torch.randn(4, 8, device=device).to(GEMM_DTYPE), w, ids, tied=object())
     with pytest.raises(ValueError, match="padding_idx"):
         tied_embedding(ids, w, 10, TiedLink())
+    # a link bound to one weight's lookup, then a loss over another (its gradient would
+    # reach the first): refused; the same weight passes
+    link, other = TiedLink(), w.detach().clone().requires_grad_()
+    x = torch.randn(4, 8, device=device).to(GEMM_DTYPE)
+    tied_embedding(ids, w, None, link)
+    with pytest.raises(ValueError, match="another weight"):
+        linear_cross_entropy(x, other, ids, tied=link)
+    linear_cross_entropy(x, w, ids, tied=link).backward()
+    assert other.grad is None and w.grad is not None
     with pytest.raises(TypeError, match="ids"):
         tied_embedding(ids.float(), w, None, TiedLink())
     with pytest.raises(TypeError, match="TiedLink"):

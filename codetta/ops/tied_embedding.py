@@ -44,11 +44,24 @@ class TiedLink:
 
     def __init__(self):
         self._node = None  # a weak reference to the lookup's autograd node
+        self._weight = None  # a weak reference to the lookup's weight
         self._deposits: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def bind(self, out: torch.Tensor) -> None:
+    def bind(self, out: torch.Tensor, weight: torch.Tensor) -> None:
         node = out.grad_fn
         self._node = None if node is None else weakref.ref(node)
+        self._weight = weakref.ref(weight)
+
+    def check_weight(self, weight: torch.Tensor) -> None:
+        """Raise if the lookup this link is bound to read another tensor than ``weight``
+        (the loss would hand its gradient to the wrong weight); an unbound link (no lookup
+        with a gradient yet) passes."""
+        bound = None if self._weight is None else self._weight()
+        if bound is not None and bound is not weight:
+            raise ValueError(
+                "tied: this TiedLink's tied_embedding looked up another weight than linear_weight "
+                "(tie a loss only to the lookup of the same tensor)"
+            )
 
     def hand_over(self, dw32: torch.Tensor, scale: torch.Tensor) -> bool:
         """Called by the loss's backward: keep its float32 weight gradient (unscaled) and
@@ -133,5 +146,5 @@ def _lookup(ids, weight, padding_idx, link):
         return F.embedding(ids, weight, padding_idx)
     out = _Lookup.apply(weight, ids, padding_idx, link)
     if link is not None:
-        link.bind(out)
+        link.bind(out, weight)
     return out
