@@ -576,6 +576,29 @@ def test_module_errors():
         RMSNormQKVRoPE(64, 4, 4, 16, inv_freq=torch.ones(5))
     with pytest.raises(ValueError, match=r"\[batch, seq, hidden\]"):
         RMSNormQKVRoPE(64, 4, 4, 16)(torch.zeros(3, 64))
+    with pytest.raises(ValueError, match="hidden 64 .this module's., got shape .2, 3, 40."):
+        RMSNormQKVRoPE(64, 4, 4, 16)(torch.zeros(2, 3, 40))
+    with pytest.raises(ValueError, match=r"head_dim must be one of \[16, 32, 64, 128, 256\]"):
+        RMSNormQKVRoPE(64, 4, 4, 8)  # (at construction, not at the first forward)
+    with pytest.raises(TypeError, match="must have x's dtype"):  # (named as the caller names it)
+        RMSNormQKVRoPE(64, 4, 4, 16)(torch.zeros(2, 3, 64, dtype=torch.float16))
+    # an empty batch or sequence: empty q, k, v of the right shapes
+    m = RMSNormQKVRoPE(64, 4, 2, 16)
+    for B, S in ((0, 5), (2, 0)):
+        q, k, v = m(torch.randn(B, S, 64))
+        assert q.shape == (B, 4, S, 16) and k.shape == v.shape == (B, 2, S, 16)
+
+
+def test_rmsnorm_linear_errors_name_x():
+    """``rmsnorm_linear`` names its own arguments (x, gamma, weight), not the general
+    operator's (residual, y) it calls."""
+    x, g, w = torch.randn(8, 32), torch.rand(32) + 0.5, torch.randn(16, 32)
+    with pytest.raises(TypeError, match=r"weight \(torch.float32\) must have x's dtype \(torch.float16\)"):
+        rmsnorm_linear(x.half(), g, w)
+    with pytest.raises(TypeError, match="x must be bfloat16 or float16"):
+        rmsnorm_linear(x.double(), g, w)
+    with pytest.raises(ValueError, match=r"gamma \(32,\) and x \[..., 40\] disagree"):
+        rmsnorm_linear(torch.randn(8, 40), g, w)
 
 
 def test_module_compiles_fullgraph(device):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..ops import RoPE, rmsnorm_linear
+from ..ops.rope import RMS_ROPE
 
 
 def _positive_int(name: str, v) -> int:
@@ -62,6 +63,9 @@ class RMSNormQKVRoPE(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if head_dim % 2:
             raise ValueError(f"head_dim must be even (RoPE rotates pairs of columns), got {head_dim}")
+        if head_dim not in RMS_ROPE:
+            raise ValueError(f"head_dim must be one of {sorted(RMS_ROPE)} (the RoPE programs'), "
+                             f"got {head_dim}")  # fmt: skip
         if not all(isinstance(f, bool) for f in (interleaved, qk_norm, fused_qkv, bias)):
             raise TypeError("qk_norm, interleaved, fused_qkv and bias must be True or False")
         if bias and (qk_norm or interleaved):
@@ -150,8 +154,11 @@ class RMSNormQKVRoPE(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
-        if x.dim() != 3:
-            raise ValueError(f"x must be [batch, seq, hidden], got shape {tuple(x.shape)}")
+        if x.dim() != 3 or x.shape[-1] != self.norm.weight.shape[0]:
+            raise ValueError(
+                f"x must be [batch, seq, hidden] with hidden {self.norm.weight.shape[0]} (this module's), "
+                f"got shape {tuple(x.shape)}"
+            )
         B, S, _ = x.shape
         if position_ids is None:
             position_ids = torch.arange(S, device=x.device)
@@ -167,7 +174,9 @@ class RMSNormQKVRoPE(nn.Module):
         else:
             ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
         q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.eps, rope=rope, bias=self._bias())
-        return tuple(t.view(B, S, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        # (heads from the width: a view cannot infer -1 of an empty batch)
+        hd = self.head_dim
+        return tuple(t.view(B, S, t.shape[-1] // hd, hd).transpose(1, 2) for t in (q, k, v))
 
     def _bias(self) -> tuple | None:
         """The q, k and v biases (an entry None for one without), or None where none has one."""

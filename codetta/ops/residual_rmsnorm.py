@@ -39,7 +39,7 @@ from typing import NamedTuple
 import torch
 
 from ..kernels.launch import gemm, parts_fit
-from ..kernels.operands import check_tensor
+from ..kernels.operands import GEMM_DTYPES, check_dtype, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import (
     RESIDUAL_RMS,
@@ -601,6 +601,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     # GEMMs' dtype (x may be a float32 stream over bf16/fp16 weights)
     low = weight[0] if isinstance(weight, (list, tuple)) and weight else weight
     low = low.dtype if isinstance(low, torch.Tensor) else x.dtype
+    _check_x(x, gamma, low)
     y, w_o = x.new_empty((M, 0), dtype=low), x.new_empty((d, 0), dtype=low)
     ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
@@ -611,6 +612,21 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     )  # fmt: skip
     zs = tuple(z.reshape(*lead, z.shape[-1]) for z in zs[: len(ws)])
     return zs if isinstance(weight, (list, tuple)) else zs[0]
+
+
+def _check_x(x: torch.Tensor, gamma, low: torch.dtype) -> None:
+    """``rmsnorm_linear``'s checks that name x (the general operator's, run after, call
+    it the residual and its GEMMs' dtype y's): x's dtype against the next weights' (``low``),
+    its features against gamma's."""
+    check_dtype("x", x, GEMM_DTYPES, "bfloat16 or float16, or float32 (a float32 stream, or on CPU)")
+    if x.dtype != low and not (x.dtype == torch.float32 and low in (torch.bfloat16, torch.float16)):
+        raise TypeError(
+            f"weight ({low}) must have x's dtype ({x.dtype}), or x be float32 (a float32 residual "
+            "stream over bf16/fp16 weights)"
+        )
+    if isinstance(gamma, torch.Tensor) and gamma.shape != (x.shape[-1],):
+        raise ValueError(f"gamma {tuple(gamma.shape)} and x [..., {x.shape[-1]}] disagree: gamma must be "
+                         f"[{x.shape[-1]}], x's features")  # fmt: skip
 
 
 def _biases(bias, weight, ws, y, rope_args, pairs) -> list:
