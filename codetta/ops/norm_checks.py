@@ -40,8 +40,8 @@ def _aligned(t) -> bool:
 
 
 def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
-    """The matrices of ``named`` (a GEMM reads them as they are) each with unit stride in
-    one dimension (contiguous or a transposed view) and their data on a 16-byte boundary,
+    """The matrices of ``named`` (a GEMM reads them as they are) each contiguous or a
+    transposed view of a contiguous tensor, and their data on a 16-byte boundary,
     those named in ``alike`` laid out alike (the GEMM reads them as parts of one operand);
     the vectors named in ``vectors`` contiguous. Errors name the caller's argument."""
     for name, t in named.items():
@@ -53,8 +53,9 @@ def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
             continue
         if t.numel() and not (t.is_contiguous() or t.t().is_contiguous()):
             raise ValueError(
-                f"{name} must have unit stride in one dimension (contiguous or a transposed view), got "
-                f"strides {tuple(t.stride())}; call .contiguous()"
+                f"{name} must be contiguous or a transposed view of a contiguous tensor (no gaps "
+                f"between its rows), got shape {tuple(t.shape)} with strides {tuple(t.stride())}; "
+                "call .contiguous()"
             )
         if not _aligned(t):
             raise ValueError(
