@@ -158,6 +158,12 @@ def test_negative_padding_idx_and_the_loss_modules_repr(device):
     with pytest.raises(ValueError, match="padding_idx must be None or in"):
         embedding(ids, w, padding_idx=-13)
     assert "return_lse=True" in repr(LinearCrossEntropyLoss(return_lse=True))
+    # its options are checked when it is made, not at its first forward
+    for bad, why in ((dict(reduction="bogus"), "reduction"), (dict(label_smoothing=2.0), "label_smoothing"),
+                     (dict(z_loss=-1.0), "z_loss"), (dict(softcap=0.0), "softcap"),
+                     (dict(vocab_chunk=12), "vocab_chunk")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            LinearCrossEntropyLoss(**bad)
 
 
 def test_class_weights_that_require_grad(device):

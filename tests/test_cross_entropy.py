@@ -579,6 +579,13 @@ def test_option_errors(device):
     for bad in (0, 12, 8.0, True, "auto"):
         with pytest.raises(ValueError, match="vocab_chunk"):
             linear_cross_entropy(x, w, t, vocab_chunk=bad)
+    for bad in (0, -1, 2.5, True, "auto"):
+        with pytest.raises(ValueError, match="chunk_rows must be a positive whole number"):
+            linear_cross_entropy(x, w, t, chunk_rows=bad)
+    for bad in (torch.int32, torch.bool, "float32"):
+        with pytest.raises(TypeError, match="loss_dtype must be a floating-point"):
+            linear_cross_entropy(x, w, t, loss_dtype=bad)
+    assert linear_cross_entropy(x, w, t, loss_dtype=torch.float64, chunk_rows=3).dtype == torch.float64
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

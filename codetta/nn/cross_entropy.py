@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.cross_entropy import linear_cross_entropy
+from ..ops.cross_entropy import check_options, linear_cross_entropy
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
@@ -15,6 +15,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, weight=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
                  softcap=None, return_lse=False, vocab_chunk=None):  # fmt: skip
         super().__init__()
+        check_options(reduction, label_smoothing, z_loss, softcap, vocab_chunk)
         self.register_buffer("weight", weight)
         self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
         self.z_loss, self.softcap, self.return_lse = z_loss, softcap, return_lse

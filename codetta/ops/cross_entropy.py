@@ -661,6 +661,23 @@ _backward_none_fast = FastOp(_backward_none, _backward_none_impl)
 _backward_sliced_fast = FastOp(_backward_sliced, _backward_sliced_impl)
 
 
+def check_options(reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None, vocab_chunk=None) -> None:
+    """``linear_cross_entropy``'s options that are not tensors, checked (also at a loss
+    module's construction, ``nn.LinearCrossEntropyLoss``: an error there, not at the first
+    forward)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if float(z_loss) < 0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be > 0 (or None), got {softcap}")
+    whole = isinstance(vocab_chunk, int) and not isinstance(vocab_chunk, bool)
+    if vocab_chunk is not None and (not whole or vocab_chunk < 8 or vocab_chunk % 8):
+        raise ValueError(f"vocab_chunk must be a positive multiple of 8 (or None), got {vocab_chunk!r}")
+
+
 def linear_cross_entropy(
     input,
     linear_weight,
@@ -745,8 +762,6 @@ def linear_cross_entropy(
     if linear_weight.dtype != input.dtype:
         raise TypeError(f"linear_weight ({linear_weight.dtype}) must have input's dtype ({input.dtype})")
     check_dtype("target", target, (torch.int64, torch.int32))
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if linear_weight.dim() != 2 or input.dim() < 1 or input.shape[-1] != linear_weight.shape[1]:
         raise ValueError(
             f"input [..., d] and linear_weight [V, d] disagree: {tuple(input.shape)} and "
@@ -783,23 +798,21 @@ def linear_cross_entropy(
         if weight.requires_grad and torch.is_grad_enabled():  # (PyTorch's refuses too, at the backward)
             raise RuntimeError("weight (the class weights) must not require grad: none is formed for it")
         weight = weight.detach().float().contiguous()
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    if float(z_loss) < 0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if softcap is not None and not float(softcap) > 0:
-        raise ValueError(f"softcap must be > 0 (or None), got {softcap}")
     unit = 16 // input.element_size()
     if input.shape[-1] % unit:
         raise ValueError(
             f"d = {input.shape[-1]} must be a multiple of {unit} for {input.dtype} (rows of the input "
             "and the weight move through TMA in 16-byte units)"
         )
+    whole = isinstance(chunk_rows, int) and not isinstance(chunk_rows, bool)
+    if chunk_rows is not None and (not whole or chunk_rows < 1):
+        raise ValueError(f"chunk_rows must be a positive whole number (or None), got {chunk_rows!r}")
+    floating = isinstance(loss_dtype, torch.dtype) and loss_dtype.is_floating_point
+    if loss_dtype is not None and not floating:
+        raise TypeError(f"loss_dtype must be a floating-point torch.dtype (or None), got {loss_dtype!r}")
     if vocab_chunk is None:
         vocab_chunk = SETTINGS.ce_vocab_chunk or None
-    whole = isinstance(vocab_chunk, int) and not isinstance(vocab_chunk, bool)
-    if vocab_chunk is not None and (not whole or vocab_chunk < 8 or vocab_chunk % 8):
-        raise ValueError(f"vocab_chunk must be a positive multiple of 8 (or None), got {vocab_chunk!r}")
+    check_options(reduction, label_smoothing, z_loss, softcap, vocab_chunk)
     x = input.reshape(-1, input.shape[-1]).contiguous()
     t = target.reshape(-1).contiguous()
     rs = None if row_scale is None else row_scale.reshape(-1).float().contiguous()
