@@ -453,6 +453,11 @@ def test_module_rejects_bad_eps():
         ResidualRMSNormLinear(32, 64, 48, eps=-1)
     with pytest.raises(TypeError):
         ResidualRMSNormLinear(32, 64, 48, backward="nope")  # research variants are not module options
+    with pytest.raises(TypeError, match="norm_dtype must be float32 or the module's dtype"):
+        ResidualRMSNormLinear(32, 64, 48, norm_dtype=torch.float16)  # (a float32 module)
+    for nd in (None, torch.float32, torch.float16):
+        assert ResidualRMSNormLinear(32, 64, 48, dtype=torch.float16, norm_dtype=nd).norm_weight.dtype == (
+            nd or torch.float32)  # fmt: skip
 
 
 def test_public_api():
