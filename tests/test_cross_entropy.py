@@ -162,6 +162,17 @@ def test_all_ignored(device):
     assert linear_cross_entropy(x, w, t, reduction="sum", chunk_rows=rows).item() == 0.0
     linear_cross_entropy(x, w, t, reduction="sum", chunk_rows=rows).backward()
     assert not x.grad.any() and not w.grad.any()
+    x.grad = w.grad = None
+    loss.backward()  # (mean: a zero gradient, as torch's)
+    assert not x.grad.any() and not w.grad.any()
+    # counted rows whose class weights sum to 0 under mean: PyTorch's loss and gradient
+    # are not finite (0 / 0 scaled), and neither are these (once 1 / tiny: finite nonsense)
+    # (float32 on the CPU: float16's gain made even the old scale's gradient non-finite)
+    x, w = (v.detach().to(torch.float32 if device == "cpu" else dtype).requires_grad_() for v in (x, w))
+    t = torch.randint(0, V, (M,), device=device)
+    loss = linear_cross_entropy(x, w, t, weight=torch.zeros(V, device=device), chunk_rows=rows)
+    loss.backward()
+    assert not torch.isfinite(loss) and not torch.isfinite(x.grad).all()
 
 
 def test_bad_input(device, monkeypatch):

@@ -453,8 +453,12 @@ def test_module_rejects_bad_eps():
         ResidualRMSNormLinear(32, 64, 48, eps=-1)
     with pytest.raises(TypeError):
         ResidualRMSNormLinear(32, 64, 48, backward="nope")  # research variants are not module options
-    with pytest.raises(TypeError, match="norm_dtype must be float32 or the module's dtype"):
-        ResidualRMSNormLinear(32, 64, 48, norm_dtype=torch.float16)  # (a float32 module)
+    for bad in (torch.float64, torch.int32, "float16"):
+        with pytest.raises(TypeError, match="norm_dtype must be float32, bfloat16 or float16"):
+            ResidualRMSNormLinear(32, 64, 48, norm_dtype=bad)
+    mod = ResidualRMSNormLinear(32, 64, 48, norm_dtype=torch.float16).half()  # (made, then cast)
+    x, _ = mod(torch.randn(4, 32, dtype=torch.float16), torch.randn(4, 64, dtype=torch.float16))
+    assert x.dtype == torch.float16
     for nd in (None, torch.float32, torch.float16):
         assert ResidualRMSNormLinear(32, 64, 48, dtype=torch.float16, norm_dtype=nd).norm_weight.dtype == (
             nd or torch.float32)  # fmt: skip

@@ -249,14 +249,20 @@ def test_bad_arguments(device):
     with pytest.raises(ValueError, match="padding_idx"):
         tied_embedding(ids, w, 10, TiedLink())
     # a link bound to one weight's lookup, then a loss over another (its gradient would
-    # reach the first): refused; the same weight passes
-    link, other = TiedLink(), w.detach().clone().requires_grad_()
+    # reach the first): refused, casts of two weights too (a cast dies before the loss
+    # runs: the check follows it to its leaf); the same weight passes, and two casts of it
     x = torch.randn(4, 8, device=device).to(GEMM_DTYPE)
-    tied_embedding(ids, w, None, link)
-    with pytest.raises(ValueError, match="another weight"):
-        linear_cross_entropy(x, other, ids, tied=link)
-    linear_cross_entropy(x, w, ids, tied=link).backward()
-    assert other.grad is None and w.grad is not None
+    other = w.detach().clone().requires_grad_()
+    p1, p2 = (v.detach().float().requires_grad_() for v in (w, other))
+    for emb_w, loss_w in ((w, other), (p1.to(GEMM_DTYPE), p2.to(GEMM_DTYPE))):
+        link = TiedLink()
+        tied_embedding(ids, emb_w, None, link)
+        with pytest.raises(ValueError, match="another weight"):
+            linear_cross_entropy(x, loss_w, ids, tied=link)
+    for emb_w, loss_w in ((lambda: w, lambda: w), (lambda: p1.to(GEMM_DTYPE), lambda: p1.to(GEMM_DTYPE))):
+        link, kept = TiedLink(), emb_w()
+        tied_embedding(ids, kept, None, link)
+        linear_cross_entropy(x, loss_w(), ids, tied=link)  # (no error)
     with pytest.raises(TypeError, match="ids"):
         tied_embedding(ids.float(), w, None, TiedLink())
     with pytest.raises(TypeError, match="TiedLink"):

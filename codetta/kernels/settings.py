@@ -231,7 +231,7 @@ def _auto_flag(name: str, value: str) -> bool | None:
     if value.strip().lower() in ("auto", ""):
         return None
     if value.strip().lower() not in _ON + _OFF:
-        raise ValueError(f"{name} must be 0, 1 or auto, got {value!r}")
+        raise ValueError(f"{name} must be 0, 1 or auto (or false / true, off / on, no / yes), got {value!r}")
     return _flag(name, value, False)
 
 

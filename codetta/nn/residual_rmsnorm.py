@@ -25,9 +25,10 @@ class ResidualRMSNormLinear(nn.Module):
         if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0
                                 or not math.isfinite(eps)):  # fmt: skip
             raise ValueError(f"eps must be a finite number >= 0 or None, got {eps!r}")
-        act = dtype or torch.get_default_dtype()
-        if norm_dtype is not None and norm_dtype not in (torch.float32, act):
-            raise TypeError(f"norm_dtype must be float32 or the module's dtype ({act}), got {norm_dtype}")
+        # (float32, or the activations' dtype: that may come with a cast after, .half(), so
+        # the forward checks the match)
+        if norm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"norm_dtype must be float32, bfloat16 or float16 (or None), got {norm_dtype}")
         kw = {"device": device, "dtype": dtype}
         self.eps = eps
         self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))

@@ -15,14 +15,13 @@ from ..programs.ce import cap_rows, pick_stored
 
 def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
     """Per-row gradient scale: 0 for ignored rows; 1/denom (mean), 1 (sum), grad[m] (none).
-    denom (the counted rows' class-weight sum) may be negative, as PyTorch allows; where
-    it is 0 (every row ignored) the scale is 0, as PyTorch's gradient is."""
+    As PyTorch's: denom (the counted rows' class-weight sum) may be negative; every row
+    ignored gives a zero gradient; counted rows whose weights sum to 0 a non-finite one."""
     if reduction == "none":
         return torch.where(valid, grad.float(), 0.0)
-    s = valid.float()
     if reduction == "mean":
-        s = s / torch.where(denom == 0, torch.finfo(torch.float32).tiny, denom)
-    return s
+        return torch.where(valid, 1.0 / denom, 0.0)
+    return valid.float()
 
 
 # fp16's gradients are formed at a power-of-2 gain (``gain``): the largest row's entries

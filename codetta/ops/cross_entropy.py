@@ -757,7 +757,7 @@ def linear_cross_entropy(
     check_gemm_dtype("input", input)
     if tied is not None and not isinstance(tied, TiedLink):
         raise TypeError(f"tied must be a TiedLink (ops.tied_embedding) or None, got {type(tied).__name__}")
-    if tied is not None:
+    if tied is not None and not torch.compiler.is_compiling():  # (compiled: the link is not used)
         tied.check_weight(linear_weight)
     if linear_weight.dtype != input.dtype:
         raise TypeError(f"linear_weight ({linear_weight.dtype}) must have input's dtype ({input.dtype})")

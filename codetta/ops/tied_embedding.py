@@ -39,6 +39,22 @@ import torch.nn.functional as F
 from ..programs.embedding import embedding_weight_grad, tied_weight_grad
 
 
+def _origin(weight: torch.Tensor):
+    """Where ``weight``'s gradient goes: the tensor itself (a leaf), the leaf behind a chain
+    of casts (``.half()``, ``.to(dtype)``: autocast's), or else its autograd node (kept alive
+    by the graph of every tensor made from it, so a weak reference to it holds while the
+    lookup's output lives)."""
+    node = weight.grad_fn
+    while node is not None and type(node).__name__ == "ToCopyBackward0":
+        nxt = [f for f, _ in node.next_functions if f is not None]
+        if len(nxt) != 1:
+            break
+        node = nxt[0]
+    if node is None:
+        return weight
+    return node.variable if type(node).__name__ == "AccumulateGrad" else node
+
+
 class TiedLink:
     """One forward's tie between an embedding lookup and the loss over the same weight."""
 
@@ -50,17 +66,18 @@ class TiedLink:
     def bind(self, out: torch.Tensor, weight: torch.Tensor) -> None:
         node = out.grad_fn
         self._node = None if node is None else weakref.ref(node)
-        self._weight = weakref.ref(weight)
+        self._weight = weakref.ref(_origin(weight))
 
     def check_weight(self, weight: torch.Tensor) -> None:
-        """Raise if the lookup this link is bound to read another tensor than ``weight``
-        (the loss would hand its gradient to the wrong weight); an unbound link (no lookup
-        with a gradient yet) passes."""
+        """Raise if the lookup this link is bound to read a weight whose gradient goes
+        elsewhere than ``weight``'s (the loss would hand its gradient to the wrong weight):
+        the same tensor, or casts of the same one, pass; an unbound link (no lookup with a
+        gradient yet) passes."""
         bound = None if self._weight is None else self._weight()
-        if bound is not None and bound is not weight:
+        if bound is not None and bound is not _origin(weight):
             raise ValueError(
                 "tied: this TiedLink's tied_embedding looked up another weight than linear_weight "
-                "(tie a loss only to the lookup of the same tensor)"
+                "(tie a loss only to the lookup of the same tensor, or of a cast of it)"
             )
 
     def hand_over(self, dw32: torch.Tensor, scale: torch.Tensor) -> bool:
