@@ -1258,6 +1258,43 @@ def test_no_packed_sequence_check_without_positions(monkeypatch):
     assert calls, "the packed-sequence check did not run for the caller's positions"
 
 
+def test_packed_positions_masked_as_the_unpatched_model(monkeypatch):
+    """transformers applies its packed-sequence mask (block-diagonal attention over the
+    sequences position_ids restart) only where the model's forward makes no KV cache: in
+    training too, use_cache (else config.use_cache, on by default) makes one unless gradient
+    checkpointing is on. The patched forward makes none but masks as though it did: the
+    same check calls and the same loss as the unpatched model, use_cache given or not,
+    with and without checkpointing (before, with use_cache not given, the patched model's
+    loss differed: block-diagonal against the unpatched model's plain causal mask)."""
+    import copy
+
+    import transformers.masking_utils as mu
+
+    calls = []
+    real = mu.find_packed_sequence_indices
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda p: calls.append(1) or real(p))
+    plain = _model("llama", False)
+    ours = codetta.apply_codetta(copy.deepcopy(plain))
+    kw = _inputs("packed")
+    seen = {}
+    for ckpt in (False, True):
+        if ckpt:
+            plain.gradient_checkpointing_enable()
+            ours.gradient_checkpointing_enable()
+        for use_cache in (None, False):
+            kw["use_cache"] = use_cache
+            losses = []
+            for model in (plain, ours):
+                calls.clear()
+                losses.append(_step(model, kw)[1].item())
+                losses.append(len(calls))
+            seen[ckpt, use_cache] = losses
+            assert losses[1] == losses[3], (ckpt, use_cache, losses)  # (the check ran in both or neither)
+            assert abs(losses[0] - losses[2]) < 1e-5 * abs(losses[0]), (ckpt, use_cache, losses)
+    assert seen[False, None][1] == 0 and seen[False, False][1] > 0 and seen[True, None][1] > 0
+    assert abs(seen[False, None][0] - seen[False, False][0]) > 1e-4  # (the masks' difference shows)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2", "phi3"])  # (Mistral's plan is Llama's)
 def test_kernel_plan_of_a_step(family):
     """Which programs a patched training step runs: SwiGLU in the gate/up GEMM and its

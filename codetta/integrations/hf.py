@@ -707,9 +707,10 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = kwargs.pop("return_dict", None)
+    base = self.model
+    cache_made = _makes_cache(base, kwargs.get("use_cache"))
     for name in ("cache", "past_key_values", "use_cache", "logits_to_keep"):
         kwargs.pop(name, None)
-    base = self.model
     if self.training and _wrapped_for_checkpointing(base.layers):
         raise RuntimeError(
             "codetta: activation (gradient) checkpointing by torch.distributed's per-block "
@@ -748,7 +749,9 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     # the masks see the caller's position_ids: given none, the positions are 0..T-1 and
     # transformers' packed-sequence check (a host synchronization: it looks at GPU values
     # on the host, NOTES.md) has nothing to find
-    masks = _masks(base, h, attention_mask, position_ids, len(layers))
+    # (transformers looks for packed sequences in position_ids only where the model's own
+    # forward makes no cache: ``_makes_cache``)
+    masks = _masks(base, h, attention_mask, None if cache_made else position_ids, len(layers))
     if position_ids is None:
         position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
     position_embeddings = base.rotary_emb(h, position_ids)
@@ -863,6 +866,19 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     return out if return_dict else out.to_tuple()
+
+
+def _makes_cache(base, use_cache) -> bool:
+    """Whether the model's own forward would make a KV cache here (``use_cache``, else
+    ``config.use_cache``; off under gradient checkpointing in training with gradients, as
+    transformers decides it): its masks then skip the packed-sequence check of position_ids
+    (block-diagonal attention over sequences packed in a row), even in training, so a
+    patched model, which makes none, builds its masks as though it did, for the same numbers."""
+    if use_cache is None:
+        use_cache = getattr(base.config, "use_cache", None)
+    if getattr(base, "gradient_checkpointing", False) and base.training and torch.is_grad_enabled():
+        use_cache = False
+    return bool(use_cache)
 
 
 def _hf_checkpointing(base, layers) -> bool:
