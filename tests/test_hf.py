@@ -910,6 +910,36 @@ def test_hf_gradient_checkpointing(family):
     _check_checkpointing(_model(family, True, num_hidden_layers=3))
 
 
+def test_checkpointing_keeps_the_one_pass_embedding_gradient(monkeypatch):
+    """Gradient checkpointing puts transformers' input-grads hook on the embeddings (its
+    output made to require grad); the patched lookup, which bypasses the module, keeps its
+    one-pass gradient under it (tied, float16: the same bits as without checkpointing; it
+    once fell back to PyTorch's lookup there, an ulp apart) and does what the hook does
+    (a frozen table's output still requires grad: the layers get gradients)."""
+    import importlib
+
+    mod = importlib.import_module("codetta.ops.tied_embedding")
+    calls = []
+    real = mod.tied_weight_grad
+    monkeypatch.setattr(mod, "tied_weight_grad", lambda *a: calls.append(1) or real(*a))
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    _check_checkpointing(_model("llama", True, dtype, num_hidden_layers=3))
+    assert calls == [1, 1], "the one-pass tied gradient did not run in both steps"
+    from codetta.integrations import hf
+
+    model = _model("llama", False, num_hidden_layers=2)
+    emb = model.model.embed_tokens
+    assert hf._plain_lookup(emb)
+    _enable_hf_checkpointing(model)  # (the hook: on the lookup still)
+    assert emb._forward_hooks and hf._plain_lookup(emb)
+    emb.weight.requires_grad_(False)  # (a frozen table: its output made to require grad)
+    ids = _inputs("none")["input_ids"]
+    assert hf._input_grads(emb, torch.nn.functional.embedding(ids, emb.weight)).requires_grad
+    assert emb(ids).requires_grad  # (as the hook itself does)
+    emb.register_forward_hook(lambda m, i, o: o * 2)  # (any other hook: PyTorch's lookup)
+    assert not hf._plain_lookup(emb)
+
+
 def _check_checkpointing(base) -> dict:
     """``base`` patched, a training step with and without Hugging Face's gradient
     checkpointing: the units ran again, the same loss and gradients bit for bit (returned)."""

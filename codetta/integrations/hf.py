@@ -736,11 +736,11 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         # tied embeddings: the table's two gradients formed in one pass (ops/tied_embedding.py)
         tied = TiedLink()
         emb = base.embed_tokens
-        h = tied_embedding(input_ids, emb.weight, emb.padding_idx, tied)
+        h = _input_grads(emb, tied_embedding(input_ids, emb.weight, emb.padding_idx, tied))
     elif not spans.active and SETTINGS.embed_grad and _plain_lookup(base.embed_tokens):
         # the table's gradient in one pass (ops/tied_embedding.py: embedding)
         emb = base.embed_tokens
-        h = embedding(input_ids, emb.weight, emb.padding_idx)
+        h = _input_grads(emb, embedding(input_ids, emb.weight, emb.padding_idx))
     else:
         h = base.embed_tokens(input_ids)
     if cast is not None and h.dtype != torch.float32:
@@ -949,10 +949,29 @@ def _plain_lookup(emb) -> bool:
         and emb.max_norm is None
         and not emb.scale_grad_by_freq
         and not emb.sparse
-        and not (emb._forward_hooks or emb._forward_pre_hooks or emb._backward_hooks)
+        and not (emb._forward_pre_hooks or emb._backward_hooks)
+        and all(_input_grads_hook(h) for h in emb._forward_hooks.values())
         and _plain(emb.weight)  # (a Parameter, or its cast under CODETTA_AUTOCAST=cast)
         and not _global_module_hooks()
     )
+
+
+# the forward hook transformers' ``enable_input_require_grads`` puts on the input
+# embeddings (gradient checkpointing adds it; PEFT's twin is named without the s): its
+# output made to require grad, which the lookups here do themselves (``_input_grads``)
+_INPUT_GRADS_HOOKS = ("make_inputs_require_grads", "make_inputs_require_grad")
+
+
+def _input_grads_hook(hook) -> bool:
+    return getattr(hook, "__name__", None) in _INPUT_GRADS_HOOKS
+
+
+def _input_grads(emb, h: torch.Tensor) -> torch.Tensor:
+    """``h`` from a lookup that bypassed ``emb``'s forward (``_plain_lookup``): made to
+    require grad where an input-grads hook on ``emb`` would have (a frozen table's output)."""
+    if not h.requires_grad and torch.is_grad_enabled() and emb._forward_hooks:
+        h.requires_grad_(True)
+    return h
 
 
 def _global_module_hooks() -> bool:
