@@ -178,6 +178,13 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
                 f"codetta train: --model {spec}: not a known name ({known}), nor a config "
                 f"file or folder here, nor a hub config that could be read ({first})"
             ) from None
+        from .integrations.hf import FAMILIES
+
+        if getattr(cfg, "model_type", None) not in FAMILIES:
+            raise SystemExit(
+                f"codetta train: --model {spec}: model_type {getattr(cfg, 'model_type', None)!r} is not one "
+                f"this trains ({', '.join(sorted(FAMILIES))})"
+            )
         cfg._attn_implementation = "sdpa"
         cfg.max_position_embeddings = max(cfg.max_position_embeddings, seq_len)
     if layers is not None:
@@ -354,7 +361,10 @@ def build(args, device, world: int):
             raise SystemExit("codetta train: --compile is for the unpatched model here (--no-codetta)")
         import codetta
 
-        codetta.apply_codetta(model)
+        try:
+            codetta.apply_codetta(model)
+        except ValueError as exc:  # (a model the drop-in refuses, with its reason)
+            raise SystemExit(f"codetta train: {exc} (--no-codetta trains the model as it is)") from None
     elif args.compile:
         for layer in model.model.layers:
             layer.compile()

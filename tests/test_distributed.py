@@ -294,6 +294,14 @@ def test_train_refuses_bad_arguments_before_training(tmp_path):
         with pytest.raises(SystemExit, match=why):
             train(parser.parse_args([*base, *extra]))
     other = json.loads(config.read_text())
+    # a family this does not train, and a model the drop-in refuses (its reason, one line)
+    for name, change, why in (
+        ("gpt2.json", {"model_type": "gpt2"}, "model_type 'gpt2' is not one this trains"),
+        ("bias.json", {"attention_bias": True}, "o_proj has a bias.*--no-codetta"),
+    ):
+        (config.parent / name).write_text(json.dumps({**other, **change}))
+        with pytest.raises(SystemExit, match=why):
+            train(parser.parse_args([*base, "--model", str(config.parent / name)]))
     (config.parent / "other.json").write_text(json.dumps({**other, "num_hidden_layers": 1}))
     assert hf_config(str(config.parent / "other.json"), None, None, 16).num_hidden_layers == 1
     assert hf_config(str(config), None, None, 16).num_hidden_layers == 3
