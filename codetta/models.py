@@ -75,14 +75,17 @@ def widths_of(spec) -> Widths:
     if isinstance(spec, str) and spec.lower() in KNOWN:
         return KNOWN[spec.lower()]
     if isinstance(spec, (str, Path)) and Path(spec).is_file():
-        return _from_dict(json.loads(Path(spec).read_text()), Path(spec).parent.name or str(spec))
+        return _from_dict(_read_config(Path(spec)), Path(spec).parent.name or str(spec))
     if isinstance(spec, (str, Path)) and (Path(spec) / "config.json").is_file():
-        return _from_dict(json.loads((Path(spec) / "config.json").read_text()), Path(spec).name)
+        return _from_dict(_read_config(Path(spec) / "config.json"), Path(spec).name)
     if isinstance(spec, dict):
         return _from_dict(spec, spec.get("_name_or_path") or "config")
     if hasattr(spec, "to_dict"):
         return _from_dict(spec.to_dict(), getattr(spec, "_name_or_path", "") or type(spec).__name__)
     if isinstance(spec, str):
+        problem = hub_name_problem(spec)
+        if problem:  # (said now, not after the hub's retries)
+            raise ValueError(f"{spec!r} is not a known model ({', '.join(KNOWN)}): {problem}")
         try:
             from transformers import AutoConfig
         except ImportError:
@@ -99,6 +102,29 @@ def widths_of(spec) -> Widths:
             ) from None
         return widths_of(config)
     raise TypeError(f"cannot read model widths from {type(spec).__name__}")
+
+
+def hub_name_problem(spec: str) -> str | None:
+    """Why ``spec``, not a file or folder here, cannot be a Hugging Face hub name (org/name),
+    or None: a path (``.json``, or starting with ``.``, ``/`` or ``~``) that is not there,
+    or a bare name (a mistyped known one)."""
+    if Path(spec).exists():
+        return None
+    if spec.endswith(".json") or spec.startswith((".", "/", "~")):
+        return "no such file"
+    if spec.count("/") != 1:
+        return "no config file or folder of that name here, nor a hub name (org/name)"
+    return None
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON model config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: not a model config (a JSON object), got a JSON {type(cfg).__name__}")
+    return cfg
 
 
 def _from_dict(cfg: dict, name: str) -> Widths:

@@ -143,7 +143,7 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
     ``AutoConfig`` (a config.json, its folder, or a hub name)."""
     import transformers
 
-    from .models import KNOWN
+    from .models import KNOWN, hub_name_problem
 
     name = spec.lower()
     if name in KNOWN:
@@ -160,16 +160,12 @@ def hf_config(spec: str, layers: int | None, vocab: int | None, seq_len: int):
                   tie_word_embeddings=w.tied, max_position_embeddings=max(seq_len, 4096),
                   attn_implementation="sdpa", **_FULL[name])  # fmt: skip
     else:
-        path = Path(spec)
         known = ", ".join(KNOWN)
-        if not path.exists():
-            # (a hub name is org/name; a file or folder named here must be there; anything
-            # else is a mistyped known name: said now, not after transformers' retries)
-            if path.suffix == ".json" or spec.startswith((".", "/", "~")):
-                raise SystemExit(f"codetta train: --model {spec}: no such file (known names: {known})")
-            if spec.count("/") != 1:
-                raise SystemExit(f"codetta train: --model {spec}: not a known name ({known}), a config "
-                                 "file or folder, nor a hub name (org/name)")  # fmt: skip
+        # (a hub name is org/name; a file or folder named here must be there; anything else
+        # is a mistyped known name: said now, not after transformers' retries)
+        problem = hub_name_problem(spec)
+        if problem:
+            raise SystemExit(f"codetta train: --model {spec}: not a known name ({known}); {problem}")
         try:  # (a config.json read as it is, whatever its name; a folder's config.json; a hub name)
             cfg = transformers.AutoConfig.from_pretrained(spec)
         except (OSError, ValueError) as exc:

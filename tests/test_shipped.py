@@ -220,6 +220,18 @@ def test_widths_from_hf_config(tmp_path):
         models.widths_of({"hidden_size": 8})
     with pytest.raises(TypeError):
         models.widths_of(3)
+    # a file that is not a JSON object, or not JSON, named; a name that cannot be a hub
+    # name refused at once (no hub retries for a typo)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bad.json").write_text("{hidden_size: 8}")
+    for spec, why in (
+        (tmp_path / "list.json", "list.json: not a model config .a JSON object., got a JSON list"),
+        (tmp_path / "bad.json", "bad.json: not a JSON model config"),
+        ("llama3-xyz", "nor a hub name"),
+        (str(tmp_path / "none.json"), "no such file"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            models.widths_of(str(spec))
 
 
 @pytest.mark.parametrize("name", sorted(models.KNOWN))
