@@ -417,8 +417,15 @@ def test_unsupported_models_say_why():
         codetta.apply_codetta(swapped)
     with pytest.raises(ValueError, match="multiples of 8"):
         codetta.apply_codetta(_model("llama", False, torch.float16, intermediate_size=100))
-    with pytest.raises(TypeError, match="expects a LlamaForCausalLM"):
+    with pytest.raises(
+        TypeError, match="apply_codetta_to_llama expects a LlamaForCausalLM.*use codetta.apply_codetta"
+    ):
         codetta.apply_codetta_to_llama(_model("qwen3", False))
+    base = _model("llama", False).model  # (a LlamaModel: no LM head, no loss; not the other family's hint)
+    with pytest.raises(
+        TypeError, match=r"^apply_codetta expects a LlamaForCausalLM, got LlamaModel \(codetta patches"
+    ):
+        codetta.apply_codetta(base)
     # a forward already wrapped on the instance (accelerate's autocast, as Trainer prepares
     # a model) is not patched over; patching twice is fine
     import types

@@ -150,12 +150,14 @@ def apply(family: str, model=None, autocast: str | None = None):
             cls.forward = _codetta_forward
         return None
     if not isinstance(model, cls):
+        kind = getattr(getattr(model, "config", None), "model_type", None)
         raise TypeError(
-            f"apply_codetta_to_{family} expects a {cls.__name__}, got {type(model).__name__}"
+            f"{'apply_codetta' if kind == family else f'apply_codetta_to_{family}'} expects a "
+            f"{cls.__name__}, got {type(model).__name__}"
             + (
-                f" (model_type {model.config.model_type!r}: use codetta.apply_codetta)"
-                if hasattr(model, "config")
-                else ""
+                f" (model_type {kind!r}: use codetta.apply_codetta)"
+                if kind in FAMILIES and kind != family
+                else " (codetta patches the causal LM, whose forward ends in the LM head and the loss)"
             )  # fmt: skip
         )
     why = unsupported(model)
