@@ -249,7 +249,8 @@ def _id_range(tokens: torch.Tensor) -> tuple[int, int]:
 def check_arguments(args) -> None:
     """Refuse, in one line each, what would crash later or train nothing: counts below one,
     a non-finite or negative learning rate, fp16 parameters with AdamW (no --amp), FSDP2
-    wrapping the base model apart from tied embeddings, a --profile window past the run,
+    wrapping the base model apart from tied embeddings, a flag that would do nothing here
+    (--wrap-base without FSDP2, --precompile without codetta), a --profile window past the run,
     and --out / --save paths that cannot be written (found before training, not after)."""
     least = dict.fromkeys(("batch", "accum", "steps", "log_every"), 1)
     least.update(dict.fromkeys(("warmup", "time_from", "profile", "host_profile"), 0))
@@ -265,6 +266,12 @@ def check_arguments(args) -> None:
             raise SystemExit(f"codetta train: --{name} must be >= {least}, got {getattr(args, name)}")
     if not (math.isfinite(args.lr) and args.lr >= 0):
         raise SystemExit(f"codetta train: --lr must be a finite number >= 0, got {args.lr}")
+    for flag, on, needs, why in (
+        ("--wrap-base", args.wrap_base, args.parallel == "fsdp", "is for --parallel fsdp"),
+        ("--precompile", args.precompile, args.codetta, "compiles codetta's kernels: not with --no-codetta"),
+    ):
+        if on and not needs:
+            raise SystemExit(f"codetta train: {flag} {why} (it would do nothing here)")
     if args.amp and args.dtype == "fp32":
         raise SystemExit("codetta train: --amp computes in --dtype bf16 or fp16 (fp32 is no mixed precision)")
     if args.amp and args.parallel == "fsdp":

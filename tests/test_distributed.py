@@ -290,6 +290,8 @@ def test_train_refuses_bad_arguments_before_training(tmp_path):
         (["--out", str(tmp_path)], "is a folder"), (["--save", "/proc/codetta/w.pt"], "cannot be"),
         (["--model", str(tmp_path / "missing.json")], "no such file"),
         (["--model", "llama3-xyz"], "not a known name"),  # (at once: no hub retries for a typo)
+        (["--wrap-base"], "--wrap-base is for --parallel fsdp"),
+        (["--precompile", "--no-codetta"], "--precompile compiles codetta's kernels"),
     ):  # fmt: skip
         with pytest.raises(SystemExit, match=why):
             train(parser.parse_args([*base, *extra]))
