@@ -57,7 +57,13 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     next q, k (RoPE in their epilogues), v (dSwiGLU in its dX epilogue), and the last
     layer's down_proj + final norm (the LM head + loss: ``_probe_loss``); then the two K1
     of a float32 residual stream (the cast mode under autocast)."""
-    widths = {w.hidden, w.intermediate, w.q_width, w.kv_heads * w.head_dim, w.vocab}
+    named = {"hidden": w.hidden, "intermediate": w.intermediate, "q (heads x head_dim)": w.q_width,
+             "k / v (kv_heads x head_dim)": w.kv_heads * w.head_dim}  # fmt: skip
+    odd = [f"{name} {v}" for name, v in named.items() if v % 8]
+    if odd:  # (as apply_codetta refuses such a model)
+        raise ValueError(f"model {w.name}: widths not multiples of 8 (TMA moves 16-byte rows): "
+                         f"{', '.join(odd)}")  # fmt: skip
+    widths = {*named.values(), w.vocab}
     if _PROBE_TOKENS in widths:
         raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
     T, d, f, kv = _PROBE_TOKENS, w.hidden, w.intermediate, w.kv_heads * w.head_dim
