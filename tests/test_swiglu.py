@@ -73,7 +73,7 @@ def test_mlp_without_keeping_y(shape, fused, residual, dtype, device):
 
 def test_keep_y_auto(dtype, device):
     """CODETTA_SWIGLU_KEEP_Y's default (auto): y formed again from model width 4096 up,
-    kept below; 0 / 1 force either; anything else is an error naming the variable."""
+    kept below; 0 / 1 (or their words) force either; anything else is an error naming the variable."""
     from codetta.kernels.settings import KEEP_Y_BELOW, Settings
 
     auto = Settings.from_env({})
@@ -81,8 +81,9 @@ def test_keep_y_auto(dtype, device):
     assert auto.keeps_y(2048) and not auto.keeps_y(4096) and not auto.keeps_y(8192)
     assert Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "1"}).keeps_y(8192)
     assert not Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "0"}).keeps_y(2048)
+    assert Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "yes"}).keeps_y(8192)  # (the switches' words)
     with pytest.raises(ValueError, match="CODETTA_SWIGLU_KEEP_Y"):
-        Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "yes"})
+        Settings.from_env({"CODETTA_SWIGLU_KEEP_Y": "maybe"})
     T, f = 16, 32
     kept = {}
     for d in (64, 4096):  # the op asks the rule with its input's width
