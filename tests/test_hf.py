@@ -1295,6 +1295,23 @@ def test_no_packed_sequence_check_without_positions(monkeypatch):
     assert calls, "the packed-sequence check did not run for the caller's positions"
 
 
+def test_narrower_inputs_embeds_are_promoted():
+    """float16 ``inputs_embeds`` into a float32 model: the model's own forward promotes them
+    (at its first residual add); the patched one promotes them first (exact) and runs fused,
+    where it raised a dtype error naming an internal weight. The loss as the unpatched
+    model's, which rounds its first norm's output to float16 (hence not to the bit)."""
+    plain = _model("llama", False)
+    ours = codetta.apply_codetta(copy.deepcopy(plain))
+    kw = _inputs("none")
+    ids = kw.pop("input_ids")
+    kw["inputs_embeds"] = plain.model.embed_tokens(ids).detach().half()
+    want = plain(**kw).loss
+    with CountOps() as count:
+        got = ours(**kw).loss
+    assert count.losses == 1 and got.dtype == want.dtype == torch.float32
+    assert abs(got.item() - want.item()) < 1e-4 * abs(want.item()), (got, want)
+
+
 def test_packed_positions_masked_as_the_unpatched_model(monkeypatch):
     """transformers applies its packed-sequence mask (block-diagonal attention over the
     sequences position_ids restart) only where the model's forward makes no KV cache: in

@@ -734,6 +734,12 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
     tied = None
     if inputs_embeds is not None:
         h = inputs_embeds
+        wdt = base.embed_tokens.weight.dtype
+        if h.is_floating_point() and h.dtype != wdt and torch.promote_types(h.dtype, wdt) == wdt:
+            # (narrower embeddings than the model's, float16 into float32: the model's own
+            # forward promotes them at its first residual add, after its first norm has
+            # rounded its output to their dtype; here promoted first, exactly)
+            h = h.to(wdt)
     elif fused_loss and not spans.active and _tied_lookup(base.embed_tokens, self.lm_head):
         # tied embeddings: the table's two gradients formed in one pass (ops/tied_embedding.py)
         tied = TiedLink()
