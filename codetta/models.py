@@ -134,6 +134,12 @@ def _from_dict(cfg: dict, name: str) -> Widths:
     ]
     if missing:
         raise ValueError(f"model config {name!r} lacks {missing}: not a Llama-family decoder config")
+    biased = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
+    if biased:  # (as apply_codetta refuses such a model: no program adds o_proj's or the MLP's bias)
+        raise ValueError(
+            f"model config {name!r} has {' and '.join(biased)}: codetta adds the q, k and v projections' "
+            "biases only (Qwen2's), so it does not run this model"
+        )
     heads = cfg["num_attention_heads"]
     return Widths(
         name=str(name),

@@ -224,10 +224,12 @@ def test_widths_from_hf_config(tmp_path):
     # name refused at once (no hub retries for a typo)
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "bad.json").write_text("{hidden_size: 8}")
+    (tmp_path / "bias.json").write_text(json.dumps({**cfg, "attention_bias": True}))
     for spec, why in (
         (tmp_path / "list.json", "list.json: not a model config .a JSON object., got a JSON list"),
         (tmp_path / "bad.json", "bad.json: not a JSON model config"),
         ("llama3-xyz", "nor a hub name"),
+        (tmp_path / "bias.json", "has attention_bias: codetta adds the q, k and v projections' biases only"),
         (str(tmp_path / "none.json"), "no such file"),
     ):
         with pytest.raises(ValueError, match=why):
