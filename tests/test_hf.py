@@ -241,16 +241,22 @@ def _check_matches(family, tied, mask, dtype, **over):
     assert_within("logits", *logits)
 
 
+def _spy(monkeypatch, module: str, name: str) -> list:
+    """``module.name`` wrapped to append 1 to the returned list at each call."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    calls = []
+    real = getattr(mod, name)
+    monkeypatch.setattr(mod, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def _embedding_case(monkeypatch, tied: bool, kernel: str):
     """A patched Llama with a padding id (0, at four positions), its unpatched twin in the
     same dtype and in float64, one training step of each, and a spy counting the calls of
     ``ops/tied_embedding.py``'s ``kernel``: (want, same, got, ours, kw, calls, dtype, dev)."""
-    import importlib
-
-    mod = importlib.import_module("codetta.ops.tied_embedding")
-    calls = []
-    real = getattr(mod, kernel)
-    monkeypatch.setattr(mod, kernel, lambda *a: calls.append(1) or real(*a))
+    calls = _spy(monkeypatch, "codetta.ops.tied_embedding", kernel)
     dev, dtype = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float32)
     model = _model("llama", tied, dtype, pad_token_id=0).to(dev)
     assert model.model.embed_tokens.padding_idx == 0
@@ -923,12 +929,7 @@ def test_checkpointing_keeps_the_one_pass_embedding_gradient(monkeypatch):
     one-pass gradient under it (tied, float16: the same bits as without checkpointing; it
     once fell back to PyTorch's lookup there, an ulp apart) and does what the hook does
     (a frozen table's output still requires grad: the layers get gradients)."""
-    import importlib
-
-    mod = importlib.import_module("codetta.ops.tied_embedding")
-    calls = []
-    real = mod.tied_weight_grad
-    monkeypatch.setattr(mod, "tied_weight_grad", lambda *a: calls.append(1) or real(*a))
+    calls = _spy(monkeypatch, "codetta.ops.tied_embedding", "tied_weight_grad")
     dtype = torch.bfloat16 if ON_GPU else torch.float16
     _check_checkpointing(_model("llama", True, dtype, num_hidden_layers=3))
     assert calls == [1, 1], "the one-pass tied gradient did not run in both steps"
@@ -1282,11 +1283,7 @@ def test_no_packed_sequence_check_without_positions(monkeypatch):
     """transformers looks for packed sequences in position_ids with a check that stops the
     host until the GPU gets there; the patched forward asks for it only when the caller
     gave positions (packed sequences), not for the 0..T-1 it makes itself."""
-    import transformers.masking_utils as mu
-
-    calls = []
-    real = mu.find_packed_sequence_indices
-    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda p: calls.append(1) or real(p))
+    calls = _spy(monkeypatch, "transformers.masking_utils", "find_packed_sequence_indices")
     model = codetta.apply_codetta(_model("llama", False))
     kw = _inputs("none")
     model(**kw)
@@ -1320,13 +1317,7 @@ def test_packed_positions_masked_as_the_unpatched_model(monkeypatch):
     same check calls and the same loss as the unpatched model, use_cache given or not,
     with and without checkpointing (before, with use_cache not given, the patched model's
     loss differed: block-diagonal against the unpatched model's plain causal mask)."""
-    import copy
-
-    import transformers.masking_utils as mu
-
-    calls = []
-    real = mu.find_packed_sequence_indices
-    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda p: calls.append(1) or real(p))
+    calls = _spy(monkeypatch, "transformers.masking_utils", "find_packed_sequence_indices")
     plain = _model("llama", False)
     ours = codetta.apply_codetta(copy.deepcopy(plain))
     kw = _inputs("packed")

@@ -216,23 +216,20 @@ _CHOICES = {"tune_method": TUNE_METHODS, "pingpong_policy": PINGPONG_POLICIES, "
 _ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
-def _flag(name: str, value: str, default: bool) -> bool:
+def _flag(name: str, value: str, default: bool | None, words: str = "0 or 1") -> bool | None:
     """An on/off switch: 1 / true / on / yes or 0 / false / off / no (any case); unset or
     empty: the default. Anything else is an error, never read as on (``false`` once was)."""
     word = value.strip().lower()
     if not word:
         return default
     if word not in _ON + _OFF:
-        raise ValueError(f"{name} must be 0 or 1 (or false / true, off / on, no / yes), got {value!r}")
+        raise ValueError(f"{name} must be {words} (or false / true, off / on, no / yes), got {value!r}")
     return word in _ON
 
 
 def _auto_flag(name: str, value: str) -> bool | None:
-    if value.strip().lower() in ("auto", ""):
-        return None
-    if value.strip().lower() not in _ON + _OFF:
-        raise ValueError(f"{name} must be 0, 1 or auto (or false / true, off / on, no / yes), got {value!r}")
-    return _flag(name, value, False)
+    """``_flag`` with ``auto`` (or empty) for None."""
+    return None if value.strip().lower() == "auto" else _flag(name, value, None, "0, 1 or auto")
 
 
 def _choice(name: str, value: str, choices: tuple) -> str:

@@ -601,8 +601,8 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     # GEMMs' dtype (x may be a float32 stream over bf16/fp16 weights)
     low = weight[0] if isinstance(weight, (list, tuple)) and weight else weight
     low = low.dtype if isinstance(low, torch.Tensor) else x.dtype
-    _check_x(x, gamma, low)
     y, w_o = x.new_empty((M, 0), dtype=low), x.new_empty((d, 0), dtype=low)
+    _check_x(x, gamma, y)
     ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     biases = _biases(bias, weight, ws, y, rope_args, pairs)
@@ -614,14 +614,15 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     return zs if isinstance(weight, (list, tuple)) else zs[0]
 
 
-def _check_x(x: torch.Tensor, gamma, low: torch.dtype) -> None:
+def _check_x(x: torch.Tensor, gamma, y: torch.Tensor) -> None:
     """``rmsnorm_linear``'s checks that name x (the general operator's, run after, call
-    it the residual and its GEMMs' dtype y's): x's dtype against the next weights' (``low``),
-    its features against gamma's."""
+    it the residual and its GEMMs' dtype y's): x's dtype against the next weights' (y's,
+    as ``check_args`` judges a residual: the same dtype, or ``mixed``), its features
+    against gamma's."""
     check_dtype("x", x, GEMM_DTYPES, "bfloat16 or float16, or float32 (a float32 stream, or on CPU)")
-    if x.dtype != low and not (x.dtype == torch.float32 and low in (torch.bfloat16, torch.float16)):
+    if x.dtype != y.dtype and not mixed(x, y):
         raise TypeError(
-            f"weight ({low}) must have x's dtype ({x.dtype}), or x be float32 (a float32 residual "
+            f"weight ({y.dtype}) must have x's dtype ({x.dtype}), or x be float32 (a float32 residual "
             "stream over bf16/fp16 weights)"
         )
     if isinstance(gamma, torch.Tensor) and gamma.shape != (x.shape[-1],):
