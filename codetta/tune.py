@@ -45,10 +45,25 @@ from .ops.rope import RoPE
 from .programs.rope import RMS_ROPE
 
 TOKEN_BUCKETS = (4096, 8192, 16384, 32768, 65536)
-_PROBE_TOKENS = 104  # a token count no model width equals (checked), a multiple of 8
-# the LM head's probe vocabulary (the real one allocates a [V, d] fp32 accumulator on the CPU:
-# 4 GB at 70B widths); scaled to the model's, as the token count is
+# the probe's token count and the LM head's probe vocabulary (the real one allocates a [V, d]
+# fp32 accumulator on the CPU: 4 GB at 70B widths), scaled to the model's afterwards: per
+# model, the first multiples of 8 from these that no width of its GEMMs equals (_probe_dims)
+_PROBE_TOKENS = 104
 _PROBE_VOCAB = 152
+
+
+def _probe_dims(w: Widths) -> tuple[int, int]:
+    """``(tokens, vocab)`` for the probes of ``w``: each a multiple of 8 that no dimension of
+    the model's GEMMs equals (the widths, the paired / concatenated ones, and the probe's
+    own row counts: 1-3 chunks of rows), so that ``_scaled`` replaces only what they stand
+    for."""
+    kv = w.kv_heads * w.head_dim
+    widths = {w.hidden, w.intermediate, 2 * w.intermediate, w.q_width, kv, 2 * kv, w.q_width + kv,
+              w.qkv_width, w.head_dim, w.vocab}  # fmt: skip
+    tokens = next(t for t in range(_PROBE_TOKENS, 1 << 30, 8) if widths.isdisjoint((t, 2 * t, 3 * t)))
+    taken = widths | {tokens, 2 * tokens, 3 * tokens}
+    vocab = next(v for v in range(_PROBE_VOCAB, 1 << 30, 8) if v not in taken)
+    return tokens, vocab
 
 
 def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
@@ -63,10 +78,7 @@ def _probe(w: Widths, dtype: torch.dtype) -> list[RecordedCall]:
     if odd:  # (as apply_codetta refuses such a model)
         raise ValueError(f"model {w.name}: widths not multiples of 8 (TMA moves 16-byte rows): "
                          f"{', '.join(odd)}")  # fmt: skip
-    widths = {*named.values(), w.vocab}
-    if _PROBE_TOKENS in widths:
-        raise ValueError(f"model {w.name}: a width equals the probe token count {_PROBE_TOKENS}")
-    T, d, f, kv = _PROBE_TOKENS, w.hidden, w.intermediate, w.kv_heads * w.head_dim
+    T, d, f, kv = _probe_dims(w)[0], w.hidden, w.intermediate, w.kv_heads * w.head_dim
 
     def t(*shape, dt=dtype):
         return torch.empty(*shape, dtype=dt).requires_grad_()
@@ -102,29 +114,29 @@ def _probe_loss(w: Widths, dtype: torch.dtype, chunks: int = 3) -> list[Recorded
     the vocabulary as ``_PROBE_VOCAB``: ``_scaled`` makes both the real ones). Three
     chunks: the first chunk's dW GEMM stores, the middle ones' add to it, the last one's
     adds and rounds (three programs); one chunk: a plain GEMM into the weight's dtype."""
-    T, d = _PROBE_TOKENS, w.hidden
-    if d in (_PROBE_TOKENS, _PROBE_VOCAB, 2 * _PROBE_TOKENS, 3 * _PROBE_TOKENS):
-        raise ValueError(f"model {w.name}: its width {d} equals a probe dimension")
+    (T, V), d = _probe_dims(w), w.hidden
     # (the final norm's rstd as the loss's row scale, as the drop-in passes it: its own
     # logits program, CE_LOGITS_SCALED, unless CODETTA_CE_NORM_FACTORS=0)
     scaled = SETTINGS.ce_norm_factors
     with override(force_reference=True), recording() as rec:
         n = torch.empty(chunks * T, d, dtype=dtype, requires_grad=True)
-        head = torch.empty(_PROBE_VOCAB, d, dtype=dtype, requires_grad=True)
+        head = torch.empty(V, d, dtype=dtype, requires_grad=True)
         target = torch.zeros(chunks * T, dtype=torch.long)
         row_scale = torch.ones(chunks * T, requires_grad=True) if scaled else None
         linear_cross_entropy(n, head, target, chunk_rows=T, row_scale=row_scale).backward()
         return list(rec)
 
 
-def _scaled(call: RecordedCall, tokens: int, vocab: int | None = None) -> RecordedCall:
+def _scaled(
+    call: RecordedCall, probe: tuple[int, int], tokens: int, vocab: int | None = None
+) -> RecordedCall:
     """A probe's call with the probe's token count (and vocabulary, for the LM head's
-    calls) replaced by the real ones."""
+    calls), ``probe`` (``_probe_dims``), replaced by the real ones."""
 
     def s(x):
-        if x == _PROBE_TOKENS:
+        if x == probe[0]:
             return tokens
-        return vocab if vocab is not None and x == _PROBE_VOCAB else x
+        return vocab if vocab is not None and x == probe[1] else x
 
     ops = tuple(
         (n, None if shape is None else tuple(s(x) for x in shape), dt) for n, shape, dt in call.operands
@@ -136,11 +148,11 @@ def model_calls(w: Widths, tokens=TOKEN_BUCKETS, dtype=torch.bfloat16, pingpong:
     """``{tuning key: RecordedCall}``: one call per distinct key of the model's step over
     the token counts (keys bucket shapes to powers of two, so many calls share one)."""
     probe, loss, single = _probe(w, dtype), _probe_loss(w, dtype), _probe_loss(w, dtype, chunks=1)
-    out = {}
+    dims, out = _probe_dims(w), {}
     for t in tokens:
         chunk = rows_per_chunk(t, w.vocab, torch.finfo(dtype).bits // 8)
         head = single if chunk >= t else loss  # (all the rows in one chunk: its own dW GEMM)
-        for call in [_scaled(c, t) for c in probe] + [_scaled(c, chunk, w.vocab) for c in head]:
+        for call in [_scaled(c, dims, t) for c in probe] + [_scaled(c, dims, chunk, w.vocab) for c in head]:
             # keyed as the launcher keys it: with or without the ping-pong mainloop, as the
             # program and the ping-pong policy setting allow
             pp = pingpong and call.program.pingpong and policy_allows(call)

@@ -27,7 +27,7 @@ from codetta.kernels.program import Kind
 from codetta.kernels.timing import paired_ms, sustained_ms
 from codetta.kernels.tuning import CHOOSER, candidates, pingpong_allowed
 from codetta.models import widths_of
-from codetta.tune import _probe, _probe_loss, _scaled, call_inputs, rows_per_chunk
+from codetta.tune import _probe, _probe_dims, _probe_loss, _scaled, call_inputs, rows_per_chunk
 
 
 def _source(call) -> str:
@@ -91,8 +91,8 @@ def main() -> int:
     for spec in args.widths:
         w = widths_of(spec)
         chunk = rows_per_chunk(args.tokens, w.vocab, 2)
-        calls = [_scaled(c, args.tokens) for c in _probe(w, dtype)]
-        calls += [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, dtype)]
+        calls = [_scaled(c, _probe_dims(w), args.tokens) for c in _probe(w, dtype)]
+        calls += [_scaled(c, _probe_dims(w), chunk, w.vocab) for c in _probe_loss(w, dtype)]
         if args.only:
             calls = [c for c in calls if c.program.name in args.only]
             calls = list({(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values())

@@ -86,11 +86,12 @@ def program_cases(names, widths, tokens):
     from codetta.kernels.operands import make_call
     from codetta.kernels.tuning import candidates
     from codetta.models import widths_of
-    from codetta.tune import _probe, _scaled, call_inputs
+    from codetta.tune import _probe, _probe_dims, _scaled, call_inputs
 
     for spec in widths:
         wid = widths_of(spec)
-        calls = [_scaled(c, tokens) for c in _probe(wid, torch.bfloat16) if c.program.name in names]
+        dims = _probe_dims(wid)
+        calls = [_scaled(c, dims, tokens) for c in _probe(wid, torch.bfloat16) if c.program.name in names]
         calls = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K): c for c in calls}.values()
         for rec in calls:
             prog = rec.program

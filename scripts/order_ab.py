@@ -27,7 +27,7 @@ from codetta.kernels.launch import gemm
 from codetta.kernels.settings import override
 from codetta.kernels.timing import paired_ms, sustained_ms
 from codetta.models import widths_of
-from codetta.tune import _probe, _probe_loss, _scaled, call_inputs, rows_per_chunk
+from codetta.tune import _probe, _probe_dims, _probe_loss, _scaled, call_inputs, rows_per_chunk
 
 # (program, stores first, epi_split) that spill (sm_90a check, NOTES.md; residual_rms's
 # candidates leave its e1 out in both orders)
@@ -84,10 +84,10 @@ def cases(tokens: int, only=("ce_logits", "ce_logits_scaled", "residual_rms")):
     for spec in ("llama3-8b", "llama3-1b"):
         w = widths_of(spec)
         chunk = rows_per_chunk(tokens, w.vocab, 2)
-        recs = [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
+        recs = [_scaled(c, _probe_dims(w), chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
         with override(ce_norm_factors=False):  # (the plain logits program: the norm's n formed)
-            recs += [_scaled(c, chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
-        recs += [_scaled(c, tokens) for c in _probe(w, torch.bfloat16)]
+            recs += [_scaled(c, _probe_dims(w), chunk, w.vocab) for c in _probe_loss(w, torch.bfloat16)]
+        recs += [_scaled(c, _probe_dims(w), tokens) for c in _probe(w, torch.bfloat16)]
         seen = set()
         for rec in recs:
             name = rec.program.name

@@ -187,6 +187,24 @@ def test_model_calls_cover_the_step():
         assert 104 not in (c.M, c.N, c.K), "a probe dimension was left unscaled"
 
 
+def test_model_calls_of_widths_equal_to_the_probe_dims():
+    """A model whose widths equal the probes' default dimensions (104 tokens; 152 the LM
+    head's vocabulary; 208 and 312 its 2-3 chunks of rows) is probed with other ones, so that
+    its widths stay as they are and only the token count and vocabulary are scaled."""
+    w = models.Widths("odd", 104, 152, 2, 1, 104, 312)  # d 104, f 152, q 208, kv 104, V 312
+    assert tune._probe_dims(models.KNOWN["llama3-8b"]) == (tune._PROBE_TOKENS, tune._PROBE_VOCAB)
+    T, V = tune._probe_dims(w)
+    assert (T, V) != (tune._PROBE_TOKENS, tune._PROBE_VOCAB) and T % 8 == V % 8 == 0
+    shapes = {(c.program.name, c.a_t, c.b_t, c.M, c.N, c.K) for c in tune.model_calls(w, (4096,)).values()}
+    assert ("residual_rms", False, False, 4096, 104, 208) in shapes  # o_proj + residual
+    assert ("swiglu_rms", False, False, 4096, 152, 104) in shapes  # gate and up
+    assert ("store", True, True, 104, 152, 4096) in shapes  # dW of down
+    # the LM head: every row in one chunk at V 312 (its rows as its own dW GEMM's K)
+    assert ("ce_logits_scaled", False, False, 4096, 312, 104) in shapes
+    for c in tune.model_calls(w, (4096,)).values():
+        assert not {T, V} & {c.M, c.N, c.K}, "a probe dimension was left unscaled"
+
+
 def test_one_launch_calls_recreate():
     """Under CODETTA_QKV_ONE_LAUNCH the recorded plan has the one-launch programs (q, k, v:
     N parts; their dW: M parts), and the tuner's fresh inputs make the same calls (a and the
