@@ -85,6 +85,36 @@ def test_qkv_module_keeps_float32_frequencies_when_cast(device):
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
+def test_modules_made_on_the_meta_device():
+    """Made on the meta device then ``to_empty``: RMSNormQKVRoPE's frequencies (a buffer
+    outside the state_dict, which load_state_dict does not fill) are made again, from
+    rope_theta or from the inv_freq given (they were left as whatever memory held), and
+    ResidualRMSNormLinear has ``reset_parameters`` (it had none: its weights stayed empty)."""
+    from codetta.nn import ResidualRMSNormLinear
+
+    given = torch.rand(8) * 0.5
+    for kw in ({"rope_theta": 500000.0}, {"inv_freq": given}):
+        want = RMSNormQKVRoPE(64, 4, 2, 16, **kw)
+        with torch.device("meta"):
+            made = RMSNormQKVRoPE(64, 4, 2, 16, **kw)
+        made = made.to_empty(device="cpu")
+        made.load_state_dict(want.state_dict())
+        assert torch.equal(made.inv_freq, want.inv_freq)
+        assert torch.equal(made.half().inv_freq, want.inv_freq)  # (and kept float32 after)
+    with pytest.raises(ValueError, match="inv_freq is on the meta device"):
+        RMSNormQKVRoPE(64, 4, 2, 16, inv_freq=given.to("meta"))
+    with torch.device("meta"):
+        lin = ResidualRMSNormLinear(32, 64, 48)
+    lin = lin.to_empty(device="cpu")
+    with torch.no_grad():
+        lin.proj.fill_(float("nan")), lin.norm_weight.fill_(float("nan")), lin.weight.fill_(float("nan"))
+    lin.reset_parameters()
+    assert torch.equal(lin.norm_weight, torch.ones(64))
+    for w in (lin.proj, lin.weight):
+        bound = w.shape[1] ** -0.5  # (nn.Linear's: kaiming_uniform_ with a = sqrt(5))
+        assert torch.isfinite(w).all() and w.abs().max() <= bound and w.std() > bound / 4
+
+
 def test_swiglu_module_from_hugging_faces_mlp():
     """SwiGLUMLP.from_mlp takes a stock LlamaMLP (its act_fn is transformers' SiLUActivation,
     not nn.SiLU) and shares its weights."""

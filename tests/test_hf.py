@@ -380,6 +380,84 @@ def test_generation_state_dict_and_revert(family):
     assert count.calls == 0
 
 
+def test_patched_model_pickles_copies_and_replicates():
+    """A patched model is marked by a plain attribute (the class's forward dispatches on it),
+    so a pickled (or torch.save'd) one loads back patched, and a shallow copy or
+    nn.DataParallel's replica runs on its own parameters (a bound method on the instance
+    named the original model: loading failed, and a replica ran the original's forward)."""
+    import pickle
+
+    kw = _inputs("plain")
+    model = codetta.apply_codetta(_model("llama", False))
+    want = model(**kw).loss
+    loaded = pickle.loads(pickle.dumps(model))
+    with CountOps() as count:
+        got = loaded(**kw).loss
+    assert count.calls > 0 and torch.equal(got, want)
+    replica = model._replicate_for_data_parallel()  # (what nn.parallel.replicate makes of it)
+    replica.lm_head = torch.nn.Linear(64, 128, bias=False)  # (its own, other parameters)
+    with CountOps() as count:
+        other = replica(**kw).loss
+    assert count.calls > 0 and not torch.equal(other, want)
+    codetta.revert(replica)
+    # (the model's own forward over the same parameters: to float32 rounding)
+    torch.testing.assert_close(replica(**kw).loss, other, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model(**kw).loss, want)  # (the original still patched)
+
+
+def test_subclass_forward_runs_around_the_patch():
+    """A user's subclass whose forward calls the family's (super().forward) keeps its own
+    forward on a patched model, with codetta's inside it (the patch replaced the instance's
+    forward, dropping the subclass's: the loss lost its + 100)."""
+    cfg, cls = _config("llama", False)
+
+    class Offset(cls):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.loss = out.loss + 100
+            return out
+
+    torch.manual_seed(0)
+    model = Offset(cfg)
+    kw = _inputs("plain")
+    want = model(**kw).loss
+    codetta.apply_codetta(model)
+    with CountOps() as count:
+        got = model(**kw).loss
+    assert count.calls > 0 and got.item() > 100
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_gets_the_positions():
+    """The attention function gets position_ids as the model's own layers pass them
+    (FlashAttention reads sequences packed in one row from them; they were not passed)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    seen = []
+
+    def spy(module, q, k, v, mask, position_ids=None, **kwargs):
+        seen.append(None if position_ids is None else position_ids.clone())
+        return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+
+    AttentionInterface.register("codetta_test_spy", spy)
+    AttentionMaskInterface.register("codetta_test_spy", sdpa_mask)
+    kw = _inputs("plain")
+    packed = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]] * 2)
+    for pos in (None, packed):
+        model = _model("llama", False, attn_implementation="codetta_test_spy")
+        want = model(**kw, position_ids=pos).loss
+        own, seen[:] = list(seen), []
+        codetta.apply_codetta(model)
+        with CountOps() as count:
+            got = model(**kw, position_ids=pos).loss
+        assert count.calls > 0 and len(seen) == len(own) == 2
+        assert all(a is not None and torch.equal(a, b) for a, b in zip(seen, own))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        seen.clear()
+
+
 def test_class_wide_patch():
     model = _model("qwen3", False)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(3))
@@ -442,7 +520,7 @@ def test_unsupported_models_say_why():
     with pytest.raises(ValueError, match="forward was already replaced on the instance"):
         codetta.apply_codetta(wrapped)
     twice = codetta.apply_codetta(codetta.apply_codetta(_model("llama", False)))
-    assert twice.forward.__func__ is not inner
+    assert vars(twice)["_codetta_patched"] and "forward" not in vars(twice)
 
 
 def _falls_back(model, kw, why):
@@ -801,6 +879,16 @@ def test_wrapped_or_hooked_projections_are_not_skipped_in_silence():
     patched.model.layers[1].mlp.up_proj = _LoraLike(patched.model.layers[1].mlp.up_proj)
     with pytest.raises(RuntimeError, match="not a plain nn.Linear.*changed after codetta patched"):
         patched(**kw)
+    # a bias put on a projection after patching (refused when patching: the fused forward
+    # adds q's, k's and v's only) stops it too, as does an LM head swapped for a biased one
+    biased = codetta.apply_codetta(_model("llama", False))
+    biased.model.layers[0].mlp.down_proj.bias = torch.nn.Parameter(torch.randn(64))
+    with pytest.raises(RuntimeError, match="biased .*changed after codetta patched"):
+        biased(**kw)
+    biased = codetta.apply_codetta(_model("llama", False))
+    biased.lm_head = torch.nn.Linear(64, 128, bias=True)
+    with pytest.raises(RuntimeError, match="biased .*changed after codetta patched"):
+        biased(**kw)
 
 
 def _halved_mlp(model):

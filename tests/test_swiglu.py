@@ -297,9 +297,14 @@ def test_module_shares_parameters(device):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in mod.parameters())
     bad = torch.nn.Module()
     bad.gate_proj, bad.up_proj, bad.down_proj = mod.gate_proj, mod.up_proj, mod.down_proj
+    # (an MLP whose activation is not a module it holds: its forward may apply any function)
+    with pytest.raises(ValueError, match="has no act_fn"):
+        SwiGLUMLP.from_mlp(bad)
     bad.act_fn = torch.nn.GELU()
     with pytest.raises(ValueError, match="activation is GELU"):
         SwiGLUMLP.from_mlp(bad)
+    bad.act_fn = torch.nn.SiLU()
+    assert torch.equal(SwiGLUMLP.from_mlp(bad)(x), out)
 
 
 @pytest.mark.parametrize("keep_y", [True, False], ids=["keep_y", "recompute_y"])

@@ -61,9 +61,9 @@ the original forward.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
-import types
 import warnings
 import weakref
 
@@ -102,7 +102,13 @@ FAMILIES = {
     # place; residual dropouts, which the fused residual adds cannot apply, must be off)
     "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3ForCausalLM"),
 }
-_ORIGINAL: dict = {}  # class -> its own forward, saved by a class-wide patch
+# class -> its own forward, where codetta's dispatching forward (``_dispatching``) replaced
+# it: once any model of the class is patched, then kept (it runs the class's own forward for
+# a model not patched). A patched model is marked by ``_codetta_patched`` on the instance,
+# a class patched class-wide by the same on the class: a plain attribute, which pickling,
+# copies and ``nn.DataParallel``'s replicas carry (a bound method on the instance named
+# the original model in each)
+_ORIGINAL: dict = {}
 _HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
 _FALLBACK_WARNED: set = set()
 # model -> [parameter dtype, static verdict, watched modules, hook count, verdict] (``unsupported``)
@@ -132,6 +138,24 @@ def _original_forward(model):
     return type(model).forward
 
 
+def _dispatching(cls):
+    """Install on ``cls`` (once) a forward that runs codetta's for a patched model (or every
+    model, the class patched class-wide) and the class's own otherwise. Its signature is
+    the original's (``__wrapped__``: Trainer keeps the dataset columns a forward names); a
+    subclass's own forward that calls ``super().forward`` runs around codetta's."""
+    if cls in _ORIGINAL:
+        return
+    original = _ORIGINAL[cls] = cls.__dict__["forward"]
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        if getattr(self, "_codetta_patched", False):
+            return _codetta_forward(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    cls.forward = forward
+
+
 def apply(family: str, model=None, autocast: str | None = None):
     """Patch ``family``'s causal LM class (``model=None``) or one model instance;
     ``autocast`` (an instance only): its own ``CODETTA_AUTOCAST``, None for the setting's."""
@@ -145,9 +169,8 @@ def apply(family: str, model=None, autocast: str | None = None):
         if model is None:
             raise ValueError("autocast= is per model: class-wide patching follows CODETTA_AUTOCAST")
     if model is None:
-        if cls not in _ORIGINAL:
-            _ORIGINAL[cls] = cls.__dict__["forward"]
-            cls.forward = _codetta_forward
+        _dispatching(cls)
+        cls._codetta_patched = True
         return None
     if not isinstance(model, cls):
         kind = getattr(getattr(model, "config", None), "model_type", None)
@@ -164,7 +187,7 @@ def apply(family: str, model=None, autocast: str | None = None):
     if why:
         raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
     wrapped = vars(model).get("forward")
-    if wrapped is not None and getattr(wrapped, "__func__", None) is not _codetta_forward:
+    if wrapped is not None and not vars(model).get("_codetta_patched"):
         # (accelerate's mixed precision, as Hugging Face Trainer prepares a model, wraps the
         # forward in autocast on the instance: patching over it would drop the autocast)
         raise ValueError(
@@ -173,7 +196,8 @@ def apply(family: str, model=None, autocast: str | None = None):
             "precision or another wrapper); patching it would drop that wrapper. Patch the model "
             "before it is wrapped (before Trainer or accelerate prepare it)"
         )
-    model.forward = types.MethodType(_codetta_forward, model)
+    _dispatching(cls)
+    model._codetta_patched = True
     if autocast is not None:
         model._codetta_autocast = autocast
     return model
@@ -197,15 +221,16 @@ def _autocast_mode(model) -> str:
 
 def revert(model=None):
     """Undo ``apply``: the instance's own patch and, for a class patched class-wide, the
-    class's (every instance of it); ``model=None`` reverts every class-wide patch."""
-    classes = list(_ORIGINAL) if model is None else [type(model)]
-    if model is not None and "forward" in vars(model):
-        del model.forward
+    class's (every instance of it); ``model=None`` reverts every class-wide patch. (The
+    class keeps codetta's dispatching forward, which runs its own forward for a model not
+    patched.)"""
+    classes = list(_ORIGINAL) if model is None else type(model).__mro__
     if model is not None:
+        vars(model).pop("_codetta_patched", None)
         vars(model).pop("_codetta_autocast", None)
     for cls in classes:
-        if cls in _ORIGINAL:
-            cls.forward = _ORIGINAL.pop(cls)
+        if "_codetta_patched" in cls.__dict__:
+            del cls._codetta_patched
     return model
 
 
@@ -453,11 +478,14 @@ def _module_name(model, module) -> str:
     return next((n for n, m in model.named_modules() if m is module), type(module).__name__)
 
 
-def _w(lin) -> torch.Tensor:
+def _w(lin, biased: bool = False) -> torch.Tensor:
     """A projection's weight as the fused forward reads it, checked again on every read
     (a module replaced or hooked after the model's verdict was cached, e.g. PEFT applied
-    to a patched model, would otherwise be skipped in silence)."""
+    to a patched model, would otherwise be skipped in silence; a bias, which the fused
+    forward adds on q, k and v only, ``biased``, likewise)."""
     problem = _projection_problem(lin)
+    if problem is None and lin.bias is not None and not biased:
+        problem = "biased (the fused forward adds the q, k and v projections' biases only)"
     if problem:
         raise RuntimeError(
             f"codetta: a projection is {problem}, changed after codetta patched "
@@ -498,8 +526,8 @@ def _qkv_ws(attn) -> tuple:
     """q's, k's and v's weights as the fused forward reads them: Phi-3's one qkv_proj read
     in place as three row blocks (views: their gradients land in it)."""
     if hasattr(attn, "qkv_proj"):
-        return tuple(_w(attn.qkv_proj).split(_qkv_widths(attn)))
-    return (_w(attn.q_proj), _w(attn.k_proj), _w(attn.v_proj))
+        return tuple(_w(attn.qkv_proj, biased=True).split(_qkv_widths(attn)))
+    return (_w(attn.q_proj, biased=True), _w(attn.k_proj, biased=True), _w(attn.v_proj, biased=True))
 
 
 def _gate_up_ws(mlp) -> tuple:
@@ -782,7 +810,12 @@ def _fused_forward(self, input_ids, attention_mask, position_ids, inputs_embeds,
         """Layer i from its q, k, v to the residual stream after its MLP's SwiGLU: (h, y)."""
         layer = layers[i]
         attn, mlp = layer.self_attn, layer.mlp
-        a = _attention(attn, *qkv, position_embeddings, masks[i], self.config, rotated, **kwargs)
+        # (the positions reach the attention function as the model's own layers pass them:
+        # FlashAttention finds sequences packed in one row there)
+        a = _attention(
+            attn, *qkv, position_embeddings, masks[i], self.config, rotated,
+            position_ids=position_ids, **kwargs,
+        )  # fmt: skip
         post = layer.post_attention_layernorm
         gate_up = _gate_up_ws(mlp)
         if _silu(mlp):

@@ -86,12 +86,30 @@ class RMSNormQKVRoPE(nn.Module):
             self.v_proj = nn.Linear(hidden_size, self.widths[2], bias=bias, **kw)
         self.q_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim, eps=qk_eps, **kw) if qk_norm else None
-        if inv_freq is None:
-            steps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-            inv_freq = 1.0 / (float(rope_theta) ** steps)
-        elif inv_freq.shape != (head_dim // 2,):
-            raise ValueError(f"inv_freq must have shape ({head_dim // 2},), got {tuple(inv_freq.shape)}")
-        self.register_buffer("inv_freq", inv_freq.to(device=device, dtype=torch.float32), persistent=False)
+        self.rope_theta = float(rope_theta)
+        # (the frequencies as given, on the host: ``to_empty`` from the meta device makes them
+        # again from these, or from rope_theta: a buffer outside the state_dict holds no values
+        # there, and load_state_dict would not give it any)
+        self._inv_freq_given = None
+        if inv_freq is not None:
+            if inv_freq.shape != (head_dim // 2,):
+                raise ValueError(f"inv_freq must have shape ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+            if inv_freq.is_meta:
+                raise ValueError("inv_freq is on the meta device: give its values (the module may be "
+                                 "made there; to_empty makes its frequencies again)")  # fmt: skip
+            self._inv_freq_given = inv_freq.detach().to("cpu", torch.float32).clone()
+        if inv_freq is not None and device is None and torch.get_default_device().type == "meta":
+            device = "meta"  # (made under ``with torch.device("meta")``: the frequencies too)
+        f32 = torch.float32
+        freqs = self._frequencies(device) if inv_freq is None else inv_freq.to(device=device, dtype=f32)
+        self.register_buffer("inv_freq", freqs, persistent=False)
+
+    def _frequencies(self, device) -> torch.Tensor:
+        """inv_freq as made: as given, else ``rope_theta ** (-2i / head_dim)``, float32."""
+        if self._inv_freq_given is not None:
+            return self._inv_freq_given.to(device)
+        steps = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+        return 1.0 / (self.rope_theta**steps)
 
     @classmethod
     def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> RMSNormQKVRoPE:
@@ -145,12 +163,16 @@ class RMSNormQKVRoPE(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # inv_freq stays float32 at its own precision under .half() / .to(dtype) (a device
-        # move moves it): the rotation's angles are formed in float32 from it
+        # move moves it): the rotation's angles are formed in float32 from it; moved off the
+        # meta device (``to_empty``), it is made again (it holds no values there)
         inv = self._buffers.get("inv_freq")
         out = super()._apply(fn, recurse)
         moved = self._buffers.get("inv_freq")
-        if inv is not None and moved is not None and moved.dtype != torch.float32:
-            self._buffers["inv_freq"] = inv.to(device=moved.device)
+        if inv is not None and moved is not None:
+            if inv.is_meta and not moved.is_meta:
+                self._buffers["inv_freq"] = self._frequencies(moved.device)
+            elif moved.dtype != torch.float32:
+                self._buffers["inv_freq"] = inv.to(device=moved.device)
         return out
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):

@@ -32,9 +32,15 @@ class ResidualRMSNormLinear(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.eps = eps
         self.proj = nn.Parameter(torch.empty(hidden, in_features, **kw))
-        self.norm_weight = nn.Parameter(torch.ones(hidden, device=device, dtype=norm_dtype or torch.float32))
+        self.norm_weight = nn.Parameter(torch.empty(hidden, device=device, dtype=norm_dtype or torch.float32))
         self.weight = nn.Parameter(torch.empty(out_features, hidden, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The initial values (as nn.Linear's and nn.RMSNorm's): made at construction, and
+        for a module made on the meta device after ``to_empty``."""
         nn.init.kaiming_uniform_(self.proj, a=math.sqrt(5))
+        nn.init.ones_(self.norm_weight)
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor):

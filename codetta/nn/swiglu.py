@@ -24,10 +24,18 @@ class SwiGLUMLP(nn.Module):
     @classmethod
     def from_mlp(cls, mlp: nn.Module) -> SwiGLUMLP:
         """A SwiGLUMLP over ``mlp``'s own ``gate_proj``, ``up_proj`` and ``down_proj`` (its
-        activation must be SiLU; projections without biases)."""
+        activation, the module ``act_fn`` or Phi-3's ``activation_fn``, must be SiLU: an MLP
+        without one, whose forward may apply any function, is refused; projections without
+        biases)."""
         act = getattr(mlp, "act_fn", None)
         act = getattr(mlp, "activation_fn", None) if act is None else act  # (Phi-3's name)
         hf_silu = (type(act).__module__, type(act).__name__) == ("transformers.activations", "SiLUActivation")
+        if act is None and not isinstance(mlp, SwiGLUMLP):
+            raise ValueError(
+                f"SwiGLUMLP computes silu(gate) * up; this {type(mlp).__name__} has no act_fn (or "
+                "activation_fn) module to show its activation is SiLU: give it act_fn = nn.SiLU(), "
+                "or make a SwiGLUMLP and load the MLP's state_dict into it"
+            )
         if act is not None and not (isinstance(act, nn.SiLU) or hf_silu):
             raise ValueError(f"SwiGLUMLP computes silu(gate) * up; this MLP's activation is {act!r}")
         projs = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
