@@ -38,7 +38,7 @@ runs there on the projections cast to autocast's dtype over a float32 residual s
 as autocast itself keeps it),
 and under class-wide patching a model with biases on projections other than q, k and v
 (``attention_bias`` puts one on o_proj too; ``mlp_bias``), widths that are not
-multiples of 8, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
+multiples of 16 bytes, projections that are not plain hook-free ``nn.Linear`` modules (PEFT's
 LoRA layers, quantized layers: the fused path reads their weights and never calls their
 forwards), non-contiguous projection weights, modules whose math the fused forward
 computes itself (decoder layers, attention, MLP, norms, the rotary embedding) of
@@ -55,8 +55,11 @@ backward, on the shifted boundary: from a layer's q, k, v (and the residual stre
 the next layer's (under FSDP2 too: its hooks skip the recomputation's own forward
 calls, their modules being in their backward then); torch.distributed's per-block checkpoint
 wrappers raise (the fused forward never calls the layers' forwards they wrap).
-Parameters, ``state_dict`` and optimizer state are untouched; ``revert`` restores
-the original forward.
+Parameters, ``state_dict`` and optimizer state are untouched. A patched model is
+marked by an attribute that the class's forward reads (``_dispatching``: a subclass's own
+forward runs around codetta's), so its copies, ``nn.DataParallel``'s replicas and a
+pickled one loaded in a process that has patched a model of its class run patched;
+``revert`` removes the mark.
 """
 
 from __future__ import annotations

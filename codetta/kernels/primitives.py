@@ -6,14 +6,13 @@ no index tensors (``tl.arange``) and touch no memory. One, ``sincos_approx``, ru
 inline PTX on the GPU (the interpreter takes its plain-arithmetic twin).
 """
 
-import os
-
 import triton
 import triton.language as tl
 
-# the Triton interpreter (TRITON_INTERPRET=1 when codetta was imported) runs no PTX: the
-# helpers that use inline PTX take their plain-arithmetic twin there
-_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# the Triton interpreter (TRITON_INTERPRET set when codetta was imported: 1, true, yes or
+# on, as Triton's own jit decorator reads it) runs no PTX: the helpers that use inline PTX
+# take their plain-arithmetic twin there
+_INTERPRETED: tl.constexpr = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 
 @triton.jit

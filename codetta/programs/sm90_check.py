@@ -10,6 +10,8 @@ spills). CI runs it (tests/test_sass.py).
 import os
 import sys
 
+import triton
+
 from .. import programs
 from ..kernels import reductions
 from ..kernels.aot import check_all, compile_kernel_sm90, inspect
@@ -33,7 +35,7 @@ def check_row_passes() -> list[str]:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if triton.knobs.runtime.interpret:
         sys.exit("unset TRITON_INTERPRET: the sm_90a compiler needs the real JIT functions")
     workers = int(os.environ.get("CODETTA_AOT_WORKERS", "0")) or None  # default: one per CPU
     bad = check_all([getattr(programs, name) for name in programs.__all__], workers=workers)
