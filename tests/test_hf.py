@@ -385,10 +385,14 @@ def test_patched_model_pickles_copies_and_replicates():
     so a pickled (or torch.save'd) one loads back patched, and a shallow copy or
     nn.DataParallel's replica runs on its own parameters (a bound method on the instance
     named the original model: loading failed, and a replica ran the original's forward)."""
+    import inspect
     import pickle
 
     kw = _inputs("plain")
-    model = codetta.apply_codetta(_model("llama", False))
+    model = _model("llama", False)
+    signature = inspect.signature(model.forward)  # (Trainer keeps the dataset columns it names)
+    codetta.apply_codetta(model)
+    assert inspect.signature(model.forward) == signature
     want = model(**kw).loss
     loaded = pickle.loads(pickle.dumps(model))
     with CountOps() as count:
