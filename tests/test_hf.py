@@ -462,6 +462,54 @@ def test_attention_gets_the_positions():
         seen.clear()
 
 
+def _misalign(model):
+    """Each parameter moved to data 8 bytes past a 16-byte boundary (as transformers loads
+    a checkpoint on the CPU: views into the memory-mapped file), values kept."""
+    with torch.no_grad():
+        for p in model.parameters():
+            buf = torch.empty(p.numel() + 16 // p.element_size(), dtype=p.dtype)
+            at = (8 - buf.data_ptr() % 16) % 16 // p.element_size()
+            p.data = buf[at : at + p.numel()].view_as(p).copy_(p)
+    assert all(p.data_ptr() % 16 == 8 for p in model.parameters())
+    return model
+
+
+def test_unaligned_parameters(tmp_path):
+    """Parameters whose data starts off a 16-byte boundary (a checkpoint loaded on the CPU)
+    are given aligned copies by apply_codetta (the same Parameter objects); under a
+    class-wide patch the model's own forward runs, with the reason, until it is patched
+    (the first step raised an internal 'weight[0]' alignment error)."""
+    kw = _inputs("plain")
+    saved = _model("llama", True)
+    want = saved(**kw).loss
+    saved.save_pretrained(tmp_path)
+    loaded = type(saved).from_pretrained(tmp_path)
+    params = list(_misalign(loaded).parameters())
+    codetta.apply_codetta(loaded)
+    assert [id(p) for p in loaded.parameters()] == [id(p) for p in params]
+    assert not any(p.data_ptr() % 16 for p in params)
+    with CountOps() as count:
+        got = loaded(**kw).loss
+    assert count.calls > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    from codetta.integrations import hf
+
+    hf._FALLBACK_WARNED.clear()
+    codetta.apply_codetta_to_llama()
+    try:
+        model = _misalign(type(saved).from_pretrained(tmp_path))
+        with CountOps() as count, pytest.warns(UserWarning, match="start off a 16-byte boundary"):
+            own = model(**kw).loss
+        assert count.calls == 0 and torch.equal(own, want)
+        codetta.apply_codetta(model)
+        with CountOps() as count:
+            got = model(**kw).loss
+        assert count.calls > 0
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        codetta.revert()
+
+
 def test_class_wide_patch():
     model = _model("qwen3", False)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(3))

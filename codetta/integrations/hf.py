@@ -114,7 +114,7 @@ FAMILIES = {
 _ORIGINAL: dict = {}
 _HELPERS: dict = {}  # modeling module name -> (apply_rotary_pos_emb, eager_attention_forward)
 _FALLBACK_WARNED: set = set()
-# model -> [parameter dtype, static verdict, watched modules, hook count, verdict] (``unsupported``)
+# model -> [(parameter dtype, device), static verdict, watched modules, hook count, verdict] (``unsupported``)
 _UNSUPPORTED = weakref.WeakKeyDictionary()
 
 
@@ -186,6 +186,8 @@ def apply(family: str, model=None, autocast: str | None = None):
                 else " (codetta patches the causal LM, whose forward ends in the LM head and the loss)"
             )  # fmt: skip
         )
+    if _realign(model):
+        _UNSUPPORTED.pop(model, None)  # (a verdict made before, under a class-wide patch)
     why = unsupported(model)
     if why:
         raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
@@ -239,8 +241,8 @@ def revert(model=None):
 
 def unsupported(model) -> str | None:
     """Why the fused forward cannot run this model (None: it can). Worked out once per
-    model and parameter dtype (every forward asks; a model may be cast after it is
-    patched); the modules' hooks are looked at again whenever a hook was registered
+    model and its parameters' dtype and device (every forward asks; a model may be cast
+    or moved after it is patched); the modules' hooks are looked at again whenever a hook was registered
     through PyTorch's hook API anywhere since (its count of hook handles moved: under
     FSDP2 every forward, which registers tensor hooks; ~5 us a layer), from a weakly held
     list made with the verdict, and at every call while some are in the way (a removal
@@ -257,19 +259,41 @@ def unsupported(model) -> str | None:
     if torch.compiler.is_compiling():
         static, watched = _static_problem(model)
         return static or _hook_problem(model, watched)
-    dtype, hooks = model.lm_head.weight.dtype, _hook_count()
+    # (worked out again when the parameters' dtype or device moves: a checkpoint loaded on
+    # the CPU, memory-mapped, unaligned, moved to the GPU)
+    w, hooks = model.lm_head.weight, _hook_count()
+    placed = (w.dtype, w.device)
     entry = _UNSUPPORTED.get(model)
-    if entry is None or entry[0] != dtype:
+    if entry is None or entry[0] != placed:
         static, watched = _static_problem(model)
         # (weakly: under FSDP2 the modules' hooks lead back to the model, which the weak
         # table's entry would then keep alive for good)
         watched = [weakref.ref(m) for m in watched]
-        entry = _UNSUPPORTED[model] = [dtype, static, watched, None, static]
+        entry = _UNSUPPORTED[model] = [placed, static, watched, None, static]
     if entry[1] is None and entry[3] != hooks:
         problem = _hook_problem(model, [m for m in (ref() for ref in entry[2]) if m is not None])
         # (while hooks are in the way, look again at every call: removing one moves no count)
         entry[3], entry[4] = (hooks if problem is None else None), problem
     return entry[4]
+
+
+def _misaligned(model) -> list:
+    """The model's parameters whose data starts off a 16-byte boundary (the GEMMs' TMA
+    reads need it): transformers loads a checkpoint on the CPU as views into the memory-
+    mapped file, each 8 bytes past one (safetensors aligns to 8)."""
+    # (plain tensors only: FSDP2's DTensors have no storage of their own; it gathers into
+    # fresh allocations)
+    return [p for p in model.parameters() if type(p.data) is torch.Tensor and p.data_ptr() % 16]
+
+
+def _realign(model) -> int:
+    """Each of ``_misaligned``'s parameters given its own (aligned) copy of its data, in
+    place (the same Parameter objects: optimizers and ties keep them); how many."""
+    bad = _misaligned(model)
+    with torch.no_grad():
+        for p in bad:
+            p.data = p.data.clone()
+    return len(bad)
 
 
 def _hook_count() -> int:
@@ -295,6 +319,15 @@ def _static_problem(model) -> tuple[str | None, list]:
         problem = _projection_problem(lin)
         if problem:
             return f"{_module_name(model, lin)} is {problem}", watched
+    bad = [] if torch.compiler.is_compiling() else _misaligned(model)  # (traced: no addresses)
+    if bad:
+        name = next(n for n, p in model.named_parameters() if p is bad[0])
+        return (
+            f"{len(bad)} parameters ({name}, ...) start off a 16-byte boundary (views into a "
+            "memory-mapped checkpoint, as transformers loads one on the CPU): codetta's GEMMs read "
+            "aligned rows. codetta.apply_codetta(model) gives them aligned copies; so does moving "
+            "the model to another device"
+        ), watched
     problem = _class_problem(model, base, layers)
     if problem:
         return problem, watched
