@@ -199,7 +199,7 @@ def apply(family: str, model=None, autocast: str | None = None):
             f"codetta: this {cls.__name__}'s forward was already replaced on the instance "
             f"({getattr(wrapped, '__qualname__', type(wrapped).__name__)}: accelerate's mixed "
             "precision or another wrapper); patching it would drop that wrapper. Patch the model "
-            "before it is wrapped (before Trainer or accelerate prepare it)"
+            "before it is wrapped (before Trainer.train() or accelerate's prepare)"
         )
     _dispatching(cls)
     model._codetta_patched = True
