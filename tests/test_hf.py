@@ -421,15 +421,67 @@ def test_subclass_forward_runs_around_the_patch():
             out.loss = out.loss + 100
             return out
 
+    class Own(cls):  # (a forward of its own that never calls the family's)
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            logits = self.lm_head(self.model(input_ids=input_ids, **kwargs).last_hidden_state)
+            return transformers.modeling_outputs.CausalLMOutput(logits=logits)
+
+    from codetta.integrations import hf
+
+    hf._FALLBACK_WARNED.clear()
     torch.manual_seed(0)
     model = Offset(cfg)
     kw = _inputs("plain")
     want = model(**kw).loss
-    codetta.apply_codetta(model)
+    with pytest.warns(UserWarning, match=r"Offset has its own forward .*where it calls LlamaForCausalLM"):
+        codetta.apply_codetta(model)
     with CountOps() as count:
         got = model(**kw).loss
     assert count.calls > 0 and got.item() > 100
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.warns(UserWarning, match="Own has its own forward"):
+        own = codetta.apply_codetta(Own(cfg))
+    with CountOps() as count:
+        own(input_ids=kw["input_ids"])
+    assert count.calls == 0
+
+
+def test_patch_survives_unwrapping_and_a_later_class_patch():
+    """accelerate's unwrapping (Trainer's unwrap_model: it follows ``__wrapped__`` down to
+    the innermost forward) leaves the model patched, as before the class-level dispatch;
+    another library's class-wide patch over the dispatching forward gives way to a later
+    apply (it turned every later apply into a silent no-op)."""
+    pytest.importorskip("accelerate")
+    import types
+
+    from accelerate.utils import convert_outputs_to_fp32, extract_model_from_parallel
+
+    kw = _inputs("plain")
+    model = codetta.apply_codetta(_model("llama", False))
+    # (what accelerate's mixed precision does to a prepared model's forward)
+    model._original_forward = model.forward
+    inner = torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)(model.forward.__func__)
+    model.forward = types.MethodType(convert_outputs_to_fp32(inner), model)
+    unwrapped = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+    with CountOps() as count:
+        unwrapped(**kw)
+    assert count.calls > 0
+    from codetta.integrations import hf
+
+    cls = type(model)
+    dispatching, own = cls.__dict__["forward"], hf._ORIGINAL[cls]
+
+    def other(self, *args, **kwargs):  # (another library's class-wide patch)
+        return own(self, *args, **kwargs)
+
+    try:
+        cls.forward = other
+        fresh = codetta.apply_codetta(_model("llama", False))
+        with CountOps() as count:
+            fresh(**kw)
+        assert count.calls > 0 and hf._ORIGINAL[cls] is other
+    finally:
+        cls.forward, hf._ORIGINAL[cls] = dispatching, own
 
 
 def test_attention_gets_the_positions():
@@ -494,6 +546,11 @@ def test_unaligned_parameters(tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     from codetta.integrations import hf
 
+    # (refused for another reason: nothing copied)
+    biased = _misalign(_model("llama", False, attention_bias=True))
+    with pytest.raises(ValueError, match="o_proj has a bias"):
+        codetta.apply_codetta(biased)
+    assert all(p.data_ptr() % 16 == 8 for p in biased.parameters())
     hf._FALLBACK_WARNED.clear()
     codetta.apply_codetta_to_llama()
     try:

@@ -64,7 +64,6 @@ pickled one loaded in a process that has patched a model of its class run patche
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import warnings
@@ -142,20 +141,27 @@ def _original_forward(model):
 
 
 def _dispatching(cls):
-    """Install on ``cls`` (once) a forward that runs codetta's for a patched model (or every
-    model, the class patched class-wide) and the class's own otherwise. Its signature is
-    the original's (``__wrapped__``: Trainer keeps the dataset columns a forward names); a
-    subclass's own forward that calls ``super().forward`` runs around codetta's."""
-    if cls in _ORIGINAL:
+    """Install on ``cls`` a forward that runs codetta's for a patched model (or every model,
+    the class patched class-wide) and the class's own otherwise: once, and again where
+    another forward replaced it since (another library's class-wide patch: that forward is
+    then the one a model not patched runs). Its signature is the original's (Trainer keeps
+    the dataset columns a forward names; no ``__wrapped__``, which accelerate's unwrapping
+    follows past it); a subclass's own forward that calls ``super().forward`` runs around
+    codetta's."""
+    current = cls.__dict__["forward"]
+    if getattr(current, "_codetta_dispatch", False):
         return
-    original = _ORIGINAL[cls] = cls.__dict__["forward"]
+    original = _ORIGINAL[cls] = current
 
-    @functools.wraps(original)
     def forward(self, *args, **kwargs):
         if getattr(self, "_codetta_patched", False):
             return _codetta_forward(self, *args, **kwargs)
         return original(self, *args, **kwargs)
 
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(forward, name, getattr(original, name, None))
+    forward.__signature__ = inspect.signature(original)
+    forward._codetta_dispatch = True
     cls.forward = forward
 
 
@@ -186,11 +192,6 @@ def apply(family: str, model=None, autocast: str | None = None):
                 else " (codetta patches the causal LM, whose forward ends in the LM head and the loss)"
             )  # fmt: skip
         )
-    if _realign(model):
-        _UNSUPPORTED.pop(model, None)  # (a verdict made before, under a class-wide patch)
-    why = unsupported(model)
-    if why:
-        raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
     wrapped = vars(model).get("forward")
     if wrapped is not None and not vars(model).get("_codetta_patched"):
         # (accelerate's mixed precision, as Hugging Face Trainer prepares a model, wraps the
@@ -201,8 +202,27 @@ def apply(family: str, model=None, autocast: str | None = None):
             "precision or another wrapper); patching it would drop that wrapper. Patch the model "
             "before it is wrapped (before Trainer.train() or accelerate's prepare)"
         )
+    if _misaligned(model):
+        # (parameters copied only where the model is otherwise served)
+        static, _ = _static_problem(model, alignment=False)
+        if static:
+            raise ValueError(f"codetta cannot run this {cls.__name__}: {static}")
+        _realign(model)
+        _UNSUPPORTED.pop(model, None)  # (a verdict made before, under a class-wide patch)
+    why = unsupported(model)
+    if why:
+        raise ValueError(f"codetta cannot run this {cls.__name__}: {why}")
     _dispatching(cls)
     model._codetta_patched = True
+    own = type(model).forward
+    if not getattr(own, "_codetta_dispatch", False) and (type(model), "forward") not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED.add((type(model), "forward"))
+        warnings.warn(
+            f"codetta: {type(model).__name__} has its own forward ({own.__qualname__}): codetta's "
+            f"fused forward runs where it calls {cls.__name__}.forward (super().forward), and "
+            "nowhere else",
+            stacklevel=3,
+        )
     if autocast is not None:
         model._codetta_autocast = autocast
     return model
@@ -302,9 +322,10 @@ def _hook_count() -> int:
     return torch.utils.hooks.RemovableHandle.next_id
 
 
-def _static_problem(model) -> tuple[str | None, list]:
-    """What does not change without a cast or a module swap: the projections, biases,
-    widths and module classes; and the modules whose hooks matter (for ``_hook_problem``)."""
+def _static_problem(model, alignment: bool = True) -> tuple[str | None, list]:
+    """What does not change without a cast, a move or a module swap: the projections,
+    biases, widths and module classes, last (``alignment``) the parameters' addresses; and
+    the modules whose hooks matter (for ``_hook_problem``)."""
     base = model.model
     layers = base.layers[: model.config.num_hidden_layers]
     linears = [model.lm_head]
@@ -319,15 +340,6 @@ def _static_problem(model) -> tuple[str | None, list]:
         problem = _projection_problem(lin)
         if problem:
             return f"{_module_name(model, lin)} is {problem}", watched
-    bad = [] if torch.compiler.is_compiling() else _misaligned(model)  # (traced: no addresses)
-    if bad:
-        name = next(n for n, p in model.named_parameters() if p is bad[0])
-        return (
-            f"{len(bad)} parameters ({name}, ...) start off a 16-byte boundary (views into a "
-            "memory-mapped checkpoint, as transformers loads one on the CPU): codetta's GEMMs read "
-            "aligned rows. codetta.apply_codetta(model) gives them aligned copies; so does moving "
-            "the model to another device"
-        ), watched
     problem = _class_problem(model, base, layers)
     if problem:
         return problem, watched
@@ -368,6 +380,17 @@ def _static_problem(model) -> tuple[str | None, list]:
             if type(drop) is not torch.nn.Dropout:
                 kind = f"{type(drop).__module__}.{type(drop).__qualname__}"
                 return f"{_module_name(model, drop)} is a {kind}, not torch.nn.Dropout", watched
+    # (not while torch.compile traces: its tensors have no addresses there; a model patched
+    # class-wide and compiled must be aligned, as on the GPU it is)
+    misaligned = _misaligned(model) if alignment and not torch.compiler.is_compiling() else []
+    if misaligned:
+        name = next(n for n, p in model.named_parameters() if p is misaligned[0])
+        return (
+            f"{len(misaligned)} parameters ({name}, ...) start off a 16-byte boundary (views into a "
+            "memory-mapped checkpoint, as transformers loads one on the CPU): codetta's GEMMs read "
+            "aligned rows. codetta.apply_codetta(model) gives them aligned copies; so does moving "
+            "the model to another device"
+        ), watched
     return None, watched
 
 
