@@ -206,3 +206,118 @@ def test_class_weights_that_require_grad(device):
         linear_cross_entropy(x, w, t, weight=cw)
     with torch.no_grad():
         assert torch.isfinite(linear_cross_entropy(x, w, t, weight=cw))
+
+
+def _norm_linear_inputs(device, M, dtype=DT):
+    K, d = 32, 32
+    y = rand(M, K, dtype=dtype, device=device)
+    residual = rand(M, d, dtype=dtype, device=device)
+    return y, residual
+
+
+def test_compiled_norm_operators_follow_the_token_count(device):
+    """Under torch.compile the norm operators' argument check runs in full (once per
+    compile) instead of a lookup keyed on the shapes, which pinned the token count to a
+    constant: one compile per count (the ninth an error under fullgraph) and
+    mark_dynamic refused. eps traced as a symbolic float (dynamic=True) is served."""
+    from codetta.ops import residual_rmsnorm_linear
+
+    torch.manual_seed(0)
+    K, d, N = 32, 32, 48
+    w_o = rand(d, K, dtype=DT, device=device, scale=K**-0.5)
+    gamma = torch.rand(d, device=device) + 0.5
+    w = rand(N, d, dtype=DT, device=device, scale=d**-0.5)
+    counts = (8, 16, 24, 40, 56, 72, 88, 104, 120, 136)  # (more than the recompile limit, 8)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    fn = torch.compile(
+        lambda y, r, eps: residual_rmsnorm_linear(y, w_o, r, gamma, w, eps),
+        backend="eager", fullgraph=True, dynamic=True,
+    )  # fmt: skip
+    for M in counts:
+        y, residual = _norm_linear_inputs(device, M)
+        got = fn(y, residual, 1e-5)
+        want = residual_rmsnorm_linear(y, w_o, residual, gamma, w, 1e-5)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert frames["unique_graphs"] - before <= 2
+    torch._dynamo.reset()
+    y, residual = _norm_linear_inputs(device, 24)
+    torch._dynamo.mark_dynamic(y, 0)
+    torch._dynamo.mark_dynamic(residual, 0)
+    fixed = torch.compile(lambda y, r: residual_rmsnorm_linear(y, w_o, r, gamma, w), backend="eager")
+    assert torch.equal(fixed(y, residual)[1], residual_rmsnorm_linear(y, w_o, residual, gamma, w)[1])
+
+
+def test_fake_outputs_match_the_real_ones_in_mixed_precision(device):
+    """The operator's fake implementation (what torch.compile traces) gives every output
+    the real one's dtype with a float32 residual stream over float16 weights (the empty
+    w_gamma placeholder came out float32 under the fake one, float16 for real)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    d, N = 32, 48
+    x = rand(8, d, dtype=torch.float32, device=device)  # (float32: the residual stream)
+    gamma = torch.rand(d, device=device) + 0.5
+    w = rand(N, d, dtype=torch.float16, device=device, scale=d**-0.5)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "codetta":
+                calls.append((func, args, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        rmsnorm_linear(x, gamma, w)
+    ((op, args, kwargs),) = [c for c in calls if "backward" not in c[0].name()]
+    real = op(*args, **kwargs)
+    mode = FakeTensorMode()
+
+    def fake_of(a):
+        if isinstance(a, torch.Tensor):
+            return mode.from_tensor(a)
+        return [fake_of(t) for t in a] if isinstance(a, (list, tuple)) else a
+
+    fake_args = [fake_of(a) for a in args]
+    with mode:
+        fake = op(*fake_args, **kwargs)
+
+    def flat(o):
+        return [t for v in o for t in (flat(v) if isinstance(v, (list, tuple)) else [v])]
+
+    assert [(t.shape, t.dtype) for t in flat(real)] == [(t.shape, t.dtype) for t in flat(fake)]
+
+
+def test_torch_func_is_refused_by_name(device):
+    """torch.func's transforms over the operators raise naming the argument and the way
+    out (a data-pointer error from inside the checks before)."""
+    from codetta.ops import residual_rmsnorm_linear
+
+    torch.manual_seed(0)
+    K, d, N = 32, 32, 48
+    w_o = rand(d, K, dtype=DT, device=device, scale=K**-0.5)
+    gamma = torch.rand(d, device=device) + 0.5
+    w = rand(N, d, dtype=DT, device=device, scale=d**-0.5)
+    y, residual = _norm_linear_inputs(device, 8)
+
+    def loss(weight):
+        return residual_rmsnorm_linear(y, w_o, residual, gamma, weight)[1].float().sum()
+
+    with pytest.raises(TypeError, match="weight is a torch.func transform's tensor .*torch.autograd"):
+        torch.func.grad(loss)(w)
+    x, wg, wu, wd = _mlp_leaves(device)
+    with pytest.raises(TypeError, match="torch.func transform's tensor"):
+        torch.func.vmap(lambda t: swiglu_mlp(t, wg, wu, wd))(x.detach()[None])
+
+
+def test_rmsnorm_linear_names_x_for_its_device():
+    """rmsnorm_linear's device errors name x (they named y, the general operator's
+    argument, which its caller never passed)."""
+    x, gamma, w = torch.randn(8, 32), torch.rand(32) + 0.5, torch.randn(48, 32)
+    with pytest.raises(ValueError, match=r"^x: device meta is not supported"):
+        rmsnorm_linear(x.to("meta"), gamma.to("meta"), w.to("meta"))
+    with pytest.raises(ValueError, match=r"^weight\[1\] is on meta but x is on cpu"):
+        rmsnorm_linear(x, gamma, [w, w.to("meta")])

@@ -26,6 +26,20 @@ def check_tensor(name: str, t) -> torch.Tensor:
     return t
 
 
+def address(name: str, t: torch.Tensor) -> int:
+    """``t.data_ptr()``; a tensor without storage of its own (torch.func's wrappers under
+    grad, vjp or vmap) refused with a message that says so."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise TypeError(
+                f"{name} is a torch.func transform's tensor (grad, vjp, vmap, jacrev): codetta's "
+                "kernels read real tensors; differentiate with torch.autograd instead"
+            ) from None
+        raise
+
+
 def check_same_device(tensors: dict) -> torch.device:
     """All named tensors on one device (the first one's); returns it."""
     items = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor)]
@@ -62,7 +76,7 @@ def row_alignment_problem(t: torch.Tensor, lead: int) -> str | None:
             f"rows must start on 16-byte boundaries for TMA: a stride of {lead} {t.dtype} elements is "
             f"{lead * es} bytes; the contiguous dimension must be a multiple of {16 // es}"
         )
-    if t.data_ptr() % 16:
+    if address("a GEMM operand", t) % 16:
         return "its data must start on a 16-byte boundary (a slice at an odd offset); call .clone()"
     return None
 

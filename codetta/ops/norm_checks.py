@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..kernels.operands import check_dtype, check_gemm_dtype, check_same_device, check_tensor
+from ..kernels.operands import address, check_dtype, check_gemm_dtype, check_same_device, check_tensor
 
 
 def mixed(residual: torch.Tensor, y: torch.Tensor) -> bool:
@@ -33,10 +33,10 @@ def _meta(t) -> tuple:
     return type(t), t.shape, t.dtype, t.device, t.stride()
 
 
-def _aligned(t) -> bool:
+def _aligned(t, name: str) -> bool:
     """Data on a 16-byte boundary (while torch.compile traces, a fake tensor has no address:
     the kernel's own check sees the real one)."""
-    return torch.compiler.is_compiling() or not t.numel() or t.data_ptr() % 16 == 0
+    return torch.compiler.is_compiling() or not t.numel() or address(name, t) % 16 == 0
 
 
 def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
@@ -57,7 +57,7 @@ def check_layouts(named: dict, alike: tuple = (), vectors: tuple = ()) -> None:
                 f"between its rows), got shape {tuple(t.shape)} with strides {tuple(t.stride())}; "
                 "call .contiguous()"
             )
-        if not _aligned(t):
+        if not _aligned(t, name):
             raise ValueError(
                 f"{name}'s data must start on a 16-byte boundary (a slice at an odd offset); call .clone()"
             )
@@ -78,14 +78,19 @@ def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, 
     alone: a set of those found valid before is not checked again (~10 us a call on this
     project's CPU machine)."""
     seq = isinstance(weight, (list, tuple))
+    if torch.compiler.is_compiling():
+        # traced, the full check (once per compile): a lookup keyed on the shapes would pin
+        # the token count to a constant (a recompile per count, an error under mark_dynamic)
+        return _check_args(y, w_o, residual, gamma, weight, eps, names)
     try:
         ws = list(weight) if seq else [] if weight is None else [weight]
         tensors = (y, w_o, residual, gamma, *ws)
         key = (type(eps), eps, names, type(weight), *map(_meta, tensors))
-        if not torch.compiler.is_compiling():  # (a fake tensor has no address)
-            key += tuple(t.data_ptr() % 16 == 0 for t in tensors)
+        key += tuple(t.data_ptr() % 16 == 0 for t in tensors)
         known = _CHECKED.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable: the full check says what
+    except (AttributeError, TypeError, RuntimeError):
+        # not tensors, unhashable, or without storage (torch.func's wrappers): the full
+        # check says what
         known = key = None
     if known is not None:
         return ws, known
@@ -147,7 +152,9 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
                 "(TMA moves rows in 16-byte units)"
             )
     eps = torch.finfo(y.dtype).eps if eps is None else eps
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    # (comparisons, not math.isfinite: under torch.compile(dynamic=True) eps may be traced
+    # as a symbolic float; NaN fails both)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     return ws, float(eps)
 

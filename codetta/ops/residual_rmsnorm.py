@@ -39,7 +39,7 @@ from typing import NamedTuple
 import torch
 
 from ..kernels.launch import gemm, parts_fit
-from ..kernels.operands import GEMM_DTYPES, check_dtype, check_tensor
+from ..kernels.operands import GEMM_DTYPES, check_dtype, check_same_device, check_tensor
 from ..kernels.settings import SETTINGS
 from ..programs import (
     RESIDUAL_RMS,
@@ -63,7 +63,7 @@ from ..programs.rope import (
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
 from ._eager import FastOp, derived, saved_tensors
 from .norm_backward import BACKWARDS, FACTORS, norm_backward
-from .norm_checks import bias_args, check_args, mixed
+from .norm_checks import bias_args, check_args, mixed, weights_of
 from .rope import RoPE, column_freq, rope_operands
 from .swiglu import dswiglu_dx
 
@@ -248,7 +248,9 @@ def _(
         residual.new_empty(0 if w_o.shape[1] == 0 else residual.shape),
         zs,
         y.new_empty((M,), dtype=torch.float32),
-        ws[0].new_empty(ws[0].shape) if fold_gamma else residual.new_empty(0),
+        # (as the real op: the empty w_gamma in the next weights' dtype, or the residual's
+        # without next weights)
+        ws[0].new_empty(ws[0].shape) if fold_gamma else (ws[0] if ws else residual).new_empty(0),
     )
 
 
@@ -602,7 +604,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     low = weight[0] if isinstance(weight, (list, tuple)) and weight else weight
     low = low.dtype if isinstance(low, torch.Tensor) else x.dtype
     y, w_o = x.new_empty((M, 0), dtype=low), x.new_empty((d, 0), dtype=low)
-    _check_x(x, gamma, y)
+    _check_x(x, gamma, y, weight)
     ws, eps = check_args(y, w_o, rows, gamma, weight, eps)
     rope_args, rope_scaling, n_rope, qk_eps, pairs = rope_operands(rope, ws, lead, x.device)
     biases = _biases(bias, weight, ws, y, rope_args, pairs)
@@ -614,7 +616,7 @@ def rmsnorm_linear(x: torch.Tensor, gamma: torch.Tensor, weight, eps: float | No
     return zs if isinstance(weight, (list, tuple)) else zs[0]
 
 
-def _check_x(x: torch.Tensor, gamma, y: torch.Tensor) -> None:
+def _check_x(x: torch.Tensor, gamma, y: torch.Tensor, weight) -> None:
     """``rmsnorm_linear``'s checks that name x (the general operator's, run after, call
     it the residual and its GEMMs' dtype y's): x's dtype against the next weights' (y's,
     as ``check_args`` judges a residual: the same dtype, or ``mixed``), its features
@@ -628,6 +630,10 @@ def _check_x(x: torch.Tensor, gamma, y: torch.Tensor) -> None:
     if isinstance(gamma, torch.Tensor) and gamma.shape != (x.shape[-1],):
         raise ValueError(f"gamma {tuple(gamma.shape)} and x [..., {x.shape[-1]}] disagree: gamma must be "
                          f"[{x.shape[-1]}], x's features")  # fmt: skip
+    # (x's device by its name: y, made on it, would be the one named)
+    ws, names = weights_of(weight)
+    named = {"x": x, "gamma": gamma, **dict(zip(names, ws))}
+    check_same_device({k: v for k, v in named.items() if isinstance(v, torch.Tensor)})
 
 
 def _biases(bias, weight, ws, y, rope_args, pairs) -> list:
