@@ -311,6 +311,10 @@ def test_torch_func_is_refused_by_name(device):
     x, wg, wu, wd = _mlp_leaves(device)
     with pytest.raises(TypeError, match="torch.func transform's tensor"):
         torch.func.vmap(lambda t: swiglu_mlp(t, wg, wu, wd))(x.detach()[None])
+    import codetta
+
+    with pytest.raises(TypeError, match="^a is a torch.func transform's tensor"):
+        torch.func.vmap(lambda t: codetta.gemm(t, w))(y[None])
 
 
 def test_rmsnorm_linear_names_x_for_its_device():

@@ -471,15 +471,22 @@ def test_patch_survives_unwrapping_and_a_later_class_patch():
     cls = type(model)
     dispatching, own = cls.__dict__["forward"], hf._ORIGINAL[cls]
 
-    def other(self, *args, **kwargs):  # (another library's class-wide patch)
-        return own(self, *args, **kwargs)
+    def other(self, *args, **kwargs):  # (another library's class-wide patch over the forward)
+        return dispatching(self, *args, **kwargs)
 
     try:
         cls.forward = other
         fresh = codetta.apply_codetta(_model("llama", False))
         with CountOps() as count:
             fresh(**kw)
-        assert count.calls > 0 and hf._ORIGINAL[cls] is other
+        assert count.calls > 0 and hf._ORIGINAL[cls] is own
+        # the fallbacks (a KV cache) run the class's first forward, not the wrapper, which
+        # would come back to codetta's through the first dispatching forward (a recursion)
+        ids = kw["input_ids"]
+        for patched in (fresh, unwrapped):
+            with CountOps() as count:
+                patched(input_ids=ids, use_cache=True)
+            assert count.calls == 0
     finally:
         cls.forward, hf._ORIGINAL[cls] = dispatching, own
 

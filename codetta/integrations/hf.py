@@ -144,14 +144,18 @@ def _dispatching(cls):
     """Install on ``cls`` a forward that runs codetta's for a patched model (or every model,
     the class patched class-wide) and the class's own otherwise: once, and again where
     another forward replaced it since (another library's class-wide patch: that forward is
-    then the one a model not patched runs). Its signature is the original's (Trainer keeps
+    then the one a model not patched runs; the fused forward's fallbacks run the class's
+    first, ``_ORIGINAL``). Its signature is the original's (Trainer keeps
     the dataset columns a forward names; no ``__wrapped__``, which accelerate's unwrapping
     follows past it); a subclass's own forward that calls ``super().forward`` runs around
     codetta's."""
     current = cls.__dict__["forward"]
     if getattr(current, "_codetta_dispatch", False):
         return
-    original = _ORIGINAL[cls] = current
+    # (the fallbacks keep the class's first forward: a wrapper installed over the first
+    # dispatching forward calls it, which would come back to codetta's)
+    original = current
+    _ORIGINAL.setdefault(cls, current)
 
     def forward(self, *args, **kwargs):
         if getattr(self, "_codetta_patched", False):

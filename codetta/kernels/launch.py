@@ -207,7 +207,7 @@ def _signature(program, a, weight, operands: dict, config, out=None) -> tuple | 
         key = tuple(key)
         hash(key)
         return key
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # (RuntimeError: torch.func's, no storage)
         return None
 
 

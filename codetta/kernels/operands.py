@@ -68,7 +68,7 @@ def check_gemm_dtype(name: str, t: torch.Tensor, on_gpu_too: bool = True) -> Non
         )
 
 
-def row_alignment_problem(t: torch.Tensor, lead: int) -> str | None:
+def row_alignment_problem(t: torch.Tensor, lead: int, name: str = "a GEMM operand") -> str | None:
     """Why rows of ``t`` (leading stride ``lead`` elements) cannot be TMA rows, or None."""
     es = t.element_size()
     if (lead * es) % 16:
@@ -76,7 +76,7 @@ def row_alignment_problem(t: torch.Tensor, lead: int) -> str | None:
             f"rows must start on 16-byte boundaries for TMA: a stride of {lead} {t.dtype} elements is "
             f"{lead * es} bytes; the contiguous dimension must be a multiple of {16 // es}"
         )
-    if address("a GEMM operand", t) % 16:
+    if address(name, t) % 16:
         return "its data must start on a 16-byte boundary (a slice at an odd offset); call .clone()"
     return None
 
@@ -118,7 +118,7 @@ def leading_stride(t: torch.Tensor, transposed: bool) -> int:
 
 
 def check_matrix_alignment(name: str, t: torch.Tensor, transposed: bool, dims: str) -> None:
-    why = row_alignment_problem(t, leading_stride(t, transposed))
+    why = row_alignment_problem(t, leading_stride(t, transposed), name)
     if why:
         raise ValueError(f"{name} [{dims}] = {tuple(t.shape)}, strides {t.stride()}: {why}")
 
@@ -230,7 +230,7 @@ def check_tile_rows(where: str, t: torch.Tensor) -> None:
     """A tile operand or output: unit stride along its rows, rows that TMA can address."""
     if t.stride(1) != 1 and t.shape[1] > 1:
         raise ValueError(f"{where} must be row-contiguous, got strides {t.stride()}")
-    why = row_alignment_problem(t, leading_stride(t, False))
+    why = row_alignment_problem(t, leading_stride(t, False), where)
     if why:
         raise ValueError(f"{where} {list(t.shape)}: {why}")
 
