@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from conftest import ON_GPU
-from util import rand
+from util import assert_within, rand
 
 from codetta.nn import RMSNormQKVRoPE, SwiGLUMLP
 from codetta.ops import RoPE, linear_cross_entropy, rmsnorm_linear, swiglu_mlp
@@ -325,3 +325,63 @@ def test_rmsnorm_linear_names_x_for_its_device():
         rmsnorm_linear(x.to("meta"), gamma.to("meta"), w.to("meta"))
     with pytest.raises(ValueError, match=r"^weight\[1\] is on meta but x is on cpu"):
         rmsnorm_linear(x, gamma, [w, w.to("meta")])
+
+
+def test_modules_under_autocast(device):
+    """A float32 model's modules under torch.autocast run their GEMMs in autocast's dtype,
+    as nn.Linear's do (on the GPU a float32 GEMM was refused: "float32 GEMMs are not
+    served"), the residual stream and the norms' weights as they are; the gradients
+    reach the float32 parameters."""
+    import torch.nn.functional as F
+
+    from codetta.nn import ResidualRMSNormLinear
+
+    torch.manual_seed(0)
+    kind, dt = ("cuda", torch.bfloat16) if ON_GPU else ("cpu", torch.float16)
+    mlp = SwiGLUMLP(64, 96, device=device)
+    x = rand(10, 64, dtype=torch.float32, device=device).requires_grad_()
+    residual = rand(10, 64, dtype=torch.float32, device=device)
+    ws = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+
+    def chain(x, residual, wg, wu, wd):
+        return residual + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+    with torch.autocast(kind, dtype=dt):
+        got = mlp(x, residual)
+        bare = mlp(x)
+        ref = chain(x, residual, *ws)  # (PyTorch under autocast: its error in the same dtype)
+    leaves64 = [t.detach().double().cpu().requires_grad_() for t in (x, *ws)]
+    ref64 = chain(leaves64[0], residual.double().cpu(), *leaves64[1:])
+    assert got.dtype == ref.dtype == torch.float32 and bare.dtype == dt
+    assert_within("out", got.double().cpu(), ref64, ref.double().cpu())
+    assert_within("out without residual", bare.double().cpu(), ref64 - residual.double().cpu(),
+                  (ref - residual).double().cpu())  # fmt: skip
+    grads = torch.autograd.grad(got.sum(), [x, ws[0]])
+    want = torch.autograd.grad(ref.sum(), [x, ws[0]])
+    want64 = torch.autograd.grad(ref64.sum(), leaves64[:2])
+    for name, g, w, w64 in zip(("dx", "dW_gate"), grads, want, want64):
+        assert g.dtype == torch.float32
+        assert_within(name, g.double().cpu(), w64, w.double().cpu())
+    block = ResidualRMSNormLinear(32, 64, 48, eps=1e-5, device=device)
+    y = rand(10, 32, dtype=torch.float32, device=device)
+    with torch.no_grad():
+        block.norm_weight.copy_(torch.rand(64, device=device) + 0.5)
+    with torch.autocast(kind, dtype=dt):
+        xs, z = block(y, residual)
+        x_ref = residual + F.linear(y, block.proj)
+        z_ref = F.linear(F.rms_norm(x_ref, (64,), block.norm_weight, 1e-5), block.weight)
+    assert (xs.dtype, z.dtype) == (torch.float32, dt) == (x_ref.dtype, z_ref.dtype)
+    torch.testing.assert_close(xs, x_ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(z.float(), z_ref.float(), rtol=2e-2, atol=2e-2)
+    qkv = RMSNormQKVRoPE(64, 4, 2, 16, device=device)
+    h = rand(2, 5, 64, dtype=torch.float32, device=device)
+    rounded = copy.deepcopy(qkv)  # (float32 math on the weights autocast rounds)
+    with torch.no_grad():
+        for lin in (rounded.q_proj, rounded.k_proj, rounded.v_proj):
+            lin.weight.copy_(lin.weight.to(dt).float())
+    with torch.autocast(kind, dtype=dt):
+        outs = qkv(h)
+    want = [t.cpu() for t in copy.deepcopy(rounded).cpu()(h.cpu())] if ON_GPU else rounded(h)
+    for got, ref in zip(outs, want):
+        assert got.dtype == dt
+        torch.testing.assert_close(got.float().cpu(), ref, rtol=2e-2, atol=2e-2)

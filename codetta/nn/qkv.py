@@ -10,6 +10,7 @@ from torch import nn
 
 from ..ops import RoPE, rmsnorm_linear
 from ..ops.rope import RMS_ROPE
+from ._autocast import autocast_dtype, cast, stream
 
 
 def _positive_int(name: str, v) -> int:
@@ -195,7 +196,14 @@ class RMSNormQKVRoPE(nn.Module):
             ws = list(self.qkv_proj.weight.split(self.widths))
         else:
             ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        q, k, v = rmsnorm_linear(x, self.norm.weight, ws, self.eps, rope=rope, bias=self._bias())
+        gamma, bias, dtype = self.norm.weight, self._bias(), autocast_dtype(x)
+        if dtype is not None:
+            # under torch.autocast: the projections in its dtype, as nn.Linear's; x and the
+            # norms' weights as they are (float32: the operator's mixed precision)
+            ws = [cast(w, dtype) for w in ws]
+            x, gamma = stream(x, dtype), stream(gamma, dtype)
+            bias = None if bias is None else [b if b is None else stream(b, dtype) for b in bias]
+        q, k, v = rmsnorm_linear(x, gamma, ws, self.eps, rope=rope, bias=bias)
         # (heads from the width: a view cannot infer -1 of an empty batch)
         hd = self.head_dim
         return tuple(t.view(B, S, t.shape[-1] // hd, hd).transpose(1, 2) for t in (q, k, v))

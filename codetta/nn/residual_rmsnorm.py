@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..ops import residual_rmsnorm_linear
+from ._autocast import autocast_dtype, cast, stream
 
 
 class ResidualRMSNormLinear(nn.Module):
@@ -44,7 +45,14 @@ class ResidualRMSNormLinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor):
-        return residual_rmsnorm_linear(y, self.proj, residual, self.norm_weight, self.weight, self.eps)
+        proj, gamma, weight = self.proj, self.norm_weight, self.weight
+        dtype = autocast_dtype(y)
+        if dtype is not None:
+            # under torch.autocast: the GEMMs in its dtype, as nn.Linear's; the residual stream
+            # and the norm's weight as they are (float32: the operator's mixed precision)
+            y, proj, weight = cast(y, dtype), cast(proj, dtype), cast(weight, dtype)
+            residual, gamma = stream(residual, dtype), stream(gamma, dtype)
+        return residual_rmsnorm_linear(y, proj, residual, gamma, weight, self.eps)
 
     def extra_repr(self) -> str:
         h, k = self.proj.shape

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..ops.swiglu import swiglu_mlp
+from ._autocast import autocast_dtype, cast
 
 
 class SwiGLUMLP(nn.Module):
@@ -49,4 +50,11 @@ class SwiGLUMLP(nn.Module):
         return new
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, residual)
+        ws = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        dtype = autocast_dtype(x)
+        if dtype is not None:  # (under torch.autocast: the products in its dtype, as nn.Linear's)
+            x, ws = cast(x, dtype), [cast(w, dtype) for w in ws]
+            if residual is not None and residual.dtype != dtype:
+                # (the add in PyTorch's promotion, as residual + mlp(x) is under autocast)
+                return residual + swiglu_mlp(x, *ws)
+        return swiglu_mlp(x, *ws, residual)
