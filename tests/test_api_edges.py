@@ -385,3 +385,21 @@ def test_modules_under_autocast(device):
     for got, ref in zip(outs, want):
         assert got.dtype == dt
         torch.testing.assert_close(got.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_derived_tables_forget_at_shutdown(monkeypatch):
+    """The weak reference's callback that drops a derived table keeps its own table and
+    function (at interpreter exit a dying source's callback found the module's globals
+    None: "Exception ignored in derived.<locals>.<lambda> ... _forget")."""
+    from codetta.ops import _eager
+
+    src = torch.arange(4.0)
+    _eager.derived(src, "test", lambda: torch.zeros(2))
+    table, key = _eager._DERIVED, next(k for k, v in _eager._DERIVED.items() if v[0]() is src)
+    monkeypatch.setattr(_eager, "_DERIVED", None)
+    monkeypatch.setattr(_eager, "_forget", None)
+    del src
+    import gc
+
+    gc.collect()
+    assert key not in table

@@ -148,10 +148,12 @@ class FastOp:
 _DERIVED: dict = {}
 
 
-def _forget(key: int, ref) -> None:
-    entry = _DERIVED.get(key)
+def _forget(key: int, ref, table: dict = _DERIVED) -> None:
+    # (the table bound when defined: at interpreter exit the module's globals may already
+    # be None when a source dies, "Exception ignored in ... _forget")
+    entry = table.get(key)
     if entry is not None and entry[0] is ref:
-        del _DERIVED[key]
+        del table[key]
 
 
 def derived(src: torch.Tensor, key, make) -> torch.Tensor:
@@ -170,7 +172,7 @@ def derived(src: torch.Tensor, key, make) -> torch.Tensor:
     tables = derived_tables(src)
     if tables is None:
         ident = id(src)
-        ref = weakref.ref(src, lambda r, ident=ident: _forget(ident, r))
+        ref = weakref.ref(src, lambda r, ident=ident, forget=_forget: forget(ident, r))
         tables = {}
         _DERIVED[ident] = (ref, src._version, tables, src.data_ptr())
     return kept(tables, key, make, src.device)  # (a table made before serves a capture too)
