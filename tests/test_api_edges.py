@@ -366,25 +366,41 @@ def test_modules_under_autocast(device):
     y = rand(10, 32, dtype=torch.float32, device=device)
     with torch.no_grad():
         block.norm_weight.copy_(torch.rand(64, device=device) + 0.5)
+
+    def block_chain(y, residual, proj, gamma, weight):
+        x = residual + F.linear(y, proj)
+        return x, F.linear(F.rms_norm(x, (64,), gamma, 1e-5), weight)
+
     with torch.autocast(kind, dtype=dt):
         xs, z = block(y, residual)
-        x_ref = residual + F.linear(y, block.proj)
-        z_ref = F.linear(F.rms_norm(x_ref, (64,), block.norm_weight, 1e-5), block.weight)
+        x_ref, z_ref = block_chain(y, residual, block.proj, block.norm_weight, block.weight)
     assert (xs.dtype, z.dtype) == (torch.float32, dt) == (x_ref.dtype, z_ref.dtype)
-    torch.testing.assert_close(xs, x_ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(z.float(), z_ref.float(), rtol=2e-2, atol=2e-2)
+    args64 = [t.detach().double().cpu() for t in (y, residual, block.proj, block.norm_weight, block.weight)]
+    for name, got, ref, ref64 in zip(("x", "z"), (xs, z), (x_ref, z_ref), block_chain(*args64)):
+        assert_within(name, got.double().cpu(), ref64, ref.double().cpu())
     qkv = RMSNormQKVRoPE(64, 4, 2, 16, device=device)
     h = rand(2, 5, 64, dtype=torch.float32, device=device)
-    rounded = copy.deepcopy(qkv)  # (float32 math on the weights autocast rounds)
-    with torch.no_grad():
-        for lin in (rounded.q_proj, rounded.k_proj, rounded.v_proj):
-            lin.weight.copy_(lin.weight.to(dt).float())
+
+    def qkv_chain(h, gamma, ws, inv):
+        n = F.rms_norm(h, (64,), gamma, qkv.eps)
+        outs = [F.linear(n, w).unflatten(-1, (-1, 16)).transpose(1, 2) for w in ws]
+        angles = torch.arange(h.shape[1], dtype=inv.dtype, device=inv.device)[:, None] * inv
+        cos, sin = (torch.cat([f(angles)] * 2, -1).to(outs[0].dtype) for f in (torch.cos, torch.sin))
+
+        def rotate(t):  # (rotate-half, in t's dtype, as the module's output is)
+            return t * cos + torch.cat([-t[..., 8:], t[..., :8]], -1) * sin
+
+        return rotate(outs[0]), rotate(outs[1]), outs[2]
+
+    ws = [qkv.q_proj.weight, qkv.k_proj.weight, qkv.v_proj.weight]
     with torch.autocast(kind, dtype=dt):
         outs = qkv(h)
-    want = [t.cpu() for t in copy.deepcopy(rounded).cpu()(h.cpu())] if ON_GPU else rounded(h)
-    for got, ref in zip(outs, want):
+        refs = qkv_chain(h, qkv.norm.weight, ws, qkv.inv_freq)
+    refs64 = qkv_chain(*(t.detach().double().cpu() for t in (h, qkv.norm.weight)),
+                       [w.detach().double().cpu() for w in ws], qkv.inv_freq.double().cpu())  # fmt: skip
+    for name, got, ref, ref64 in zip("qkv", outs, refs, refs64):
         assert got.dtype == dt
-        torch.testing.assert_close(got.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+        assert_within(name, got.double().cpu(), ref64, ref.double().cpu())
 
 
 def test_derived_tables_forget_at_shutdown(monkeypatch):
