@@ -206,12 +206,13 @@ def apply(family: str, model=None, autocast: str | None = None):
             "precision or another wrapper); patching it would drop that wrapper. Patch the model "
             "before it is wrapped (before Trainer.train() or accelerate's prepare)"
         )
-    if _misaligned(model):
+    misaligned = _misaligned(model)
+    if misaligned:
         # (parameters copied only where the model is otherwise served)
         static, _ = _static_problem(model, alignment=False)
         if static:
             raise ValueError(f"codetta cannot run this {cls.__name__}: {static}")
-        _realign(model)
+        _realign(misaligned)
         _UNSUPPORTED.pop(model, None)  # (a verdict made before, under a class-wide patch)
     why = unsupported(model)
     if why:
@@ -310,14 +311,12 @@ def _misaligned(model) -> list:
     return [p for p in model.parameters() if type(p.data) is torch.Tensor and p.data_ptr() % 16]
 
 
-def _realign(model) -> int:
-    """Each of ``_misaligned``'s parameters given its own (aligned) copy of its data, in
-    place (the same Parameter objects: optimizers and ties keep them); how many."""
-    bad = _misaligned(model)
+def _realign(params: list) -> None:
+    """Each parameter (``_misaligned``'s) given its own (aligned) copy of its data, in place
+    (the same Parameter objects: optimizers and ties keep them)."""
     with torch.no_grad():
-        for p in bad:
+        for p in params:
             p.data = p.data.clone()
-    return len(bad)
 
 
 def _hook_count() -> int:
