@@ -326,8 +326,12 @@ def test_fp32_not_served_on_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     a = rand(16, 64, dtype=torch.float32, device="cuda")
-    with pytest.raises(TypeError, match="float32 GEMMs are not served on the GPU"):
+    with pytest.raises(TypeError, match=r"not served on the GPU \(bfloat16 or float16\); use torch.matmul$"):
         codetta.gemm(a, a)
+    # under autocast the refusal says that autocast does not cast the operators' inputs
+    with torch.autocast("cuda", torch.bfloat16):
+        with pytest.raises(TypeError, match="autocast is on .* pass them in torch.bfloat16"):
+            codetta.gemm(a, a)
 
 
 def test_bf16_on_cpu_is_right():

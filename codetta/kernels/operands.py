@@ -63,8 +63,16 @@ def check_gemm_dtype(name: str, t: torch.Tensor, on_gpu_too: bool = True) -> Non
     GPU's refusal of fp32 to a later call, so a dtype mismatch is reported first)."""
     check_dtype(name, t, GEMM_DTYPES, "bfloat16 or float16 (float32 on CPU only)")
     if on_gpu_too and t.device.type == "cuda" and t.dtype == torch.float32:
+        # (under torch.autocast a float32 operand is the usual mistake: autocast casts the
+        # inputs of PyTorch's own ops, not of a custom operator's)
+        hint = (
+            f"; torch.autocast is on but does not cast a custom operator's inputs: pass them in "
+            f"{torch.get_autocast_dtype('cuda')}"
+            if torch.is_autocast_enabled("cuda")
+            else ""
+        )
         raise TypeError(
-            f"{name}: float32 GEMMs are not served on the GPU (bfloat16 or float16); use torch.matmul"
+            f"{name}: float32 GEMMs are not served on the GPU (bfloat16 or float16); use torch.matmul{hint}"
         )
 
 
