@@ -788,3 +788,40 @@ def test_tail_launch_splits_k_parts(M, dtype, device):
     unsplit = codetta.gemm(a, w, epilogue=STORE_K3, config=dataclasses.replace(cfg, tail_split=1), **parts)
     assert_within("unsplit K parts", unsplit, ref, same)
     assert not engines.tail_counters(a.device).any()
+
+
+def test_shape_memos_are_bounded(dtype, device, monkeypatch):
+    """A run whose token count changes every step meets a new M each call: the host-side
+    memos keyed on call shapes forget all at their limit (``kernels/memo.py``) instead of
+    growing for as long as the run lasts, and a call after a forget is still right."""
+    from codetta.kernels import direct, memo, tuning
+
+    memos = [engines.TRITON._plans, engines.TRITON._checked, engines.TRITON._tail_kernels,
+             engines.PINGPONG._checked, tuning.CHOOSER._chosen, launch._BOUND, direct._JIT]  # fmt: skip
+    for m in memos:
+        assert isinstance(m, (memo.Memo, memo.MemoSet))
+        monkeypatch.setattr(m, "limit", 3)
+        m.clear()  # (what earlier tests left: memos, rebuilt on demand)
+    peak = 0
+    w = rand(32, 64, dtype=dtype, device=device)
+    for M in (8, 16, 24, 40, 48, 56, 72, 8, 16):
+        a = rand(M, 64, dtype=dtype, device=device)
+        out = codetta.gemm(a, w)
+        assert_within("out", out, a.double() @ w.double().t(), a @ w.t())
+        peak = max(peak, *map(len, memos))
+    assert peak == 3  # (filled to the limit, never past it)
+
+
+def test_memo_forgets_all_at_its_limit():
+    from codetta.kernels.memo import Memo, MemoSet
+
+    m, s = Memo(2), MemoSet(2)
+    m[1], m[2] = "a", "b"
+    m[2] = "c"  # (a key it holds: no forget)
+    assert m == {1: "a", 2: "c"}
+    m[3] = "d"
+    assert m == {3: "d"}
+    s.add(1), s.add(2), s.add(2)
+    assert s == {1, 2}
+    s.add(3)
+    assert s == {3}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from triton import knobs
 
+from .memo import Memo
+
 
 def _empty(hook) -> bool:
     # Triton 3.6 keeps hooks in a HookChain (its ``calls`` list), older ones a bare callable
@@ -125,8 +127,7 @@ def _unwrap_descriptors(launcher):
 
 # -- any ``kernel[grid](...)`` launch, bound by its arguments' specialization ----------------
 
-_JIT: dict = {}
-_MAX_JIT = 4096  # distinct launch signatures remembered (forgotten all at once past this)
+_JIT = Memo()  # distinct launch signatures remembered (forgotten all at once past its limit)
 
 
 def _spec(v):
@@ -156,7 +157,5 @@ def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
     compiled = jit_fn[grid](*args, **kwargs)
     tensor_kwarg = any(isinstance(v, torch.Tensor) for v in kwargs.values())  # (would be fixed, and kept)
     if compiled is not None and hasattr(compiled, "packed_metadata") and not tensor_kwarg:
-        if len(_JIT) >= _MAX_JIT:
-            _JIT.clear()
         _JIT[key] = DirectKernel(jit_fn, compiled, len(args), kwargs, grid)
     return compiled

@@ -35,6 +35,7 @@ from .descriptors import (
 )
 from .direct import DirectKernel
 from .mainloop import gemm_kernel
+from .memo import Memo, MemoSet
 from .operands import GemmCall
 from .program import MAX_OPERANDS, Kind, Program
 from .settings import SETTINGS
@@ -64,9 +65,10 @@ class TritonEngine:
     def __init__(self):
         # (program, config, dtype, layout, device) whose tail-split kernel spills registers
         self._tail_spills: set = set()
-        self._plans: dict = {}  # launch plans, built once per (call shape, config)
-        self._checked: set = set()  # plan keys whose tail split's spills were read
-        self._tail_kernels: dict = {}  # (call, TailLaunch) -> the tail launch's kernel (for bind_tail)
+        # (keyed on call shapes: bounded, ``memo.py``)
+        self._plans = Memo()  # launch plans, built once per (call shape, config)
+        self._checked = MemoSet()  # plan keys whose tail split's spills were read
+        self._tail_kernels = Memo()  # (call, TailLaunch) -> the tail launch's kernel (for bind_tail)
 
     def candidates(self, program: Program) -> list[Config]:
         if program.configs is not None:
@@ -336,7 +338,7 @@ class PingPongEngine:
     def __init__(self):
         self._consts: dict = {}  # constexpr dicts, built once per kernel variant
         self._tail_spills: set = set()  # (program, config, dtype, layout, device): tail kernel spills
-        self._checked: set = set()  # launch keys whose tail kernel's spills were read
+        self._checked = MemoSet()  # launch keys (call shapes: bounded) whose tail kernel's spills were read
 
     @staticmethod
     def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:

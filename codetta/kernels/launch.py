@@ -24,6 +24,7 @@ import torch
 from . import device, direct, precompile, reductions
 from .configs import Config, interpreter_config, part_edges, tiles_fit_parts
 from .engines import PINGPONG, TRITON, engine_of
+from .memo import Memo
 from .operands import GemmCall, check_outputs, make_call, output_shape
 from .program import REDUCTIONS, STORE, Kind, Layout, Program
 from .settings import SETTINGS
@@ -186,8 +187,7 @@ def _as_tuple(out) -> tuple:
     return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
-_BOUND: dict = {}
-_MAX_BOUND = 4096  # distinct call signatures remembered (forgotten all at once past this)
+_BOUND = Memo()  # distinct call signatures remembered (forgotten all at once past its limit)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
@@ -422,8 +422,6 @@ def gemm(a: torch.Tensor, weight: torch.Tensor, *, epilogue: Program | None = No
             if sig is not None and not precompile.active():
                 bound = _Bound(call, cfg, outs, ws, compiled)
                 if bound.usable:
-                    if len(_BOUND) >= _MAX_BOUND:
-                        _BOUND.clear()
                     _BOUND[sig] = bound
     elif outs:
         for op, out in zip(call.program.outputs, outs):

@@ -26,6 +26,7 @@ from . import configs, device, precompile, timing
 from .compile_pool import compiling_in_children
 from .configs import Config, config_from_dict
 from .engines import PINGPONG, TRITON
+from .memo import Memo
 from .operands import GemmCall
 from .persistent import capturing
 from .program import Kind
@@ -304,7 +305,7 @@ class Chooser:
     tuning key picked in this process, where its configuration came from (``sources``)."""
 
     def __init__(self):
-        self._chosen: dict = {}
+        self._chosen = Memo()  # (keyed on call shapes: bounded, ``memo.py``)
         self._caches: dict = {}
         self._shipped: dict = {}
         self.generation = 0  # bumped by clear(): what was decided from the memo is stale

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..kernels.memo import Memo, MemoSet
 from ..kernels.operands import address, check_dtype, check_gemm_dtype, check_same_device, check_tensor
 
 
@@ -24,8 +25,7 @@ def weights_of(weight) -> tuple[list, list[str]]:
     return [weight], ["weight"]
 
 
-_CHECKED: dict = {}  # the metadata of argument sets found valid -> their eps
-_MAX_CHECKED = 1024
+_CHECKED = Memo(1024)  # the metadata of argument sets found valid -> their eps
 
 
 def _meta(t) -> tuple:
@@ -96,8 +96,6 @@ def check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list, 
         return ws, known
     ws, eps = _check_args(y, w_o, residual, gamma, weight, eps, names)
     if key is not None:
-        if len(_CHECKED) >= _MAX_CHECKED:
-            _CHECKED.clear()
         _CHECKED[key] = eps
     return ws, eps
 
@@ -183,15 +181,13 @@ def bias_args(bias, weight, ws: list, y: torch.Tensor) -> list:
     if not known:
         _check_biases(bias, weight, ws, y)
         if key is not None:
-            if len(_BIASES_CHECKED) >= _MAX_CHECKED:
-                _BIASES_CHECKED.clear()
             _BIASES_CHECKED.add(key)
     if all(b is None for b in bs):
         return []
     return [y.new_zeros(w.shape[0]) if b is None else b for b, w in zip(bs, ws)]
 
 
-_BIASES_CHECKED: set = set()
+_BIASES_CHECKED = MemoSet(1024)
 
 
 def _check_biases(bias, weight, ws: list, y: torch.Tensor) -> None:
