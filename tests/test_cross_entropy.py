@@ -116,9 +116,9 @@ def test_float16_loss_scaler_gradient(reduction, device):
 
 
 def test_float16_gain_is_a_bounded_power_of_two():
-    """The gain: a power of 2, the largest row's scale times the largest class weight
-    brought to [GAIN_TARGET / 2, GAIN_TARGET]; none for bf16; 1 without rows; no host
-    sync (a 0-dim tensor)."""
+    """The gain: a power of 2, the largest row's scale times its target's class weight
+    (every class's under label smoothing) brought to [GAIN_TARGET / 2, GAIN_TARGET]; none
+    for bf16; 1 without rows; no host sync (a 0-dim tensor)."""
     from codetta.ops.ce_rows import GAIN_TARGET, CEOptions, gain
 
     plain = CEOptions(None, None, 0.0, 0.0, 0.0)
@@ -127,8 +127,13 @@ def test_float16_gain_is_a_bounded_power_of_two():
     got = gain(scale, plain, torch.float16)
     assert got.dim() == 0 and got.item() == 2.0 ** math.floor(math.log2(GAIN_TARGET * 3637))
     assert GAIN_TARGET / 2 < got.item() * scale.max().item() <= GAIN_TARGET
-    weighted = CEOptions(None, torch.tensor([0.5, 8.0, 2.0]), 0.0, 0.0, 0.0)
-    assert gain(scale, weighted, torch.float16).item() * scale.max().item() * 8 <= GAIN_TARGET
+    cw = torch.tensor([0.5, 8.0, 2.0, math.inf])  # (class 3: no row's target)
+    wt = cw[torch.arange(4000) % 3]
+    weighted = CEOptions(None, cw, 0.0, 0.0, 0.0)
+    got = gain(scale, weighted, torch.float16, wt).item()
+    assert GAIN_TARGET / 2 < got * scale.max().item() * 8 <= GAIN_TARGET
+    # (with smoothing every class's weight enters the gradient: the inf one sizes it)
+    assert gain(scale, weighted._replace(smoothing=0.1), torch.float16, wt).item() == 2.0**-60
     assert gain(scale, plain, torch.bfloat16) is None and gain(scale, plain, torch.float32) is None
     assert gain(scale[:0], plain, torch.float16).item() == 1.0
     assert gain(torch.zeros(5), plain, torch.float16).item() == 2.0**60  # (every row ignored)
@@ -283,6 +288,7 @@ OPTIONS = [  # (options, reduction): each option alone, then all together
     (dict(cap=20.0), "sum"),
     (dict(cw=True), "mean"),
     (dict(cw="negative"), "mean"),
+    (dict(cw="untargeted-inf"), "mean"),
     (dict(eps=0.1), "none"),
     (dict(z=1e-3), "mean"),
     (dict(b=True, cap=15.0, cw=True, eps=0.2, z=1e-3), "none"),
@@ -402,6 +408,11 @@ def _check_options(opts, reduction, dtype, device, **extra):
         cw = -cw
     t = torch.randint(0, V, (M,), device=device)
     t[::5] = -100
+    if opts.get("cw") == "untargeted-inf":
+        # an infinite weight on a class no row targets: without smoothing it enters neither
+        # PyTorch's loss nor its gradient (float16's gain was sized from it: every gradient 0)
+        t[t == 7] = 8
+        cw[7] = math.inf
     grad = torch.rand(M, device=device) + 0.5 if reduction == "none" else None
     kw = dict(eps=opts.get("eps", 0.0), z=opts.get("z", 0.0), cap=opts.get("cap"))
     names = ["dinput", "dweight"] + ["dbias"] * (b is not None) + ["drow_scale"] * (r is not None)

@@ -29,7 +29,7 @@ def scales(valid, denom, reduction: str, grad: torch.Tensor | None):
 GAIN_TARGET = 16.0
 
 
-def gain(scale, opts: CEOptions, dtype: torch.dtype):
+def gain(scale, opts: CEOptions, dtype: torch.dtype, wt: torch.Tensor | None = None):
     """A power of 2 (a 0-dim float32 tensor, on the device: no host sync) that the loss's
     gradients are formed at before the incoming gradient is known, or None (no gain).
 
@@ -40,14 +40,24 @@ def gain(scale, opts: CEOptions, dtype: torch.dtype):
     multiplies first, keeps. With the gain every entry is at most ~2 x GAIN_TARGET (the
     gradient's row terms are bounded by twice the largest class weight), dX at most
     ~4 x GAIN_TARGET x max|W|, and the backward divides it out exactly. bf16 has
-    float32's exponent range: no gain."""
+    float32's exponent range: no gain.
+
+    With class weights ``wt`` (each row's w[target], ``row_weights``) a row's terms are
+    bounded by |scale| (|w[t]| + eps max|w|) (eps: label smoothing, whose term alone reads
+    every class's weight): a class no row targets does not size the gain without smoothing,
+    as it does not enter PyTorch's gradient (a huge, inf or NaN weight there left every
+    gradient at zero or NaN)."""
     if dtype != torch.float16:
         return None
     if not scale.numel():  # (no rows: nothing is formed; one shape for every M)
         return torch.ones((), dtype=torch.float32, device=scale.device)
-    m = scale.abs().max()
+    m = scale.abs()
     if opts.weight is not None:
-        m = m * opts.weight.abs().max()
+        bound = wt.abs()
+        if opts.smoothing:
+            bound = bound + opts.smoothing * opts.weight.abs().max()
+        m = torch.where(m == 0, 0.0, m * bound)  # (an ignored row's 0 x inf is not NaN)
+    m = m.max()
     g = torch.exp2(torch.floor(torch.log2(GAIN_TARGET / m)))  # (m = 0: inf, clamped)
     return g.clamp(2.0**-60, 2.0**60)
 

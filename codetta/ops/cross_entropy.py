@@ -333,7 +333,7 @@ def _pass(x, w, target, ignore_index, reduction, rows, opts: CEOptions, grad=Non
     scale = scales(valid, wt.sum(), reduction, grad) if want_grads else None
     gained = None
     if want_grads and grad is None:  # (the gain sized to the gradient as stored: with a row scale, r g)
-        gained = gain(scale if opts.row_scale is None else scale * opts.row_scale, opts, x.dtype)
+        gained = gain(scale if opts.row_scale is None else scale * opts.row_scale, opts, x.dtype, wt)
     if gained is not None:
         if finish:
             raise ValueError("float16's gradients at a gain are summed in float32: finish must be off")
