@@ -364,7 +364,8 @@ case "${1:-}" in
     # workers: its V 262144 loss cases need the memory), A2 the other kernel files (4), B1 the
     # model files (test_hf, test_swiglu, test_tied_embedding), B2 the rest (4 workers;
     # test_hf's 200-step loss curves left out, ~4 min each: their own step). gpu_call.sh
-    # names each failed test even when a part is cut at its limit
+    # names each failed test even when a part is cut at its limit. Runs 290-292 (6e5cf58, an
+    # H100): all four parts whole, no failure (161 s, 127 s, 238 s, 250 s)
     KERNELS="tests/test_cross_entropy.py tests/test_programs.py tests/test_pingpong.py tests/test_gemm.py"
     MODELS="tests/test_hf.py tests/test_swiglu.py tests/test_tied_embedding.py"
     case "${PART:-A1}" in
@@ -488,7 +489,8 @@ case "${1:-}" in
     # up in one table under $OUT (gpu_call.sh); merge it with scripts/merge_tuned.py.
     # Limits 250 + 300 s. Run 282 (c42da0a) tuned 72 of them; 24 left (Llama-3-70B's and
     # Qwen3-14B's / -32B's widest products at 32768 and 65536): the same call reaches them.
-    # Runs 284-285 (cee59b4) tuned 18 more; 6 left (width 8192 at 65536 tokens)
+    # Runs 284-285 (cee59b4) tuned 18 more; 6 left (width 8192 at 65536 tokens); run 292
+    # (6e5cf58) 4 of them: store tt 32768x8192x65536 and residual_rms_f32 65536x8192x32768 left
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 27 is for an H100" >&2; exit 2; }
     MODELS="llama3-1b llama3-3b llama3-8b qwen3-8b qwen3-14b qwen3-32b mistral-7b llama3-70b"
     TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=250 TUNE_SCOPE="--model $MODELS --tokens 4096 8192 32768" \
