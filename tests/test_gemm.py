@@ -796,8 +796,8 @@ def test_shape_memos_are_bounded(dtype, device, monkeypatch):
     growing for as long as the run lasts, and a call after a forget is still right."""
     from codetta.kernels import direct, memo, tuning
 
-    memos = [engines.TRITON._plans, engines.TRITON._checked, engines.TRITON._tail_kernels,
-             engines.PINGPONG._checked, tuning.CHOOSER._chosen, launch._BOUND, direct._JIT]  # fmt: skip
+    memos = [engines.TRITON._plans, engines.TRITON._tail_kernels, tuning.CHOOSER._chosen, launch._BOUND,
+             direct._JIT]  # fmt: skip
     for m in memos:
         assert isinstance(m, (memo.Memo, memo.MemoSet))
         monkeypatch.setattr(m, "limit", 3)
@@ -825,3 +825,41 @@ def test_memo_forgets_all_at_its_limit():
     assert s == {1, 2}
     s.add(3)
     assert s == {3}
+
+
+def test_tail_split_verdict_is_read_once_per_config(monkeypatch):
+    """A config whose tail-split kernel spills runs unsplit; the verdict is read once per
+    config (not per token count), so a shape's plan forgotten by the bounded memo and built
+    again sums K in the order of its first call. Simulated on the CPU: the engine believes
+    it is on a GPU and a second token count's kernel "spills" (read per shape, that verdict
+    made the first count's rebuilt plan unsplit: other bits mid-run)."""
+    if torch.cuda.is_available():
+        pytest.skip("simulates the GPU's spill check through the interpreter")
+    import types
+
+    from codetta.kernels import device as real
+
+    fake = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
+    fake.interpreting = lambda: False
+    fake.grid_sms = lambda i: configs.INTERPRETER_NUM_SMS
+    monkeypatch.setattr(engines, "device", fake)
+    run = engines.TritonEngine._run
+
+    def spilling_at_100(self, call, plan, outs, warmup):
+        if warmup:  # (the spill check's compile: M 100's "spills")
+            return types.SimpleNamespace(n_spills=int(call.M == 100), run=None)
+        return run(self, call, plan, outs, warmup)
+
+    monkeypatch.setattr(engines.TritonEngine, "_run", spilling_at_100)
+    eng = engines.TritonEngine()
+    monkeypatch.setattr(engines, "TRITON", eng)
+    monkeypatch.setattr(launch, "TRITON", eng)
+    cfg = configs.interpreter_config()
+    assert cfg.tail_split > 1
+    w, a = rand(32, 256, dtype=torch.float32, device="cpu"), rand(128, 256, dtype=torch.float32, device="cpu")
+    first = codetta.gemm(a, w, config=cfg)
+    codetta.gemm(rand(100, 256, dtype=torch.float32, device="cpu"), w, config=cfg)
+    eng._plans.clear()  # (what the memo does at its limit)
+    again = codetta.gemm(a, w, config=cfg)
+    assert torch.equal(first, again)
+    assert not eng._tail_spills and all(p.cfg.tail_split == cfg.tail_split for p in eng._plans.values())

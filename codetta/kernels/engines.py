@@ -35,7 +35,7 @@ from .descriptors import (
 )
 from .direct import DirectKernel
 from .mainloop import gemm_kernel
-from .memo import Memo, MemoSet
+from .memo import Memo
 from .operands import GemmCall
 from .program import MAX_OPERANDS, Kind, Program
 from .settings import SETTINGS
@@ -63,11 +63,12 @@ class TritonEngine:
     name = "triton"
 
     def __init__(self):
-        # (program, config, dtype, layout, device) whose tail-split kernel spills registers
+        # (program, config, dtype, layout, device) whose tail-split kernel spills registers,
+        # and those whose verdict is known (read once, from the first real launch's kernel)
         self._tail_spills: set = set()
+        self._spills_read: set = set()
         # (keyed on call shapes: bounded, ``memo.py``)
         self._plans = Memo()  # launch plans, built once per (call shape, config)
-        self._checked = MemoSet()  # plan keys whose tail split's spills were read
         self._tail_kernels = Memo()  # (call, TailLaunch) -> the tail launch's kernel (for bind_tail)
 
     def candidates(self, program: Program) -> list[Config]:
@@ -173,20 +174,23 @@ class TritonEngine:
     def launch(self, call: GemmCall, cfg: Config, outs: list, warmup: bool = False):
         """Run the call with this configuration (``warmup``: only compile it); returns
         the compiled kernel (None when interpreted)."""
-        key = self._plan_key(call, cfg)
         plan = self.launch_plan(call, cfg)
-        if not warmup and key not in self._checked:
+        if not warmup and plan.cfg.tail_split > 1 and not device.interpreting():
             # a program that leaves no registers for the tail path (its split kernel
-            # spills) runs this config unsplit: decided from the compiled kernel before
-            # the plan's first launch, so the first call sums K in the same order as every
-            # later one (it ran split once, and its results differed by a rounding). (Not
-            # on a warmup: the tuner's concurrent compiles get futures, not kernels.)
-            self._checked.add(key)
-            if plan.cfg.tail_split > 1 and not device.interpreting():
+            # spills) runs this config unsplit: decided once per config (not per token
+            # count) from the compiled kernel before the first real launch, so every call of
+            # every shape sums K in one order for the whole run, a plan forgotten and built
+            # again included (a shape's first call ran split once, and its results differed
+            # by a rounding). (Not on a warmup: the tuner's concurrent compiles get futures,
+            # not kernels.)
+            spill_key = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+            if spill_key not in self._spills_read:
+                self._spills_read.add(spill_key)
                 split = self.launch_tail(call, plan.tail, outs, warmup=True) if plan.tail else None
                 if _spills(split if plan.tail else self._run(call, plan, outs, warmup=True)):
-                    self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
-                    plan = self._plans[key] = self._plan(call, cfg)
+                    self._tail_spills.add(spill_key)
+            if spill_key in self._tail_spills:  # (a plan built before the verdict)
+                plan = self._plans[self._plan_key(call, cfg)] = self._plan(call, cfg)
         kernel = self._run(call, plan, outs, warmup)
         if plan.tail is not None:
             self.launch_tail(call, plan.tail, outs, warmup)
@@ -338,7 +342,7 @@ class PingPongEngine:
     def __init__(self):
         self._consts: dict = {}  # constexpr dicts, built once per kernel variant
         self._tail_spills: set = set()  # (program, config, dtype, layout, device): tail kernel spills
-        self._checked = MemoSet()  # launch keys (call shapes: bounded) whose tail kernel's spills were read
+        self._spills_read: set = set()  # those whose verdict is known (read once, TritonEngine's way)
 
     @staticmethod
     def ring_dtype(program: Program, dtype: torch.dtype) -> torch.dtype:
@@ -530,14 +534,14 @@ class PingPongEngine:
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
         tail = self.tail_plan(call, cfg)
-        key = (call.program, call.in_kinds, cfg, call.dtype, call.a_t, call.b_t, call.M, call.N, call.K,
-               call.device)  # fmt: skip
-        if tail is not None and not warmup and key not in self._checked:
-            # decided before the first real launch (the first call is final, as the
-            # portable tail split's): a tail kernel that spills runs the config unsplit
-            self._checked.add(key)
+        spill_key = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+        if tail is not None and not warmup and spill_key not in self._spills_read:
+            # decided once per config before its first real launch (every later call of
+            # every shape is final, as the portable tail split's): a tail kernel that
+            # spills runs the config unsplit
+            self._spills_read.add(spill_key)
             if not device.interpreting() and _spills(TRITON.launch_tail(call, tail, outs, warmup=True)):
-                self._tail_spills.add((call.program, cfg, call.dtype, call.a_t, call.b_t, call.device))
+                self._tail_spills.add(spill_key)
                 tail = None
         a_desc, b_desc = matrix_descs(_gl_desc, call, cfg)
         specs = slot_specs(call, slot_descs(call, cfg, whole_seed=False), outs)

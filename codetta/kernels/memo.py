@@ -21,6 +21,9 @@ class Memo(dict):
             self.clear()
         super().__setitem__(key, value)
 
+    def __reduce__(self):  # (copy / pickle: the limit first, then the entries)
+        return type(self), (self.limit,), None, None, iter(self.items())
+
 
 class MemoSet(set):
     """A set cleared as a whole when a new element would make it hold more than ``limit``."""
@@ -33,3 +36,9 @@ class MemoSet(set):
         if len(self) >= self.limit and item not in self:
             self.clear()
         super().add(item)
+
+    def __reduce__(self):
+        return type(self), (self.limit,), {"items": list(self)}
+
+    def __setstate__(self, state):
+        self.update(state["items"])

@@ -65,10 +65,10 @@ def check_gemm_dtype(name: str, t: torch.Tensor, on_gpu_too: bool = True) -> Non
     if on_gpu_too and t.device.type == "cuda" and t.dtype == torch.float32:
         # (under torch.autocast a float32 operand is the usual mistake: autocast casts the
         # inputs of PyTorch's own ops, not of a custom operator's)
+        low = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
         hint = (
-            f"; torch.autocast is on but does not cast a custom operator's inputs: pass them in "
-            f"{torch.get_autocast_dtype('cuda')}"
-            if torch.is_autocast_enabled("cuda")
+            f"; torch.autocast is on but does not cast a custom operator's inputs: pass them in {low}"
+            if low in (torch.bfloat16, torch.float16)
             else ""
         )
         raise TypeError(

@@ -37,27 +37,29 @@ def gain(scale, opts: CEOptions, dtype: torch.dtype, wt: torch.Tensor | None = N
     rows subnormal or zero where p is small (at 4000 rows and V 32000, p / rows ~ 1e-8
     is below fp16's smallest subnormal, 6e-8), so forming it at scale 1 and multiplying
     by the incoming gradient after (a GradScaler's 2^16) would lose what PyTorch, which
-    multiplies first, keeps. With the gain every entry is at most ~2 x GAIN_TARGET (the
-    gradient's row terms are bounded by twice the largest class weight), dX at most
+    multiplies first, keeps. With the gain every entry is at most ~2 x GAIN_TARGET (twice
+    the row's bound below, at |lse| 1), dX at most
     ~4 x GAIN_TARGET x max|W|, and the backward divides it out exactly. bf16 has
     float32's exponent range: no gain.
 
-    With class weights ``wt`` (each row's w[target], ``row_weights``) a row's terms are
-    bounded by |scale| (|w[t]| + eps max|w|) (eps: label smoothing, whose term alone reads
-    every class's weight): a class no row targets does not size the gain without smoothing,
-    as it does not enter PyTorch's gradient (a huge, inf or NaN weight there left every
-    gradient at zero or NaN)."""
+    A row's terms are bounded by |scale| (|w[t]| + eps max|w| + 2 z_loss |lse|) (w: the
+    class weights, 1 without; ``wt`` each row's w[target], ``row_weights``; eps: label
+    smoothing, whose term alone reads every class's weight); the gain is sized by that
+    bound at |lse| 1 (a float16 entry has ~2000x room above GAIN_TARGET). A class no row
+    targets does not size it without smoothing, as it does not enter PyTorch's gradient
+    (sized by the largest weight of any class, a huge, inf or NaN weight there left every
+    gradient at zero or NaN), and z_loss's term, not scaled by the class weight, does."""
     if dtype != torch.float16:
         return None
     if not scale.numel():  # (no rows: nothing is formed; one shape for every M)
         return torch.ones((), dtype=torch.float32, device=scale.device)
+    weighted = opts.weight is not None
+    bound = wt.abs() if weighted else 1.0
+    if opts.smoothing:
+        bound = bound + opts.smoothing * (opts.weight.abs().max() if weighted else 1.0)
+    bound = bound + 2 * abs(opts.z_loss)
     m = scale.abs()
-    if opts.weight is not None:
-        bound = wt.abs()
-        if opts.smoothing:
-            bound = bound + opts.smoothing * opts.weight.abs().max()
-        m = torch.where(m == 0, 0.0, m * bound)  # (an ignored row's 0 x inf is not NaN)
-    m = m.max()
+    m = torch.where(m == 0, 0.0, m * bound).max()  # (an ignored row's 0 x inf is not NaN)
     g = torch.exp2(torch.floor(torch.log2(GAIN_TARGET / m)))  # (m = 0: inf, clamped)
     return g.clamp(2.0**-60, 2.0**60)
 
