@@ -621,6 +621,28 @@ def test_module_compiles_fullgraph(device):
     check_compile_matches_eager(f, [t.detach() for t in leaves], ON_GPU)
 
 
+def test_qk_norm_eps_traced_as_a_symbolic_float(device):
+    """Under torch.compile(dynamic=True) a float argument is traced as a symbolic float:
+    the q/k norms' eps check compares it (math.isfinite broke the graph there, and a break
+    between the drop-in's gate/up and down GEMMs failed Qwen3's every compiled step)."""
+    B, S, d, hq, hkv, hd = CASES[0]
+    x = rand(B, S, d, dtype=torch.float16, device=device)
+    g = torch.rand(d, device=device) + 0.5
+    ws = [rand(n * hd, d, dtype=torch.float16, device=device, scale=d**-0.5) for n in (hq, hkv, hkv)]
+    qn, kn = torch.rand(hd, device=device) + 0.5, torch.rand(hd, device=device) + 0.5
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=device).float() / hd))
+    pos = _positions(B, S, False, device)
+
+    def f(x, qk_eps):
+        rope = RoPE(pos, inv_freq, qk_norm_weights=(qn, kn), qk_norm_eps=qk_eps)
+        return rmsnorm_linear(x, g, ws, 1e-6, rope=rope)
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(x, 1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(got, f(x, 1e-6)))
+    torch._dynamo.reset()
+
+
 def test_module_fused_qkv(device):
     """``fused_qkv=True``: one [q + k + v rows, d] weight used as three row blocks in place
     gives the three-weight module's outputs bit for bit, and its gradient is theirs

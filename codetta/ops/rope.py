@@ -109,6 +109,8 @@ def rope_operands(rope, ws, lead, device) -> tuple[list, float, int, float, bool
                 raise ValueError(f"rope.qk_norm_weights[{i}] must be a float [{hd}] tensor on {device}, got "
                                  f"{w.dtype} {tuple(w.shape)} on {w.device}")  # fmt: skip
     eps = float(rope.qk_norm_eps)
-    if qk and not (math.isfinite(eps) and eps >= 0):
+    # (comparisons, not math.isfinite: under torch.compile(dynamic=True) eps is traced as a
+    # symbolic float, which math.isfinite breaks the graph on; NaN fails both)
+    if qk and not 0 <= eps < math.inf:
         raise ValueError(f"rope.qk_norm_eps must be a finite number >= 0, got {rope.qk_norm_eps!r}")
     return [pos.reshape(-1).contiguous(), freq, *qk], float(rope.attention_scaling), n, eps, pairs
