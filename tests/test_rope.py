@@ -1,6 +1,8 @@
 """Operators III (first part): RoPE in the q/k projections' epilogues after the residual +
 RMSNorm (Hugging Face's rotate-half convention), forward and backward."""
 
+import math
+
 import pytest
 import torch
 from conftest import ON_GPU
@@ -641,6 +643,9 @@ def test_qk_norm_eps_traced_as_a_symbolic_float(device):
     got = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(x, 1e-6)
     assert all(torch.equal(a, b) for a, b in zip(got, f(x, 1e-6)))
     torch._dynamo.reset()
+    for bad in (math.nan, math.inf, -1e-6):
+        with pytest.raises(ValueError, match="qk_norm_eps must be a finite number >= 0"):
+            f(x, bad)
 
 
 def test_module_fused_qkv(device):
