@@ -25,6 +25,13 @@ def weights_of(weight) -> tuple[list, list[str]]:
     return [weight], ["weight"]
 
 
+def finite_nonnegative(v) -> bool:
+    """``v`` a finite number >= 0, judged by comparisons: under torch.compile(dynamic=True)
+    a float argument is traced as a symbolic float, on which math.isfinite breaks the graph
+    (NaN fails the comparisons too)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v < math.inf
+
+
 _CHECKED = Memo(1024)  # the metadata of argument sets found valid -> their eps
 
 
@@ -150,9 +157,7 @@ def _check_args(y, w_o, residual, gamma, weight, eps, names=None) -> tuple[list,
                 "(TMA moves rows in 16-byte units)"
             )
     eps = torch.finfo(y.dtype).eps if eps is None else eps
-    # (comparisons, not math.isfinite: under torch.compile(dynamic=True) eps may be traced
-    # as a symbolic float; NaN fails both)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+    if not finite_nonnegative(eps):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     return ws, float(eps)
 

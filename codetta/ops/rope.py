@@ -4,7 +4,6 @@ backward's inverse rotation take (docs/design.md)."""
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -12,6 +11,7 @@ import torch
 from ..kernels.operands import check_tensor
 from ..programs.rope import RMS_ROPE
 from ._eager import derived
+from .norm_checks import finite_nonnegative
 
 
 class RoPE(NamedTuple):
@@ -109,8 +109,6 @@ def rope_operands(rope, ws, lead, device) -> tuple[list, float, int, float, bool
                 raise ValueError(f"rope.qk_norm_weights[{i}] must be a float [{hd}] tensor on {device}, got "
                                  f"{w.dtype} {tuple(w.shape)} on {w.device}")  # fmt: skip
     eps = float(rope.qk_norm_eps)
-    # (comparisons, not math.isfinite: under torch.compile(dynamic=True) eps is traced as a
-    # symbolic float, which math.isfinite breaks the graph on; NaN fails both)
-    if qk and not 0 <= eps < math.inf:
+    if qk and not finite_nonnegative(eps):
         raise ValueError(f"rope.qk_norm_eps must be a finite number >= 0, got {rope.qk_norm_eps!r}")
     return [pos.reshape(-1).contiguous(), freq, *qk], float(rope.attention_scaling), n, eps, pairs
