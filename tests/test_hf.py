@@ -1219,6 +1219,32 @@ def test_torch_compile_fullgraph_training_step(family):
         assert torch.allclose(got[2][name], g, rtol=1e-4, atol=1e-6), name
 
 
+def test_torch_compile_with_a_graph_break_inside_the_mlp(monkeypatch):
+    """A graph break between the drop-in's gate/up operator and its down GEMM (a user's
+    hook, an op Dynamo cannot trace; Qwen3's eps check was one, session 44): AOTAutograd
+    gives the first graph's internal SwiGLU y a tangent of zeros, which the backward
+    refused ("a gradient reached an internal SwiGLU's y directly") on every step. Now
+    zeros pass, and loss and gradients equal the eager patched run's."""
+    import codetta.integrations.hf as hf
+
+    real = hf.residual_rmsnorm_linear
+
+    def broken(*args, **kw):
+        torch._dynamo.graph_break()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(hf, "residual_rmsnorm_linear", broken)
+    model = codetta.apply_codetta(_model("llama", True))
+    kw = _inputs("padding")
+    eager = _step(model, kw)
+    torch._dynamo.reset()
+    got = _step(torch.compile(model, backend="inductor" if ON_GPU else "aot_eager"), kw)
+    torch._dynamo.reset()
+    assert torch.allclose(got[1], eager[1], rtol=1e-5)
+    for name, g in eager[2].items():
+        assert torch.allclose(got[2][name], g, rtol=1e-4, atol=1e-6), name
+
+
 def test_torch_compile_fullgraph_autocast_cast_mode():
     """torch.compile(model, fullgraph=True) under autocast over float32 parameters with
     CODETTA_AUTOCAST=cast traces the parameters' casts too (a context manager there broke

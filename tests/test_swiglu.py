@@ -564,6 +564,44 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
         run(False, use_act=True)
 
 
+def test_internal_swiglu_across_a_graph_break(device):
+    """Compiled with a graph break between residual_rmsnorm_swiglu(..., internal=True) and
+    the down projection's operator, the first graph's backward gets a tangent of zeros for
+    y: the gradients equal eager mode's; a nonzero gradient that reaches y there (y used
+    outside the next operator) still raises, as in eager mode."""
+    T, d, f = SHAPES[1]
+    dt = torch.float16
+    shapes = [(T, d, 1.0), (d, d, d**-0.5), (T, d, 1.0), None, (f, d, d**-0.5), (f, d, d**-0.5),
+              (d, f, f**-0.5), None, (24, d, d**-0.5)]  # fmt: skip
+    leaves = [
+        torch.rand(d, device=device) + 0.5 if s is None else rand(*s[:2], dtype=dt, device=device, scale=s[2])
+        for s in shapes
+    ]
+
+    def step(use_act):
+        y, wo, res, g1, wg, wu, wd, g2, wq = ts = [t.detach().clone().requires_grad_() for t in leaves]
+        x, act = residual_rmsnorm_swiglu(y, wo, res, g1, wg, wu, EPS, internal=True)
+        torch._dynamo.graph_break()
+        x2, z = residual_rmsnorm_linear(act, wd, x, g2, wq, EPS)
+        loss = x2.float().square().sum() + z.float().sum()
+        if use_act:
+            loss = loss + act.y.float().sum()
+        loss.backward()
+        return [t.grad for t in ts]
+
+    want = step(False)
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(step, backend=backend)(False)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+    torch._dynamo.reset()
+    if device == "cpu":  # (on a GPU the refusal is a device assertion: it ends the process)
+        with pytest.raises(RuntimeError, match="internal SwiGLU's y"):
+            torch.compile(step, backend=backend)(True)
+        torch._dynamo.reset()
+
+
 def test_compiled_backward_follows_keep_y(device, monkeypatch):
     """Whether y is kept is an argument of the traced op (``keep_y``), not a setting read
     while tracing: a graph compiled under one setting, then one compiled under the other

@@ -417,6 +417,16 @@ def _setup_context(ctx, inputs, output):
     )
 
 
+def _refuse_nonzero(t, message):
+    """Raises ``message`` unless every entry of ``t`` is zero: at once in eager mode (one
+    read of ``t`` and a synchronization, on a path taken only there), as an asynchronous
+    device assertion where a compiled backward is being traced (no data-dependent branch)."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(torch.logical_not(t.any()), message)
+    elif bool(t.any()):
+        raise RuntimeError(message)
+
+
 def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     y, w_o, gamma, x, z, sumsq, w_gamma, *rest = saved_tensors(ctx, "residual_rmsnorm_linear")
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
@@ -443,13 +453,18 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
         # zs = [g, u, y]: a gradient that reaches y directly (y used outside the next
         # operator, which sends its gradient to g and u) goes through SwiGLU here
         dg, du, dact = dzs
+        if dact is not None and ctx.internal:
+            # nothing was kept for it: only zeros may come (AOTAutograd forms a tangent of
+            # zeros for y where a compiled graph ends between this operator and the next,
+            # which sends y none); anything else is a use outside the next operator
+            _refuse_nonzero(
+                dact,
+                "a gradient reached an internal SwiGLU's y directly (residual_rmsnorm_swiglu(..., "
+                "internal=True)): its g and u were not kept for it; use internal=False where y is "
+                "used outside the next operator",
+            )
+            dact = None
         if dact is not None:
-            if ctx.internal:
-                raise RuntimeError(
-                    "a gradient reached an internal SwiGLU's y directly (residual_rmsnorm_swiglu(..., "
-                    "internal=True)): its g and u were not kept for it; use internal=False where y is "
-                    "used outside the next operator"
-                )
             g, u = rest[-2:]
             extra = dswiglu_reference(dact, g, u)
             dg = extra["dg"] if dg is None else dg + extra["dg"]
@@ -519,7 +534,8 @@ def residual_rmsnorm_swiglu(
     ``internal=True`` promises that the returned gate and up (and y) are read by nothing
     but the next ``residual_rmsnorm_linear``: its backward writes their gradients over
     them (eager mode; their version counters are bumped, so a second backward through the
-    graph raises), and nothing is kept for a gradient reaching y directly (one raises).
+    graph raises), and nothing is kept for a gradient reaching y directly (one not all zeros
+    raises: a compiled graph that ends between the two operators gives y a tangent of zeros).
     The Hugging Face drop-in passes it.
     """
     ws, eps = check_args(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
