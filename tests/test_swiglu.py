@@ -564,7 +564,7 @@ def test_internal_swiglu_writes_over_gate_and_up(keep_y, monkeypatch):
         run(False, use_act=True)
 
 
-def test_internal_swiglu_across_a_graph_break(device):
+def test_internal_swiglu_across_a_graph_break(device, monkeypatch):
     """Compiled with a graph break between residual_rmsnorm_swiglu(..., internal=True) and
     the down projection's operator, the first graph's backward gets a tangent of zeros for
     y: the gradients equal eager mode's; a nonzero gradient that reaches y there (y used
@@ -591,10 +591,24 @@ def test_internal_swiglu_across_a_graph_break(device):
 
     want = step(False)
     torch._dynamo.reset()
-    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = []
+
+    def backend(gm, example_inputs):  # records the codetta ops of each graph it compiles
+        ops = [str(n.target) for n in gm.graph.nodes if "codetta" in str(n.target)]
+        name = "inductor" if device == "cuda" else "aot_eager"
+        real = torch._dynamo.lookup_backend(name)(gm, example_inputs)
+        compiled.extend(ops)  # (after the compile: a graph whose compile failed is run uncompiled)
+        return real
+
+    # (torch 2.13 reports AOTAutograd's trace of a backward as compiling, torch 2.11 does not,
+    # NOTES.md run 68: the older behaviour here too, where the torch has the newer one)
+    monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
     got = torch.compile(step, backend=backend)(False)
     for a, b in zip(got, want):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+    # both operators compiled (a host read of the traced tangent failed the first graph's
+    # compile, and Dynamo ran it uncompiled, where the numbers still matched)
+    assert compiled.count("codetta.residual_rmsnorm_linear.default") == 2, compiled
     torch._dynamo.reset()
     if device == "cpu":  # (on a GPU the refusal is a device assertion: it ends the process)
         with pytest.raises(RuntimeError, match="internal SwiGLU's y"):

@@ -48,7 +48,7 @@ from ..programs import (
     RMS_SCALE,
     RMS_SCALE_BIAS,
 )
-from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns
+from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns, traced
 from ..programs.rope import (
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_PAIRS,
@@ -420,8 +420,10 @@ def _setup_context(ctx, inputs, output):
 def _refuse_nonzero(t, message):
     """Raises ``message`` unless every entry of ``t`` is zero: at once in eager mode (one
     read of ``t`` and a synchronization, on a path taken only there), as an asynchronous
-    device assertion where a compiled backward is being traced (no data-dependent branch)."""
-    if torch.compiler.is_compiling():
+    device assertion where a compiled backward is being traced (no data-dependent branch;
+    ``traced``: torch 2.11 does not report AOTAutograd's trace of a backward as compiling,
+    and a host read there failed the graph's compile, which Dynamo then ran uncompiled)."""
+    if traced(t):
         torch._assert_async(torch.logical_not(t.any()), message)
     elif bool(t.any()):
         raise RuntimeError(message)
@@ -534,8 +536,9 @@ def residual_rmsnorm_swiglu(
     ``internal=True`` promises that the returned gate and up (and y) are read by nothing
     but the next ``residual_rmsnorm_linear``: its backward writes their gradients over
     them (eager mode; their version counters are bumped, so a second backward through the
-    graph raises), and nothing is kept for a gradient reaching y directly (one not all zeros
-    raises: a compiled graph that ends between the two operators gives y a tangent of zeros).
+    graph raises), and nothing is kept for a gradient reaching y directly: one not all zeros
+    raises (in a compiled backward, as a device assertion: on a GPU it ends the process); a
+    compiled graph that ends between the two operators gives y a tangent of zeros, taken.
     The Hugging Face drop-in passes it.
     """
     ws, eps = check_args(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
