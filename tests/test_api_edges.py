@@ -41,6 +41,46 @@ def test_gradient_reaching_the_returned_lse_raises(device):
     assert x.grad is not None and w.grad is not None
 
 
+def test_returned_lse_across_a_graph_break(device, monkeypatch):
+    """A compiled graph that ends between the loss and a use of its lse: AOTAutograd gives
+    lse a tangent (zeros where the use carries no gradient), which the backward refused
+    ("a gradient reached the returned lse") though eager mode ran. Zeros now pass, with
+    eager mode's gradients, the check compiled with the graph (with torch 2.11's way of
+    tracing a backward too, where a host read failed the graph's compile); a real gradient
+    still raises (on the CPU: on a GPU the compiled refusal is a device assertion, which
+    ends the process)."""
+    import contextlib
+
+    x0, w0, t = _loss_inputs(device)
+
+    def step(penalty):
+        x, w = x0.detach().clone().requires_grad_(), w0.detach().clone().requires_grad_()
+        loss, lse = linear_cross_entropy(x, w, t, return_lse=True)
+        torch._dynamo.graph_break()
+        (loss + penalty * lse.float().pow(2).mean()).backward()
+        return x.grad, w.grad
+
+    want = step(0.0)  # (eager: the product with 0.0 sends lse zeros, which pass)
+    compiled = []
+
+    def backend(gm, example_inputs):  # records the graphs' calls once they compiled
+        real = torch._dynamo.lookup_backend("inductor" if ON_GPU else "aot_eager")(gm, example_inputs)
+        compiled.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return real
+
+    # (torch 2.13 reports AOTAutograd's trace of a backward as compiling, torch 2.11 does not)
+    monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
+    torch._dynamo.reset()
+    for a, b in zip(torch.compile(step, backend=backend)(0.0), want):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert "codetta.linear_cross_entropy.default" in compiled, compiled
+    torch._dynamo.reset()
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match="a gradient reached the returned lse"):
+            torch.compile(step, backend=backend)(0.1)
+        torch._dynamo.reset()
+
+
 def test_double_backward_raises(device):
     """A gradient penalty (create_graph=True) through the operators raises by name: none has
     a double backward (before, the loss's gradient came back unconnected and the penalty

@@ -44,6 +44,23 @@ def _tracing() -> bool:
     )
 
 
+def refuse_nonzero(t: torch.Tensor, message: str) -> None:
+    """Raises ``message`` unless every entry of ``t`` is zero: a gradient that reached an
+    output whose gradient is not formed, where only zeros may come (AOTAutograd forms a
+    tangent of zeros for an output that requires a gradient and gets none: a compiled
+    graph that ends between that output and the operator that reads it). At once in eager
+    mode (one read of ``t`` and a synchronization, on a path taken only when a gradient
+    arrives at all); while a backward is traced, as an asynchronous device assertion (no
+    data-dependent branch; on a GPU a failed one ends the process). Traced is judged by the
+    tensor's type and the dispatch modes too: torch 2.11 does not report AOTAutograd's trace
+    of a backward as compiling, and a host read there failed the graph's compile, which
+    Dynamo then ran uncompiled."""
+    if _tracing() or type(t) not in _PLAIN:
+        torch._assert_async(torch.logical_not(t.any()), message)
+    elif bool(t.any()):
+        raise RuntimeError(message)
+
+
 def _eager_ok(args) -> bool:
     if _tracing():
         return False

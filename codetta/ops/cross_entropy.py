@@ -102,7 +102,7 @@ from ..programs.ce import (
     target_rows_sub_,
     target_rows_table,
 )
-from ._eager import FastOp
+from ._eager import FastOp, refuse_nonzero
 from .ce_rows import (
     CEOptions,
     coefs,
@@ -598,11 +598,12 @@ def _scaled_dx(dx: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 
 def _autograd_backward(ctx, dloss, dlse, _ddx, _ddw, _ddb, _dgain, _ddr):
     rest = (None,) * 11  # (the inputs after x, w, target, the bias and the row scale: no gradient)
-    if dlse is not None:
-        raise RuntimeError(
+    if dlse is not None:  # (zeros pass: a compiled graph that ends between the loss and lse's use)
+        refuse_nonzero(
+            dlse,
             "codetta.linear_cross_entropy: a gradient reached the returned lse (return_lse=True), "
             "whose gradient is not formed (only the loss's is); for a z-loss pass z_loss=, or use "
-            "lse.detach() where it only reports"
+            "lse.detach() where it only reports",
         )
     if dloss is None:
         return (None, None, None, None, None) + rest

@@ -48,7 +48,7 @@ from ..programs import (
     RMS_SCALE,
     RMS_SCALE_BIAS,
 )
-from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns, traced
+from ..programs.norm_rows import gamma_sumsq, normalize_rows, scale_columns
 from ..programs.rope import (
     RMS_QKNORM_ROPE,
     RMS_QKNORM_ROPE_PAIRS,
@@ -61,7 +61,7 @@ from ..programs.rope import (
     unrotate_two_rows,
 )
 from ..programs.swiglu import SWIGLU_RMS, dswiglu_reference
-from ._eager import FastOp, derived, saved_tensors
+from ._eager import FastOp, derived, refuse_nonzero, saved_tensors
 from .norm_backward import BACKWARDS, FACTORS, norm_backward
 from .norm_checks import bias_args, check_args, mixed, weights_of
 from .rope import RoPE, column_freq, rope_operands
@@ -417,18 +417,6 @@ def _setup_context(ctx, inputs, output):
     )
 
 
-def _refuse_nonzero(t, message):
-    """Raises ``message`` unless every entry of ``t`` is zero: at once in eager mode (one
-    read of ``t`` and a synchronization, on a path taken only there), as an asynchronous
-    device assertion where a compiled backward is being traced (no data-dependent branch;
-    ``traced``: torch 2.11 does not report AOTAutograd's trace of a backward as compiling,
-    and a host read there failed the graph's compile, which Dynamo then ran uncompiled)."""
-    if traced(t):
-        torch._assert_async(torch.logical_not(t.any()), message)
-    elif bool(t.any()):
-        raise RuntimeError(message)
-
-
 def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
     y, w_o, gamma, x, z, sumsq, w_gamma, *rest = saved_tensors(ctx, "residual_rmsnorm_linear")
     ws, gate_up = rest[: ctx.n_ws], rest[ctx.n_ws : ctx.n_ws + ctx.n_gate_up]
@@ -459,7 +447,7 @@ def _autograd_backward(ctx, dx, dzs, dsumsq, dw_gamma):
             # nothing was kept for it: only zeros may come (AOTAutograd forms a tangent of
             # zeros for y where a compiled graph ends between this operator and the next,
             # which sends y none); anything else is a use outside the next operator
-            _refuse_nonzero(
+            refuse_nonzero(
                 dact,
                 "a gradient reached an internal SwiGLU's y directly (residual_rmsnorm_swiglu(..., "
                 "internal=True)): its g and u were not kept for it; use internal=False where y is "
