@@ -526,7 +526,7 @@ def residual_rmsnorm_swiglu(
     them (eager mode; their version counters are bumped, so a second backward through the
     graph raises), and nothing is kept for a gradient reaching y directly: one not all zeros
     raises (in a compiled backward, as a device assertion: on a GPU it ends the process); a
-    compiled graph that ends between the two operators gives y a tangent of zeros, taken.
+    compiled graph that ends between the two operators gives y a tangent of zeros, which passes.
     The Hugging Face drop-in passes it.
     """
     ws, eps = check_args(y, w_o, residual, gamma, [w_gate, w_up], eps, names=("w_gate", "w_up"))
