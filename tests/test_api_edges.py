@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from conftest import ON_GPU
-from util import assert_within, rand
+from util import assert_within, rand, recording_backend
 
 from codetta.nn import RMSNormQKVRoPE, SwiGLUMLP
 from codetta.ops import RoPE, linear_cross_entropy, rmsnorm_linear, swiglu_mlp
@@ -49,8 +49,6 @@ def test_returned_lse_across_a_graph_break(device, monkeypatch):
     tracing a backward too, where a host read failed the graph's compile); a real gradient
     still raises (on the CPU: on a GPU the compiled refusal is a device assertion, which
     ends the process)."""
-    import contextlib
-
     x0, w0, t = _loss_inputs(device)
 
     def step(penalty):
@@ -61,15 +59,7 @@ def test_returned_lse_across_a_graph_break(device, monkeypatch):
         return x.grad, w.grad
 
     want = step(0.0)  # (eager: the product with 0.0 sends lse zeros, which pass)
-    compiled = []
-
-    def backend(gm, example_inputs):  # records the graphs' calls once they compiled
-        real = torch._dynamo.lookup_backend("inductor" if ON_GPU else "aot_eager")(gm, example_inputs)
-        compiled.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return real
-
-    # (torch 2.13 reports AOTAutograd's trace of a backward as compiling, torch 2.11 does not)
-    monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
+    backend, compiled = recording_backend(monkeypatch, ON_GPU)
     torch._dynamo.reset()
     for a, b in zip(torch.compile(step, backend=backend)(0.0), want):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 from torch.utils._python_dispatch import TorchDispatchMode
-from util import assert_within, error_terms, load_script, within_ratio
+from util import assert_within, error_terms, load_script, recording_backend, within_ratio
 
 import codetta
 
@@ -1234,20 +1234,11 @@ def test_torch_compile_with_a_graph_break_inside_the_mlp(monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(hf, "residual_rmsnorm_linear", broken)
-    # (torch 2.11 does not report AOTAutograd's trace of a backward as compiling, 2.13 does:
-    # the older behaviour here too)
-    monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
     model = codetta.apply_codetta(_model("llama", True))
     kw = _inputs("padding")
     eager = _step(model, kw)
     torch._dynamo.reset()
-    compiled = []
-
-    def backend(gm, example_inputs):  # records the graphs' codetta ops once they compiled
-        real = torch._dynamo.lookup_backend("inductor" if ON_GPU else "aot_eager")(gm, example_inputs)
-        compiled.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return real
-
+    backend, compiled = recording_backend(monkeypatch, ON_GPU)
     got = _step(torch.compile(model, backend=backend), kw)
     torch._dynamo.reset()
     # every norm operator compiled (a graph whose compile fails runs uncompiled, with the

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ON_GPU
-from util import assert_within, check_compile_matches_eager, rand
+from util import assert_within, check_compile_matches_eager, rand, recording_backend
 
 import codetta
 from codetta.kernels.launch import recording
@@ -591,18 +591,7 @@ def test_internal_swiglu_across_a_graph_break(device, monkeypatch):
 
     want = step(False)
     torch._dynamo.reset()
-    compiled = []
-
-    def backend(gm, example_inputs):  # records the codetta ops of each graph it compiles
-        ops = [str(n.target) for n in gm.graph.nodes if "codetta" in str(n.target)]
-        name = "inductor" if device == "cuda" else "aot_eager"
-        real = torch._dynamo.lookup_backend(name)(gm, example_inputs)
-        compiled.extend(ops)  # (after the compile: a graph whose compile failed is run uncompiled)
-        return real
-
-    # (torch 2.13 reports AOTAutograd's trace of a backward as compiling, torch 2.11 does not,
-    # NOTES.md run 68: the older behaviour here too, where the torch has the newer one)
-    monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
+    backend, compiled = recording_backend(monkeypatch, device == "cuda")
     got = torch.compile(step, backend=backend)(False)
     for a, b in zip(got, want):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)

@@ -57,6 +57,12 @@ class _Plan:
     tail: TailLaunch | None = None  # a tail split as a launch of its own, after this one's
 
 
+def _spill_key(call: GemmCall, cfg: Config) -> tuple:
+    """What a tail-split kernel's register spills depend on (not the shapes): the key of
+    the engines' spill verdicts, read once per config."""
+    return (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+
+
 class TritonEngine:
     """The portable persistent mainloop (``mainloop.py``)."""
 
@@ -122,7 +128,7 @@ class TritonEngine:
     def _plan(self, call: GemmCall, cfg: Config) -> _Plan:
         """Everything about a launch that depends on shapes and the config, not on the tensors."""
         program, M, N = call.program, call.M, call.N
-        spill_key = (program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+        spill_key = _spill_key(call, cfg)
         if cfg.tail_split > 1 and (spill_key in self._tail_spills or not tail_allowed(program)):
             cfg = dataclasses.replace(cfg, tail_split=1)
         interp = device.interpreting()
@@ -183,7 +189,7 @@ class TritonEngine:
             # again included (a shape's first call ran split once, and its results differed
             # by a rounding). (Not on a warmup: the tuner's concurrent compiles get futures,
             # not kernels.)
-            spill_key = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device)
+            spill_key = _spill_key(call, cfg)
             if spill_key not in self._spills_read:
                 self._spills_read.add(spill_key)
                 split = self.launch_tail(call, plan.tail, outs, warmup=True) if plan.tail else None
@@ -521,7 +527,7 @@ class PingPongEngine:
     def tail_plan(self, call: GemmCall, cfg: Config) -> TailLaunch | None:
         """How the call's last partial wave is split (None: it runs as it is); a config
         whose split tail kernel spilled registers runs unsplit."""
-        spilled = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device) in self._tail_spills
+        spilled = _spill_key(call, cfg) in self._tail_spills
         if spilled or not tail_allowed(call.program):
             return None
         return pingpong_tail(cfg, call.M, call.N, call.k_total, self._grid(call, cfg), SETTINGS.tail_split)
@@ -534,8 +540,8 @@ class PingPongEngine:
         if why is not None:
             raise ValueError(f"config {cfg.short()}: {why}")
         tail = self.tail_plan(call, cfg)
-        spill_key = (call.program, cfg, call.dtype, call.a_t, call.b_t, call.device)
-        if tail is not None and not warmup and spill_key not in self._spills_read:
+        spill_key = _spill_key(call, cfg) if tail is not None and not warmup else None
+        if spill_key is not None and spill_key not in self._spills_read:
             # decided once per config before its first real launch (every later call of
             # every shape is final, as the portable tail split's): a tail kernel that
             # spills runs the config unsplit
