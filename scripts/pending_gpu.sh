@@ -28,6 +28,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there (runs 270-271: 1.033x cuBLAS, re-tune level, keep-y 0.3-0.9 %)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # host time per call with a new token count each call
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -506,6 +507,13 @@ case "${1:-}" in
     # Limit 280 s. Run 283 (c91963e, an H100): 128 passed
     TEST_WORKERS=4 TEST_TIMEOUT=280 bash scripts/gpu_call.sh \
       "tests:tests/test_residual_rmsnorm.py tests/test_rope.py tests/test_hf.py -k 'float16 or fp16 or cast_mode or one_launch or runs_in_the_epilogue'"
+    ;;
+  28)
+    # (either GPU) the host time per call when every call has a token count not seen before
+    # (a data loader padding each batch to its longest sequence, no packing): each call
+    # misses the bound launcher (launch.py's _BOUND, keyed on shapes) and takes the full
+    # path. bench overhead's second table, beside the same-shape rows and cuBLAS's
+    BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead
     ;;
   *)
     echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|28" >&2

@@ -126,11 +126,30 @@ def overhead(res: Results):
         "codetta": lambda: gemm(a, w),
         "codetta-k1": lambda: gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
     }
+    _host_rows(res, "host us/call 64x256x256", fns, 2 * 64 * 256 * 256)
+    # a new token count on every call (a data loader padding each batch to its longest
+    # sequence): each call misses the bound launcher and takes the full path (the call's
+    # checks, the config lookup, the launch's arguments built anew)
+    top = 1024 + 3 * 310  # three variants of cpu_overhead_us's 10 warm-up and 300 timed calls
+    big_a, big_r = rand_bf16(top, 256), rand_bf16(top, 256)
+    ms = iter(range(1024, top))  # (no M seen before by any variant)
+
+    def fresh(fn):
+        return lambda: fn(next(ms))
+
+    fns = {
+        "cublas": fresh(lambda m: big_a[:m] @ w.t()),
+        "codetta": fresh(lambda m: gemm(big_a[:m], w)),
+        "codetta-k1": fresh(lambda m: gemm(big_a[:m], w, epilogue=RESIDUAL_RMS, residual=big_r[:m], gamma=g)),
+    }
+    _host_rows(res, f"host us/call, a new M each call (1024-{top - 1})x256x256", fns, 2 * 1500 * 256 * 256)
+
+
+def _host_rows(res: Results, case: str, fns: dict, flops: int) -> None:
     us = {name: cpu_overhead_us(fn) for name, fn in fns.items()}
+    b = us["cublas"] / 1e3
     for name, t in us.items():
-        b = us["cublas"] / 1e3
-        res.add(Row("host us/call 64x256x256", name, t / 1e3, 2 * 64 * 256 * 256, b, sustained_ms=t / 1e3,
-                    baseline_sustained_ms=b))  # fmt: skip
+        res.add(Row(case, name, t / 1e3, flops, b, sustained_ms=t / 1e3, baseline_sustained_ms=b))
 
 
 PARTS = {"plain": plain, "k1": k1, "backward": backward, "overhead": overhead}
