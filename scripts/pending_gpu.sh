@@ -28,7 +28,8 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there (runs 270-271: 1.033x cuBLAS, re-tune level, keep-y 0.3-0.9 %)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # host time per call with a new token count each call
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # float16's K1 without h: its GPU tests (run 283; run 294 again)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -508,7 +509,7 @@ case "${1:-}" in
     TEST_WORKERS=4 TEST_TIMEOUT=280 bash scripts/gpu_call.sh \
       "tests:tests/test_residual_rmsnorm.py tests/test_rope.py tests/test_hf.py -k 'float16 or fp16 or cast_mode or one_launch or runs_in_the_epilogue'"
     ;;
-  28)
+  29)
     # (either GPU) the host time per call when every call has a token count not seen before
     # (a data loader padding each batch to its longest sequence, no packing): each call
     # misses the bound launcher (launch.py's _BOUND, keyed on shapes) and takes the full
@@ -516,7 +517,7 @@ case "${1:-}" in
     BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead
     ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|28" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|29" >&2
     exit 2
     ;;
 esac
