@@ -402,6 +402,58 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
     assert capsys.readouterr().out == f"  a case: {line}\n"
 
 
+def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
+    """A call whose key no table or cache holds takes the nearest entry: a scan of the whole
+    table, once per tuning key, not once per token count (run 296, an H100: 3.2 ms of host
+    time on every call of a new token count). Another count of the same buckets takes the
+    remembered entry; ``clear()`` and a tuning forget it; the shape rule, which reads the
+    exact shape, still runs for each count without an entry."""
+    import types
+
+    from codetta.kernels import configs, settings
+
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(RMS_SCALE)
+    monkeypatch.setattr(tuning, "candidates", lambda call, pingpong: cands)
+    scans = []
+    real = tuning._nearest
+    monkeypatch.setattr(tuning, "_nearest", lambda *args: scans.append(args[0]) or real(*args))
+
+    def call(M, N=512):
+        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
+                                     N=N, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+
+    entries = {chooser.key(call(16384), False): cands[1]}
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    m1, m2 = 5000, 5001
+    assert configs.shape_bucket(m1) == configs.shape_bucket(m2) != configs.shape_bucket(16384)
+    with settings.override(autotune=False, prefer_pingpong=False):
+        assert chooser._pick(call(m1), None, False) == cands[1]
+        per_key = len(scans)
+        assert per_key >= 1
+        assert chooser._pick(call(m2), None, False) == cands[1]
+        assert len(scans) == per_key  # (remembered)
+        assert chooser.served[chooser.key(call(m2), False)] == "nearest entry"
+        chooser._near.clear()  # (the memo, as clear() and tune() forget it)
+        entries.clear()
+        assert chooser._pick(call(m2 + 1), None, False) == tuning.rule_config(call(m2 + 1), cands)
+        assert len(scans) == 2 * per_key
+        # no entry: remembered as none, the shape rule per count (it reads the exact M)
+        few, many = call(129, 256), call(256, 256)
+        assert configs.shape_bucket(few.M) == configs.shape_bucket(many.M)
+        assert chooser._pick(few, None, False) == tuning.rule_config(few, cands)
+        assert chooser._pick(many, None, False) == tuning.rule_config(many, cands)
+        assert len(scans) == 3 * per_key
+    # clear() forgets what was remembered (the entries may have changed)
+    entries[chooser.key(call(16384), False)] = cands[3]
+    chooser._near[("stale",)] = cands[0]
+    chooser.clear()
+    assert not chooser._near
+    with settings.override(autotune=False, prefer_pingpong=False):
+        assert chooser._pick(call(m1 + 7), None, False) == cands[3]
+
+
 def test_float16_calls_take_the_bfloat16_picks(monkeypatch):
     """The shipped table holds bf16 picks alone: an fp16 call (a model held or autocast in
     fp16) takes the nearest bf16 entry of its program, not the shape rule (run 210: an fp16

@@ -8,6 +8,7 @@ or version is ignored with a warning and overwritten on the next save.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -295,6 +296,9 @@ def _scout(fns: dict) -> dict:
     return timing.paired_ms(fns, min_s=0.05, min_cycles=2, max_cycles=3, warm_s=0.05)
 
 
+_UNSEEN = object()  # (a memo's miss, where None is a value)
+
+
 class Chooser:
     """Picks a call's configuration, first hit wins: the per-process memo; the user's
     tuning cache (``python -m codetta tune``, or earlier tuning on the hot path); the
@@ -306,6 +310,10 @@ class Chooser:
 
     def __init__(self):
         self._chosen = Memo()  # (keyed on call shapes: bounded, ``memo.py``)
+        # the nearest entry of an untuned tuning key (or None), looked up once per key: a
+        # scan of the whole table (~3 ms on an H100's host), which a new token count each
+        # call (batches padded to their longest sequence) would otherwise pay on every call
+        self._near = Memo()
         self._caches: dict = {}
         self._shipped: dict = {}
         self.generation = 0  # bumped by clear(): what was decided from the memo is stale
@@ -326,6 +334,7 @@ class Chooser:
 
     def clear(self) -> None:
         self._chosen.clear()
+        self._near.clear()
         self._caches.clear()
         self._shipped.clear()
         self.generation += 1
@@ -405,6 +414,7 @@ class Chooser:
         for k, cfg in self.picks(call, pp, times).items():
             cache.put(k, cfg)
         self._chosen.clear()  # choices made before may differ now
+        self._near.clear()
         self.generation += 1
         return min(times, key=times.get)
 
@@ -427,12 +437,27 @@ class Chooser:
         and epilogues are the same for both), the first of those at the least distance."""
         return self._untuned(call, pp, cands)[0]
 
-    def _untuned(self, call: GemmCall, pp: bool, cands: list[Config]) -> tuple[Config, str]:
-        """``untuned``'s choice and which rule made it (``served``'s words)."""
+    def _untuned(
+        self, call: GemmCall, pp: bool, cands: list[Config], remember: bool = False
+    ) -> tuple[Config, str]:
+        """``untuned``'s choice and which rule made it (``served``'s words). ``remember``:
+        the nearest entry found (or its absence) is kept per tuning key and candidates
+        until ``clear()`` or a tuning changes the entries (``_pick``; the table and cache
+        change no other way in a run)."""
         pingpong = [c for c in cands if c.pingpong]
         if SETTINGS.prefer_pingpong and pingpong:
             return pingpong[0], "ping-pong preference"
         index = call.device.index or 0
+        memo = (self.key(call, pp), tuple(cands), index, SETTINGS.generation) if remember else None
+        near = self._near.get(memo, _UNSEEN) if remember else _UNSEEN
+        if near is _UNSEEN:
+            near = self._nearest_entry(call, pp, cands, index)
+            if remember:
+                self._near[memo] = near
+        return (near, "nearest entry") if near is not None else (rule_config(call, cands), "shape rule")
+
+    def _nearest_entry(self, call: GemmCall, pp: bool, cands: list[Config], index: int) -> Config | None:
+        """``untuned``'s nearest entry of the table or the cache, or None."""
         entries = {**self.shipped(index), **self.cache(index).entries}
         programs = [call.program] + ([call.program.tuned_like] if call.program.tuned_like is not None else [])
         twins = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
@@ -445,7 +470,7 @@ class Chooser:
                 other, other_dist = _nearest(self.key(stand_in, pp), cands, entries)
                 if other is not None and (near is None or other_dist < dist):
                     near, dist = other, other_dist
-        return (near, "nearest entry") if near is not None else (rule_config(call, cands), "shape rule")
+        return near
 
     def _pick(self, call: GemmCall, prepare, pp: bool) -> Config:
         cands = candidates(call, pingpong=pp)
@@ -462,7 +487,7 @@ class Chooser:
             if SETTINGS.autotune and not (capturing(call.device) if cfg is not None else _capturing(call)):
                 cfg, source = self.tune(call, prepare, pp, cands, SETTINGS.tune_seconds), "tuned now"
             elif cfg is None:
-                cfg, source = self._untuned(call, pp, cands)
+                cfg, source = self._untuned(call, pp, cands, remember=True)
         self.served[key] = source
         return cfg
 
@@ -488,6 +513,7 @@ def _nearest(key: str, cands: list[Config], entries: dict) -> tuple[Config | Non
     return best, best_d
 
 
+@functools.lru_cache(maxsize=8192)  # (the table's keys, split once each)
 def _split_key(key: str):
     parts = key.split("|")
     try:
