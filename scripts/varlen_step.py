@@ -1,0 +1,88 @@
+"""A model's training step when every step has a token count not seen before (a data
+loader padding each batch to its longest sequence, no packing), against steps of one
+count: the time per step (synchronized) of Hugging Face eager, the codetta drop-in and
+Liger (where installed; last: it patches the modeling module), then a cProfile of
+codetta's new-count steps (GPU machine).
+
+Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch]
+(defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens)
+"""
+
+import copy
+import cProfile
+import sys
+import time
+
+import torch
+
+import codetta
+from codetta.bench import model as mb
+from codetta.bench.harness import print_profile
+
+
+def step_fn(name, base, ids):
+    """One model copy and optimizer; the step takes the sequence length per call."""
+    model = copy.deepcopy(base).train()
+    if name == "liger":
+        try:
+            from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        except ImportError:
+            return None
+        _apply_liger_kernel_to_instance(model=model)
+    elif name == "codetta":
+        codetta.apply_codetta(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=True)
+
+    def run(n):
+        part = ids[:, :n]
+        out = model(input_ids=part, labels=part, use_cache=False)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return run
+
+
+def ms_per_step(fn, n: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def main() -> None:
+    case = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1B"
+    layers = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    batch = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    config = mb.model_config(case, num_hidden_layers=layers)
+    base = mb.make_model(config)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (batch, 2048), device="cuda", generator=g)
+    lengths = iter(range(2045, 1024, -1))  # (no variant's step takes a count taken before)
+    for name in ("eager", "codetta", "liger"):
+        run = step_fn(name, base, ids)
+        if run is None:
+            print(f"  {name} unavailable")
+            continue
+        for n in (2048, 2047, 2046, 2048):  # (both Triton specializations of M compiled)
+            run(n)
+        same = ms_per_step(lambda: run(2048), 8)
+        new = ms_per_step(lambda: run(next(lengths)), 8)
+        print(f"== {case}, {layers} layers, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
+              f"{new:.1f} ms at a new count each step")  # fmt: skip
+        if name == "codetta":
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(3):
+                run(next(lengths))
+            torch.cuda.synchronize()
+            prof.disable()
+            print_profile(prof, f"{name}: cProfile of 3 steps, a new count each", rows=30)
+        del run
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
