@@ -43,13 +43,14 @@ def step_fn(name, base, ids):
     return run
 
 
-def ms_per_step(fn, n: int) -> float:
+def ms_per_step(run, counts: list) -> float:
+    """Synchronized ms per step of ``run`` over the sequence lengths ``counts``."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
+    for n in counts:
+        run(n)
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    return (time.perf_counter() - t0) / len(counts) * 1e3
 
 
 def main() -> None:
@@ -68,8 +69,8 @@ def main() -> None:
             continue
         for n in (2048, 2047, 2046, 2048):  # (both Triton specializations of M compiled)
             run(n)
-        same = ms_per_step(lambda: run(2048), 8)
-        new = ms_per_step(lambda: run(next(lengths)), 8)
+        same = ms_per_step(run, [2048] * 8)
+        new = ms_per_step(run, [next(lengths) for _ in range(8)])
         print(f"== {case}, {layers} layers, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
               f"{new:.1f} ms at a new count each step")  # fmt: skip
         if name == "codetta":
@@ -80,7 +81,7 @@ def main() -> None:
             torch.cuda.synchronize()
             prof.disable()
             print_profile(prof, f"{name}: cProfile of 3 steps, a new count each", rows=30)
-        del run
+        run = None  # (its model and optimizer freed before the next variant's)
         torch.cuda.empty_cache()
 
 
