@@ -4,12 +4,16 @@ count: the time per step (synchronized) of Hugging Face eager, the codetta drop-
 Liger (where installed; last: it patches the modeling module), then a cProfile of
 codetta's new-count steps (GPU machine).
 
-Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch]
-(defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens)
+Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch] [variants...]
+(defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens, eager codetta liger).
+VARLEN_SDPA=flash|efficient|math|cudnn: SDPA on that backend alone (run 297: PyTorch's
+default SDPA spent ~100 ms of host time per step on a new count, every variant alike).
 """
 
+import contextlib
 import copy
 import cProfile
+import os
 import sys
 import time
 
@@ -62,27 +66,44 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, 2048), device="cuda", generator=g)
     lengths = iter(range(2045, 1024, -1))  # (no variant's step takes a count taken before)
-    for name in ("eager", "codetta", "liger"):
-        run = step_fn(name, base, ids)
-        if run is None:
-            print(f"  {name} unavailable")
-            continue
-        for n in (2048, 2047, 2046, 2048):  # (both Triton specializations of M compiled)
-            run(n)
-        same = ms_per_step(run, [2048] * 8)
-        new = ms_per_step(run, [next(lengths) for _ in range(8)])
-        print(f"== {case}, {layers} layers, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
-              f"{new:.1f} ms at a new count each step")  # fmt: skip
-        if name == "codetta":
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(3):
-                run(next(lengths))
-            torch.cuda.synchronize()
-            prof.disable()
-            print_profile(prof, f"{name}: cProfile of 3 steps, a new count each", rows=30)
-        run = None  # (its model and optimizer freed before the next variant's)
-        torch.cuda.empty_cache()
+    variants = sys.argv[4:] or ["eager", "codetta", "liger"]
+    backend = os.environ.get("VARLEN_SDPA")
+    with _sdpa(backend):
+        for name in variants:
+            _variant(name, base, ids, lengths, f"{case}, {layers} layers, SDPA {backend or 'default'}", batch)
+
+
+def _sdpa(backend):
+    if not backend:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend])  # fmt: skip
+
+
+def _variant(name, base, ids, lengths, what, batch):
+    """Variant ``name``'s ms per step at one count and at a new count each step."""
+    run = step_fn(name, base, ids)
+    if run is None:
+        print(f"  {name} unavailable")
+        return
+    for n in (2048, 2047, 2046, 2048):  # (both Triton specializations of M compiled)
+        run(n)
+    same = ms_per_step(run, [2048] * 8)
+    new = ms_per_step(run, [next(lengths) for _ in range(8)])
+    print(f"== {what}, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
+          f"{new:.1f} ms at a new count each step")  # fmt: skip
+    if name == "codetta":
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(3):
+            run(next(lengths))
+        torch.cuda.synchronize()
+        prof.disable()
+        print_profile(prof, f"{name}: cProfile of 3 steps, a new count each", rows=30)
+    run = None  # (its model and optimizer freed before the next variant's)
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
