@@ -12,14 +12,13 @@ codetta's fwd+bwd (the host's hot spots).
 Usage: python scripts/host_qkv.py [case] [trace] (default 1B; trace: torch.profiler of the backward)
 """
 
-import cProfile
 import sys
 import warnings
 
 import torch
 
 from codetta.bench import qkv
-from codetta.bench.harness import cpu_overhead_us, print_profile, with_settings
+from codetta.bench.harness import cpu_overhead_us, profile_calls, with_settings
 
 
 def gpu_ms(run, n: int = 20) -> float:
@@ -158,14 +157,7 @@ def main() -> None:
         run = qkv.fwd_bwd(tiny, variants[name])
         for _ in range(5):
             run()
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(50):
-            run()
-        torch.cuda.synchronize()
-        prof.disable()
-        print_profile(prof, f"{name}: cProfile of 50 fwd+bwd (128 tokens)", rows=35)
+        profile_calls(run, 50, f"{name}: cProfile of 50 fwd+bwd (128 tokens)", rows=35)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ Usage: python scripts/host_step.py [case] [batch] [variants...]
 (defaults: llama-3.2-1B, batch 4 of 2048 tokens = one FSDP2 rank's 8192, eager codetta)
 """
 
-import cProfile
 import sys
 
 import torch
 
 from codetta.bench import model as mb
-from codetta.bench.harness import print_profile
+from codetta.bench.harness import profile_calls
 
 SEQ = 2048
 
@@ -51,14 +50,7 @@ def main() -> None:
               f"GPU {gpu:.1f} ms per step back to back")  # fmt: skip
         if not name.startswith("codetta"):
             continue
-        prof = cProfile.Profile()
-        torch.cuda.synchronize()
-        prof.enable()
-        for _ in range(3):
-            step()
-            torch.cuda.synchronize()
-        prof.disable()
-        print_profile(prof, f"{name}: cProfile of 3 steps")
+        profile_calls(step, 3, f"{name}: cProfile of 3 steps", sync_each=True)
 
 
 if __name__ == "__main__":

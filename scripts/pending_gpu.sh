@@ -29,7 +29,8 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # float16's K1 without h: its GPU tests (run 283; run 294 again)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -516,8 +517,19 @@ case "${1:-}" in
     # path. bench overhead's second table, beside the same-shape rows and cuBLAS's
     BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead
     ;;
+  30)
+    # (either GPU) a new token count each step: which SDPA backend pays ~2.8 ms of host
+    # time per call at a new length (run 297: every variant's 1B step host-bound there,
+    # codetta 228 ms against 123 at one count; eager 223 / 176), and whether the step
+    # keeps its lead on another backend (flash: no per-shape plan, expected); the default
+    # beside them on the same machine
+    for sdpa in default flash cudnn; do
+      VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
+      mv "$OUT/varlen_step.py.txt" "$OUT/varlen-$sdpa.txt"
+    done
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|29" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|30" >&2
     exit 2
     ;;
 esac

@@ -5,13 +5,12 @@ host time per call (plain GEMM and K1) and the profile's top functions.
 Usage (repo root): python scripts/profile_new_m.py
 """
 
-import cProfile
 import time
 
 import torch
 
 from codetta import gemm
-from codetta.bench.harness import print_profile
+from codetta.bench.harness import profile_calls
 from codetta.programs import RESIDUAL_RMS
 
 dev, bf = "cuda", torch.bfloat16
@@ -43,10 +42,4 @@ for fn in (plain, k1):
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     print(f"{fn.__name__}: {(t1 - t0) / 200 * 1e6:.0f} us/call, a new M each call")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    prof.disable()
-    print_profile(prof, f"{fn.__name__}, a new M each call", rows=35)
+    profile_calls(fn, 200, f"{fn.__name__}, a new M each call", rows=35)

@@ -12,7 +12,6 @@ default SDPA spent ~100 ms of host time per step on a new count, every variant a
 
 import contextlib
 import copy
-import cProfile
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 
 import codetta
 from codetta.bench import model as mb
-from codetta.bench.harness import print_profile
+from codetta.bench.harness import profile_calls
 
 
 def step_fn(name, base, ids):
@@ -95,13 +94,7 @@ def _variant(name, base, ids, lengths, what, batch):
     print(f"== {what}, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
           f"{new:.1f} ms at a new count each step")  # fmt: skip
     if name == "codetta":
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(3):
-            run(next(lengths))
-        torch.cuda.synchronize()
-        prof.disable()
-        print_profile(prof, f"{name}: cProfile of 3 steps, a new count each", rows=30)
+        profile_calls(lambda: run(next(lengths)), 3, f"{name}: cProfile of 3 steps, a new count each")
     run = None  # (its model and optimizer freed before the next variant's)
     torch.cuda.empty_cache()
 

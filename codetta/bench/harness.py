@@ -426,6 +426,24 @@ def cpu_overhead_us(fn, calls: int = 300) -> float:
     return (t1 - t0) / calls * 1e6
 
 
+def profile_calls(fn, calls: int, title: str, rows: int = 30, sync_each: bool = False) -> None:
+    """cProfile ``calls`` calls of ``fn`` (the GPU's queue drained before and after, and
+    after each call with ``sync_each``) and print where the host's time went
+    (``print_profile``)."""
+    import cProfile
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+        if sync_each:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    prof.disable()
+    print_profile(prof, title, rows)
+
+
 def print_profile(prof, title: str, rows: int = 30) -> None:
     """A cProfile ``prof``'s top ``rows`` functions, by own time then by cumulative time."""
     import io
