@@ -522,7 +522,9 @@ case "${1:-}" in
     # time per call at a new length (run 297: every variant's 1B step host-bound there,
     # codetta 228 ms against 123 at one count; eager 223 / 176), and whether the step
     # keeps its lead on another backend (flash: no per-shape plan, expected); the default
-    # beside them on the same machine
+    # beside them on the same machine. The script also splits each variant's step into
+    # the host's time to issue it and the GPU's kernel time (torch.profiler, its longest
+    # kernels named: which SDPA backend ran), at one count and at new counts
     for sdpa in default flash cudnn; do
       VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-$sdpa.txt"

@@ -1,8 +1,10 @@
 """A model's training step when every step has a token count not seen before (a data
 loader padding each batch to its longest sequence, no packing), against steps of one
 count: the time per step (synchronized) of Hugging Face eager, the codetta drop-in and
-Liger (where installed; last: it patches the modeling module), then a cProfile of
-codetta's new-count steps (GPU machine).
+Liger (where installed; last: it patches the modeling module); then, per variant, the
+host's time to issue a step and the GPU's kernel time per step (torch.profiler, its
+longest kernels listed) at one count and at new counts; then a cProfile of codetta's
+new-count steps (GPU machine).
 
 Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch] [variants...]
 (defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens, eager codetta liger).
@@ -20,7 +22,7 @@ import torch
 
 import codetta
 from codetta.bench import model as mb
-from codetta.bench.harness import profile_calls
+from codetta.bench.harness import host_ms, profile_calls
 
 
 def step_fn(name, base, ids):
@@ -44,6 +46,23 @@ def step_fn(name, base, ids):
         opt.zero_grad(set_to_none=True)
 
     return run
+
+
+def gpu_kernel_ms(fn, calls: int) -> float:
+    """The GPU's kernel time per call of ``fn`` (torch.profiler's CUDA activity), and its
+    ten longest kernels printed (which SDPA backend ran)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in events) / 1e3 / calls
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:10]:
+        print(f"     {e.self_device_time_total / 1e3 / calls:8.2f} ms  {e.count // calls:4d}x  {e.key[:90]}")
+    return total
 
 
 def ms_per_step(run, counts: list) -> float:
@@ -93,6 +112,12 @@ def _variant(name, base, ids, lengths, what, batch):
     new = ms_per_step(run, [next(lengths) for _ in range(8)])
     print(f"== {what}, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
           f"{new:.1f} ms at a new count each step")  # fmt: skip
+    # host or GPU? the host's time to issue a step (GPU idle at its start) and the GPU's
+    # kernel time per step, each at one count and at new counts
+    for label, counts in (("one count", lambda: 2048), ("new counts", lambda: next(lengths))):
+        issue = host_ms(lambda c=counts: run(c()), 3)
+        kernels = gpu_kernel_ms(lambda c=counts: run(c()), 2)
+        print(f"   {name}, {label}: host {issue:.1f} ms to issue a step; GPU kernels {kernels:.1f} ms a step")
     if name == "codetta":
         profile_calls(lambda: run(next(lengths)), 3, f"{name}: cProfile of 3 steps, a new count each")
     run = None  # (its model and optimizer freed before the next variant's)
