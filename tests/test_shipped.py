@@ -435,23 +435,44 @@ def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
         assert chooser._pick(call(m2), None, False) == cands[1]
         assert len(scans) == per_key  # (remembered)
         assert chooser.served[chooser.key(call(m2), False)] == "nearest entry"
-        chooser._near.clear()  # (the memo, as clear() and tune() forget it)
+        chooser.clear()  # (forgets the memo: the entries may have changed)
         entries.clear()
         assert chooser._pick(call(m2 + 1), None, False) == tuning.rule_config(call(m2 + 1), cands)
         assert len(scans) == 2 * per_key
         # no entry: remembered as none, the shape rule per count (it reads the exact M)
-        few, many = call(129, 256), call(256, 256)
+        few, many = call(5000, 768), call(6000, 768)
         assert configs.shape_bucket(few.M) == configs.shape_bucket(many.M)
+        assert tuning.rule_config(few, cands) != tuning.rule_config(many, cands)  # (tiles against SMs)
         assert chooser._pick(few, None, False) == tuning.rule_config(few, cands)
         assert chooser._pick(many, None, False) == tuning.rule_config(many, cands)
         assert len(scans) == 3 * per_key
-    # clear() forgets what was remembered (the entries may have changed)
-    entries[chooser.key(call(16384), False)] = cands[3]
-    chooser._near[("stale",)] = cands[0]
-    chooser.clear()
-    assert not chooser._near
-    with settings.override(autotune=False, prefer_pingpong=False):
-        assert chooser._pick(call(m1 + 7), None, False) == cands[3]
+
+
+def test_a_tuning_forgets_the_remembered_nearest_entries(monkeypatch, tmp_path):
+    """A key tuned after an untuned key's nearest entry was looked up becomes that key's
+    nearest entry for its next count, as the unremembered lookup says."""
+    import types
+
+    from codetta.kernels import settings
+
+    cands = TRITON.candidates(RMS_SCALE)
+    monkeypatch.setattr(tuning, "candidates", lambda call, pingpong: cands)
+    monkeypatch.setattr(tuning.device, "name", lambda index: "a test GPU")
+    winner = cands[3]
+    times = {winner: 1.0, cands[0]: 2.0}
+    monkeypatch.setattr(tuning, "tune_times", lambda key, c, prepare, measure, scout=None: times)
+    chooser = tuning.Chooser()
+    monkeypatch.setattr(chooser, "shipped", lambda index: {})
+
+    def call(M):
+        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
+                                     N=768, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+
+    with settings.override(autotune=False, prefer_pingpong=False, cache_dir=tmp_path):
+        assert chooser._pick(call(5000), None, False) == tuning.rule_config(call(5000), cands) != winner
+        chooser.tune(call(16384), None, False, cands)
+        assert chooser._pick(call(5001), None, False) == winner == chooser.untuned(call(5001), False, cands)
+        assert chooser.served[chooser.key(call(5001), False)] == "nearest entry"
 
 
 def test_float16_calls_take_the_bfloat16_picks(monkeypatch):
