@@ -241,6 +241,32 @@ def _check_matches(family, tied, mask, dtype, **over):
     assert_within("logits", *logits)
 
 
+def test_a_new_token_count_each_step():
+    """One patched model through steps of ever new token counts (batches padded to their
+    longest sequence, no packing; counts off multiples of 16 among them), then back to the
+    first: every step's loss and gradients as the unpatched model's of that step, so no
+    memo keyed on shapes (launch plans, bound launchers, checks, the chooser's picks) hands
+    one count's geometry to another."""
+    dev = "cuda" if ON_GPU else "cpu"
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    model = _model("llama", False, dtype, **(GPU_WIDTHS if ON_GPU else {})).to(dev)
+    ref64, plain = copy.deepcopy(model).double(), copy.deepcopy(model)
+    ours = codetta.apply_codetta(copy.deepcopy(model))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 128, (2, 40), generator=g).to(dev)
+    for n in (12, 9, 33, 16, 5, 12):
+        kw = {"input_ids": ids[:, :n], "labels": ids[:, :n], "use_cache": False}
+        want, same = _step(ref64, kw), _step(plain, kw)
+        with CountOps() as count:
+            got = _step(ours, kw)
+        assert count.losses == 1, f"{n} tokens: the fused path did not run"
+        tok_want, tok_same = (_token_losses(r[0], kw["labels"]) for r in (want, same))
+        bound = 2 * (tok_same - tok_want).abs().max().item() + 1e-6 * max(tok_want.abs().max().item(), 1.0)
+        assert abs(got[1].double().item() - want[1].double().item()) <= bound, f"{n} tokens: loss"
+        for name in same[2]:
+            assert_within(f"{n} tokens: grad {name}", got[2][name], want[2][name], same[2][name])
+
+
 def _spy(monkeypatch, module: str, name: str) -> list:
     """``module.name`` wrapped to append 1 to the returned list at each call."""
     import importlib
