@@ -5,12 +5,10 @@ host time per call (plain GEMM and K1) and the profile's top functions.
 Usage (repo root): python scripts/profile_new_m.py
 """
 
-import time
-
 import torch
 
 from codetta import gemm
-from codetta.bench.harness import profile_calls
+from codetta.bench.harness import cpu_overhead_us, profile_calls
 from codetta.programs import RESIDUAL_RMS
 
 dev, bf = "cuda", torch.bfloat16
@@ -33,13 +31,5 @@ def k1():
 
 
 for fn in (plain, k1):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    print(f"{fn.__name__}: {(t1 - t0) / 200 * 1e6:.0f} us/call, a new M each call")
+    print(f"{fn.__name__}: {cpu_overhead_us(fn, 200):.0f} us/call, a new M each call")
     profile_calls(fn, 200, f"{fn.__name__}, a new M each call", rows=35)
