@@ -224,16 +224,7 @@ def _check_matches(family, tied, mask, dtype, **over):
     # final norm through residual_rmsnorm: no next GEMM)
     assert (count.calls, count.losses) == (2 * n_layers + 1, 1), "the fused path did not run"
     assert got[0] is None  # training with labels: no logits, as Liger
-    # the loss is a mean of per-token losses: its error is bounded by twice PyTorch's worst
-    # per-token error (a max over many errors, like every other check; PyTorch's error on
-    # the mean alone can cancel by luck)
-    labels = kw["labels"]
-    tok_want, tok_same = (_token_losses(r[0], labels)[labels[:, 1:] != -100] for r in (want, same))
-    bound = 2 * (tok_same - tok_want).abs().max().item() + 1e-6 * max(tok_want.abs().max().item(), 1.0)
-    assert abs(got[1].double().item() - want[1].double().item()) <= bound, "loss"
-    assert set(got[2]) == set(same[2])
-    for name in same[2]:
-        assert_within(f"grad {name}", got[2][name], want[2][name], same[2][name])
+    _assert_step_within(want, same, got, kw["labels"])
     eval_kw = {k: v for k, v in kw.items() if k != "labels"}
     with torch.no_grad(), CountOps() as count:
         logits = [m.eval()(**eval_kw).logits for m in (ours, ref64, plain)]
@@ -260,11 +251,21 @@ def test_a_new_token_count_each_step():
         with CountOps() as count:
             got = _step(ours, kw)
         assert count.losses == 1, f"{n} tokens: the fused path did not run"
-        tok_want, tok_same = (_token_losses(r[0], kw["labels"]) for r in (want, same))
-        bound = 2 * (tok_same - tok_want).abs().max().item() + 1e-6 * max(tok_want.abs().max().item(), 1.0)
-        assert abs(got[1].double().item() - want[1].double().item()) <= bound, f"{n} tokens: loss"
-        for name in same[2]:
-            assert_within(f"{n} tokens: grad {name}", got[2][name], want[2][name], same[2][name])
+        _assert_step_within(want, same, got, kw["labels"], f"{n} tokens: ")
+
+
+def _assert_step_within(want, same, got, labels, what: str = "") -> None:
+    """A training step's loss and every parameter gradient (``_step``'s results: float64,
+    unpatched, patched) within twice the unpatched model's own error. The loss is a mean of
+    per-token losses: its error is bounded by twice PyTorch's worst per-token error (a max
+    over many errors, like every other check; PyTorch's error on the mean alone can cancel
+    by luck)."""
+    tok_want, tok_same = (_token_losses(r[0], labels)[labels[:, 1:] != -100] for r in (want, same))
+    bound = 2 * (tok_same - tok_want).abs().max().item() + 1e-6 * max(tok_want.abs().max().item(), 1.0)
+    assert abs(got[1].double().item() - want[1].double().item()) <= bound, f"{what}loss"
+    assert set(got[2]) == set(same[2])
+    for name in same[2]:
+        assert_within(f"{what}grad {name}", got[2][name], want[2][name], same[2][name])
 
 
 def _spy(monkeypatch, module: str, name: str) -> list:
