@@ -1,7 +1,7 @@
 """A model's training step when every step has a token count not seen before (a data
 loader padding each batch to its longest sequence, no packing), against steps of one
 count: the time per step (synchronized) of Hugging Face eager, the codetta drop-in and
-Liger (where installed; last: it patches the modeling module); then, per variant, the
+Liger (where installed; each variant's step is ``bench.model.variant_step``'s); then, per variant, the
 host's time to issue a step and the GPU's kernel time per step (torch.profiler, its
 longest kernels listed) at one count and at new counts; then a cProfile of codetta's
 new-count steps (GPU machine).
@@ -13,39 +13,14 @@ default SDPA spent ~100 ms of host time per step on a new count, every variant a
 """
 
 import contextlib
-import copy
 import os
 import sys
 import time
 
 import torch
 
-import codetta
 from codetta.bench import model as mb
 from codetta.bench.harness import host_ms, profile_calls
-
-
-def step_fn(name, base, ids):
-    """One model copy and optimizer; the step takes the sequence length per call."""
-    model = copy.deepcopy(base).train()
-    if name == "liger":
-        try:
-            from liger_kernel.transformers import _apply_liger_kernel_to_instance
-        except ImportError:
-            return None
-        _apply_liger_kernel_to_instance(model=model)
-    elif name == "codetta":
-        codetta.apply_codetta(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=True)
-
-    def run(n):
-        part = ids[:, :n]
-        out = model(input_ids=part, labels=part, use_cache=False)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return run
 
 
 def gpu_kernel_ms(fn, calls: int) -> float:
@@ -102,7 +77,7 @@ def _sdpa(backend):
 
 def _variant(name, base, ids, lengths, what, batch):
     """Variant ``name``'s ms per step at one count and at a new count each step."""
-    run = step_fn(name, base, ids)
+    run = mb.variant_step(name, base, ids, ids)
     if run is None:
         print(f"  {name} unavailable")
         return

@@ -185,7 +185,9 @@ def variant_step(
     (``bench --step fwd-bwd``): forward and backward only, the gradients dropped after each
     step and the weights never changed (issue 12's decoder-layer bar is of forward +
     backward; the floor has no optimizer either). ``amp``: the forward under autocast to
-    bfloat16 (``base_model`` in float32), codetta under ``CODETTA_AUTOCAST=cast``."""
+    bfloat16 (``base_model`` in float32), codetta under ``CODETTA_AUTOCAST=cast``. The step
+    takes an optional sequence length: the first ``tokens`` of each row of ``ids`` and
+    ``labels`` (scripts/varlen_step.py: a new token count each step)."""
     import codetta
     from codetta.kernels import settings
 
@@ -222,19 +224,20 @@ def variant_step(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=fused) if optimizer else None
     losses = []
 
-    def step():
+    def step(tokens: int | None = None):
         with (settings.override(**changes) if changes else contextlib.nullcontext(),
               swap.patched() if swap is not None else contextlib.nullcontext()):  # fmt: skip
-            return _step()
+            return _step(tokens)
 
-    def forward_backward():
+    def forward_backward(tokens: int | None = None):
+        x, y = (ids, labels) if tokens is None else (ids[:, :tokens], labels[:, :tokens])
         with torch.autocast(ids.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-            out = run(input_ids=ids, labels=labels, use_cache=False)
+            out = run(input_ids=x, labels=y, use_cache=False)
         out.loss.backward()
         return out
 
-    def _step():
-        out = forward_backward()
+    def _step(tokens):
+        out = forward_backward(tokens)
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)
