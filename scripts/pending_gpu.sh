@@ -27,10 +27,10 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there (runs 270-271: 1.033x cuBLAS, re-tune level, keep-y 0.3-0.9 %)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536 (run 300: none left)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # float16's K1 without h: its GPU tests (run 283; run 294 again)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends (run 298)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -493,7 +493,8 @@ case "${1:-}" in
     # Limits 250 + 300 s. Run 282 (c42da0a) tuned 72 of them; 24 left (Llama-3-70B's and
     # Qwen3-14B's / -32B's widest products at 32768 and 65536): the same call reaches them.
     # Runs 284-285 (cee59b4) tuned 18 more; 6 left (width 8192 at 65536 tokens); run 292
-    # (6e5cf58) 4 of them: store tt 32768x8192x65536 and residual_rms_f32 65536x8192x32768 left
+    # (6e5cf58) 4 of them: store tt 32768x8192x65536 and residual_rms_f32 65536x8192x32768 left;
+    # run 300 (5e882d7) tuned those two: none left for these models
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 || { echo "step 27 is for an H100" >&2; exit 2; }
     MODELS="llama3-1b llama3-3b llama3-8b qwen3-8b qwen3-14b qwen3-32b mistral-7b llama3-70b"
     TUNE_FORCE=0 TUNE_MERGE=1 TUNE_TIMEOUT=250 TUNE_SCOPE="--model $MODELS --tokens 4096 8192 32768" \
@@ -524,7 +525,9 @@ case "${1:-}" in
     # keeps its lead on another backend (flash: no per-shape plan, expected); the default
     # beside them on the same machine. The script also splits each variant's step into
     # the host's time to issue it and the GPU's kernel time (torch.profiler, its longest
-    # kernels named: which SDPA backend ran), at one count and at new counts
+    # kernels named: which SDPA backend ran), at one count and at new counts. Run 298
+    # (5e882d7, an H100): the default ran cuDNN's kernels and paid its per-shape plan; on
+    # flash a new count each step cost ~2 % (codetta 130.8 / 133.3 ms, eager 184.2 / 185.4)
     for sdpa in default flash cudnn; do
       VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-$sdpa.txt"
