@@ -425,21 +425,21 @@ case "${1:-}" in
     # PART=1a / 1b / 2a / 2b: each bench of a part alone (shorter calls, for sessions whose
     # machines come late or are taken back mid-call)
     PEERS="liger torch.compile:regional codetta"
-    step_1b() { BENCH_TIMEOUT=260 BENCH_ARGS="--models llama-3.2-1B --variants eager $PEERS --rounds 2" \
+    llama_1b_step() { BENCH_TIMEOUT=260 BENCH_ARGS="--models llama-3.2-1B --variants eager $PEERS --rounds 2" \
       bash scripts/gpu_call.sh bench:model; }
     layers() { BENCH_TIMEOUT=280 BENCH_ARGS="--models 1B-layers 8B-layers --step fwd-bwd --variants eager $PEERS --rounds 2" \
       bash scripts/gpu_call.sh bench:model; }
     slice_8b() { BENCH_TIMEOUT=300 BENCH_ARGS="--models 8B-4layers+head --variants $PEERS --rounds 2" \
       bash scripts/gpu_call.sh bench:model; }
-    amp_1b() { BENCH_TIMEOUT=260 BENCH_ARGS="--amp --models llama-3.2-1B --variants $PEERS --rounds 2" \
+    amp_1b_step() { BENCH_TIMEOUT=260 BENCH_ARGS="--amp --models llama-3.2-1B --variants $PEERS --rounds 2" \
       bash scripts/gpu_call.sh bench:model; }
     case "${PART:-1}" in
-      1) step_1b; layers ;;
-      1a) step_1b ;;
+      1) llama_1b_step; layers ;;
+      1a) llama_1b_step ;;
       1b) layers ;;
-      2) slice_8b; amp_1b ;;
+      2) slice_8b; amp_1b_step ;;
       2a) slice_8b ;;
-      2b) amp_1b ;;
+      2b) amp_1b_step ;;
       *) echo "PART=1, 1a, 1b, 2, 2a or 2b" >&2; exit 2 ;;
     esac
     ;;
