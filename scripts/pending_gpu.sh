@@ -24,7 +24,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 21   # H100: the 1B step's largest GEMM excesses re-tuned, a step A/B (runs 252, 257: same picks)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 22   # the whole test suite on the GPU, in four calls (PART=A1, A2, B1, B2)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 23   # H100: the hybrid ping-pong policy's keys tuned, its 1B step (run 256: level)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 24   # the model-step tables at this commit with every peer (PART=1, 2; one bench each: 1a, 1b, 2a, 2b)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 25   # the 8B slice's GEMM calls all timed (H100), their keys re-tuned; keep-y there (runs 270-271: 1.033x cuBLAS, re-tune level, keep-y 0.3-0.9 %)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536 (run 300: none left)
