@@ -139,6 +139,23 @@ def test_model_step_variants_on_cpu():
     mb.floor_step(config, 2, 16, device="cpu", dtype=torch.float32)()
 
 
+def test_variant_step_takes_a_sequence_length():
+    """``variant_step``'s step with ``tokens`` (scripts/varlen_step.py: a new token count
+    each step) trains on the first ``tokens`` of each row: its loss is the model's on
+    them, not on the whole rows."""
+    mb, _, base, ids = _tiny_llama()
+    step = mb.variant_step("eager", base, ids, ids, optimizer=False)
+    n = ids.shape[1] // 2 + 1
+    step(n)
+    with torch.no_grad():
+        want = base(input_ids=ids[:, :n], labels=ids[:, :n], use_cache=False).loss
+        whole = base(input_ids=ids, labels=ids, use_cache=False).loss
+    assert step.last_loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert abs(want.item() - whole.item()) > 1e-4, "the short rows' loss is the whole rows': nothing tested"
+    step()
+    assert step.last_loss.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
 def test_model_step_amp_on_cpu():
     """``bench --amp``: float32 parameters, the forward under autocast to bfloat16; codetta
     runs its fused path there (CODETTA_AUTOCAST=cast, no fallback warning) and its
