@@ -31,6 +31,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # float16's K1 without h: its GPU tests (run 283; run 294 again)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends (run 298)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 31   # the same with padded rows (a mask): default, efficient, cudnn
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -539,8 +540,18 @@ case "${1:-}" in
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-$sdpa.txt"
     done
     ;;
+  31)
+    # (either GPU) step 30 with right-padded rows (VARLEN_PAD=1: a padding mask, as a loader
+    # padding each batch to its longest sequence hands it), where SDPA gets a mask that its
+    # flash backend cannot take: the default, cuDNN and memory-efficient backends, whose
+    # per-new-length cost README's advice (flash, or efficient for masked calls) needs
+    for sdpa in default efficient cudnn; do
+      VARLEN_PAD=1 VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
+      mv "$OUT/varlen_step.py.txt" "$OUT/varlen-pad-$sdpa.txt"
+    done
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|30" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|31" >&2
     exit 2
     ;;
 esac

@@ -9,7 +9,12 @@ new-count steps (GPU machine).
 Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch] [variants...]
 (defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens, eager codetta liger).
 VARLEN_SDPA=flash|efficient|math|cudnn: SDPA on that backend alone (run 297: PyTorch's
-default SDPA spent ~100 ms of host time per step on a new count, every variant alike).
+default SDPA spent ~100 ms of host time per step on a new count, every variant alike; run
+298: that default was cuDNN's, which plans each new shape; flash does not).
+VARLEN_PAD=1: right-padded rows (a padding mask, labels -100 there), as a loader that pads
+each batch to its longest sequence hands them: row i holds 2048 - 64 (i + 1) tokens and
+every step's count is above them all, so each row ends in padding and SDPA gets a mask
+(which its flash backend cannot take: run it with VARLEN_SDPA=efficient or cudnn).
 """
 
 import contextlib
@@ -58,12 +63,21 @@ def main() -> None:
     base = mb.make_model(config)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, 2048), device="cuda", generator=g)
+    labels, mask = ids, None
+    if os.environ.get("VARLEN_PAD") == "1":
+        keep = (
+            torch.arange(2048, device="cuda")[None, :]
+            < 2048 - 64 * torch.arange(1, batch + 1, device="cuda")[:, None]
+        )
+        labels, mask = ids.masked_fill(~keep, -100), keep.long()
     lengths = iter(range(2045, 1024, -1))  # (no variant's step takes a count taken before)
     variants = sys.argv[4:] or ["eager", "codetta", "liger"]
     backend = os.environ.get("VARLEN_SDPA")
     with _sdpa(backend):
         for name in variants:
-            _variant(name, base, ids, lengths, f"{case}, {layers} layers, SDPA {backend or 'default'}", batch)
+            what = f"{case}, {layers} layers, SDPA {backend or 'default'}"
+            what += ", padded rows" if mask is not None else ""
+            _variant(name, base, ids, labels, mask, lengths, what, batch)
 
 
 def _sdpa(backend):
@@ -75,9 +89,9 @@ def _sdpa(backend):
                         "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend])  # fmt: skip
 
 
-def _variant(name, base, ids, lengths, what, batch):
+def _variant(name, base, ids, labels, mask, lengths, what, batch):
     """Variant ``name``'s ms per step at one count and at a new count each step."""
-    run = mb.variant_step(name, base, ids, ids)
+    run = mb.variant_step(name, base, ids, labels, attention_mask=mask)
     if run is None:
         print(f"  {name} unavailable")
         return

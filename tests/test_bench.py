@@ -154,6 +154,18 @@ def test_variant_step_takes_a_sequence_length():
     assert abs(want.item() - whole.item()) > 1e-4, "the short rows' loss is the whole rows': nothing tested"
     step()
     assert step.last_loss.item() == pytest.approx(whole.item(), rel=1e-6)
+    # with a padding mask (varlen_step.py's VARLEN_PAD=1, labels -100 under it) the mask is
+    # cut to the same length and given to the model (padded on the left here: on the right,
+    # under causal attention, a mask changes no counted token's logits)
+    keep = torch.arange(ids.shape[1])[None, :] >= torch.tensor([[3], [0]])
+    labels, mask = ids.masked_fill(~keep, -100), keep.long()
+    step = mb.variant_step("eager", base, ids, labels, optimizer=False, attention_mask=mask)
+    step(n)
+    kw = dict(input_ids=ids[:, :n], labels=labels[:, :n], use_cache=False)
+    with torch.no_grad():
+        want, unmasked = base(**kw, attention_mask=mask[:, :n]).loss, base(**kw).loss
+    assert step.last_loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert abs(want.item() - unmasked.item()) > 1e-5, "the mask changes nothing here: nothing tested"
 
 
 def test_model_step_amp_on_cpu():

@@ -176,8 +176,9 @@ _MISSING = object()
 
 
 def variant_step(
-    name: str, base_model, ids, labels, changes: dict | None = None, optimizer: bool = True, amp: bool = False
-):
+    name: str, base_model, ids, labels, changes: dict | None = None, optimizer: bool = True,
+    amp: bool = False, attention_mask=None,
+):  # fmt: skip
     """One training step of variant ``name`` on its own copy of ``base_model`` and an
     optimizer of its own; None where the variant is unavailable (Liger not installed).
     ``changes``: codetta settings its steps run under (default: the variant's own,
@@ -187,7 +188,8 @@ def variant_step(
     backward; the floor has no optimizer either). ``amp``: the forward under autocast to
     bfloat16 (``base_model`` in float32), codetta under ``CODETTA_AUTOCAST=cast``. The step
     takes an optional sequence length: the first ``tokens`` of each row of ``ids`` and
-    ``labels`` (scripts/varlen_step.py: a new token count each step)."""
+    ``labels`` (and of ``attention_mask``, a padding mask the model is given where not
+    None; scripts/varlen_step.py: a new token count each step)."""
     import codetta
     from codetta.kernels import settings
 
@@ -230,9 +232,10 @@ def variant_step(
             return _step(tokens)
 
     def forward_backward(tokens: int | None = None):
-        x, y = (ids, labels) if tokens is None else (ids[:, :tokens], labels[:, :tokens])
+        cut = slice(None, tokens)
+        mask = {} if attention_mask is None else {"attention_mask": attention_mask[:, cut]}
         with torch.autocast(ids.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-            out = run(input_ids=x, labels=y, use_cache=False)
+            out = run(input_ids=ids[:, cut], labels=labels[:, cut], use_cache=False, **mask)
         out.loss.backward()
         return out
 
