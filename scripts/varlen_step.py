@@ -1,10 +1,10 @@
 """A model's training step when every step has a token count not seen before (a data
-loader padding each batch to its longest sequence, no packing), against steps of one
-count: the time per step (synchronized) of Hugging Face eager, the codetta drop-in and
-Liger (where installed; each variant's step is ``bench.model.variant_step``'s); then, per variant, the
-host's time to issue a step and the GPU's kernel time per step (torch.profiler, its
-longest kernels listed) at one count and at new counts; then a cProfile of codetta's
-new-count steps (GPU machine).
+loader that pads each batch to its longest sequence, no packing; by default the rows carry
+no padding, see VARLEN_PAD), against steps of one count: the time per step (synchronized)
+of Hugging Face eager, the codetta drop-in and Liger (where installed; each variant's step
+is ``bench.model.variant_step``'s); then, per variant, the host's time to issue a step and
+the GPU's kernel time per step (torch.profiler, its longest kernels listed) at one count
+and at new counts; then a cProfile of codetta's new-count steps (GPU machine).
 
 Usage (repo root): python scripts/varlen_step.py [case] [layers] [batch] [variants...]
 (defaults: llama-3.2-1B, 16 layers, batch 4 of up to 2048 tokens, eager codetta liger).
