@@ -534,7 +534,7 @@ case "${1:-}" in
     # the host's time to issue it and the GPU's kernel time (torch.profiler, its longest
     # kernels named: which SDPA backend ran), at one count and at new counts. Run 298
     # (5e882d7, an H100): the default ran cuDNN's kernels and paid its per-shape plan; on
-    # flash a new count each step cost ~2 % (codetta 130.8 / 133.3 ms, eager 184.2 / 185.4)
+    # flash a new count each step cost under 2 % (codetta 130.8 / 133.3 ms, eager 184.2 / 185.4)
     for sdpa in default flash cudnn; do
       VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-$sdpa.txt"
