@@ -22,6 +22,14 @@ def _tables():
     return sorted(tuning.SHIPPED_DIR.glob("*.json"))
 
 
+def _call(M=16384, N=512, K=2048, program=RMS_SCALE, dtype=torch.bfloat16):
+    """A stand-in for a GEMM call as the chooser reads one (no tensors; on the CPU)."""
+    import types
+
+    return types.SimpleNamespace(program=program, dtype=dtype, a_t=False, b_t=False, M=M, N=N, k_total=K,
+                                 device=torch.device("cpu"))  # fmt: skip
+
+
 def test_shipped_tables_are_well_formed():
     """Every shipped table loads as plain data: the format, an identity naming the GPU,
     its architecture, SM count and Triton version, and entries that are valid configs."""
@@ -123,8 +131,7 @@ def test_known_names_a_lent_entry(monkeypatch):
 
     chooser = tuning.Chooser()
     cands = TRITON.candidates(RMS_SCALE)
-    call = types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=16384,
-                                 N=512, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    call = _call()
     entries = tuning.ShippedEntries({chooser.key(call, False): cands[0]})
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
     monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
@@ -328,8 +335,7 @@ def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
     cands = TRITON.candidates(RMS_ROPE_BIAS_128) + PINGPONG.candidates(RMS_ROPE_BIAS_128)
     assert cands == TRITON.candidates(RMS_ROPE_128) + PINGPONG.candidates(RMS_ROPE_128)
     assert len(cands) >= 2
-    call = types.SimpleNamespace(program=RMS_ROPE_BIAS_128, dtype=torch.bfloat16, a_t=False, b_t=False,
-                                 M=16384, N=4096, k_total=4096, device=torch.device("cpu"))  # fmt: skip
+    call = _call(N=4096, K=4096, program=RMS_ROPE_BIAS_128)
     plain = types.SimpleNamespace(**{**vars(call), "program": RMS_ROPE_128})
     sibling = chooser.key(plain, True)
     entries = {sibling: cands[-1]}
@@ -363,9 +369,7 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
     monkeypatch.setattr(tuning, "_capturing", lambda call: False)
     monkeypatch.setattr(chooser, "tune", lambda call, prepare, pp, cands, seconds: cands[1])
 
-    def call(M):
-        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
-                                     N=512, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    call = _call
 
     own, lent, near = call(16384), call(4096), call(8192)
     entries = tuning.ShippedEntries({chooser.key(own, False): cands[0], chooser.key(lent, False): cands[0]})
@@ -419,9 +423,7 @@ def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
     real = tuning._nearest
     monkeypatch.setattr(tuning, "_nearest", lambda *args: scans.append(args[0]) or real(*args))
 
-    def call(M, N=512):
-        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
-                                     N=N, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    call = _call
 
     entries = {chooser.key(call(16384), False): cands[1]}
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
@@ -451,7 +453,6 @@ def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
 def test_a_tuning_forgets_the_remembered_nearest_entries(monkeypatch, tmp_path):
     """A key tuned after an untuned key's nearest entry was looked up becomes that key's
     nearest entry for its next count, as the unremembered lookup says."""
-    import types
 
     from codetta.kernels import settings
 
@@ -465,8 +466,7 @@ def test_a_tuning_forgets_the_remembered_nearest_entries(monkeypatch, tmp_path):
     monkeypatch.setattr(chooser, "shipped", lambda index: {})
 
     def call(M):
-        return types.SimpleNamespace(program=RMS_SCALE, dtype=torch.bfloat16, a_t=False, b_t=False, M=M,
-                                     N=768, k_total=2048, device=torch.device("cpu"))  # fmt: skip
+        return _call(M, N=768)
 
     with settings.override(autotune=False, prefer_pingpong=False, cache_dir=tmp_path):
         assert chooser._pick(call(5000), None, False) == tuning.rule_config(call(5000), cands) != winner
@@ -486,8 +486,7 @@ def test_float16_calls_take_the_bfloat16_picks(monkeypatch):
 
     chooser = tuning.Chooser()
     cands = TRITON.candidates(RMS_SCALE) + PINGPONG.candidates(RMS_SCALE)
-    call = types.SimpleNamespace(program=RMS_SCALE, dtype=torch.float16, a_t=False, b_t=False, M=16384, N=512,
-                                 k_total=2048, device=torch.device("cpu"))  # fmt: skip
+    call = _call(dtype=torch.float16)
     bf16 = types.SimpleNamespace(**{**vars(call), "dtype": torch.bfloat16})
     rule = tuning.rule_config(call, cands)
     pick, other = [c for c in cands if c != rule][:2]  # (neither is the rule's)
@@ -805,8 +804,7 @@ def test_scaled_logits_take_the_plain_logits_picks(monkeypatch):
     monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
     cands = TRITON.candidates(CE_LOGITS_SCALED) + PINGPONG.candidates(CE_LOGITS_SCALED)
     for M, N, K in ((4096, 131072, 2048), (4096, 131072, 4096), (4096, 262144, 4096)):
-        call = types.SimpleNamespace(program=CE_LOGITS_SCALED, dtype=torch.bfloat16, a_t=False, b_t=False,
-                                     M=M, N=N, k_total=K, device=torch.device("cpu"))  # fmt: skip
+        call = _call(M, N, K, program=CE_LOGITS_SCALED)
         plain = types.SimpleNamespace(**{**vars(call), "program": CE_LOGITS})
         own = entries[chooser.key(plain, True)]
         with settings.override(prefer_pingpong=False):
