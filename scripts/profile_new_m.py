@@ -5,31 +5,10 @@ host time per call (plain GEMM and K1) and the profile's top functions.
 Usage (repo root): python scripts/profile_new_m.py
 """
 
-import torch
-
-from codetta import gemm
+from codetta.bench.foundation import new_m_calls
 from codetta.bench.harness import cpu_overhead_us, profile_calls
-from codetta.programs import RESIDUAL_RMS
 
-dev, bf = "cuda", torch.bfloat16
-top = 8192
-a = torch.randn(top, 256, device=dev, dtype=bf)
-r = torch.randn(top, 256, device=dev, dtype=bf)
-w = torch.randn(256, 256, device=dev, dtype=bf)
-g = torch.rand(256, device=dev)
-ms = iter(range(1024, top))
-
-
-def plain():
-    m = next(ms)
-    return gemm(a[:m], w)
-
-
-def k1():
-    m = next(ms)
-    return gemm(a[:m], w, epilogue=RESIDUAL_RMS, residual=r[:m], gamma=g)
-
-
-for fn in (plain, k1):
-    print(f"{fn.__name__}: {cpu_overhead_us(fn, 200):.0f} us/call, a new M each call")
-    profile_calls(fn, 200, f"{fn.__name__}, a new M each call", rows=35)
+fns = new_m_calls()  # (1024 new counts: 2 x (210 timed + 200 profiled) calls take 820)
+for name in ("codetta", "codetta-k1"):
+    print(f"{name}: {cpu_overhead_us(fns[name], 200):.0f} us/call, a new M each call")
+    profile_calls(fns[name], 200, f"{name}, a new M each call", rows=35)

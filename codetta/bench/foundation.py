@@ -127,22 +127,31 @@ def overhead(res: Results):
         "codetta-k1": lambda: gemm(a, w, epilogue=RESIDUAL_RMS, residual=r, gamma=g),
     }
     _host_rows(res, "host us/call 64x256x256", fns, 2 * 64 * 256 * 256)
-    # a new token count on every call (a data loader padding each batch to its longest
-    # sequence): each call misses the bound launcher and takes the full path (the call's
-    # checks, the config lookup, the launch's arguments built anew)
-    top = 2048  # (three variants of cpu_overhead_us's 10 warm-up and 300 timed calls: 930 counts)
+    # (three variants of cpu_overhead_us's 10 warm-up and 300 timed calls: 930 counts)
+    fns = new_m_calls(w, g)
+    _host_rows(res, "host us/call, a new M each call (1024-2047)x256x256", fns, 2 * 1500 * 256 * 256)
+
+
+def new_m_calls(w=None, g=None) -> dict:
+    """cuBLAS's, codetta's and K1's calls at [M, 256] x [256, 256] with a token count M
+    never seen before on every call (1024 up, 1024 calls among them: a data loader padding
+    each batch to its longest sequence): each codetta call misses the bound launcher and
+    takes the full path (the call's checks, the config lookup, the launch's arguments built
+    anew; scripts/profile_new_m.py profiles it)."""
+    top = 2048
+    w = rand_bf16(256, 256) if w is None else w
+    g = torch.rand(256, device="cuda") if g is None else g
     big_a, big_r = rand_bf16(top, 256), rand_bf16(top, 256)
-    ms = iter(range(1024, top))  # (no M seen before by any variant)
+    ms = iter(range(1024, top))  # (no M seen before by any of them)
 
     def fresh(fn):
         return lambda: fn(next(ms))
 
-    fns = {
+    return {
         "cublas": fresh(lambda m: big_a[:m] @ w.t()),
         "codetta": fresh(lambda m: gemm(big_a[:m], w)),
         "codetta-k1": fresh(lambda m: gemm(big_a[:m], w, epilogue=RESIDUAL_RMS, residual=big_r[:m], gamma=g)),
     }
-    _host_rows(res, "host us/call, a new M each call (1024-2047)x256x256", fns, 2 * 1500 * 256 * 256)
 
 
 def _host_rows(res: Results, case: str, fns: dict, flops: int) -> None:
