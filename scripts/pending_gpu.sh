@@ -32,6 +32,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends (run 298)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 31   # the same with padded rows (a mask): default, efficient, cudnn
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 32   # H200: issue 11's cold start and host time per call at this commit
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -550,8 +551,16 @@ case "${1:-}" in
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-pad-$sdpa.txt"
     done
     ;;
+  32)
+    # (an H200) issue 11's bars last measured on the H200 at run 94 (cold start of the patched
+    # 2-layer 8B-width model + head: 26.8 s extra; 7.9 s with --precompile) and run 160-era
+    # host times: both again at this commit, the host time per call (bench overhead: same-shape
+    # rows beside cuBLAS's, then a new token count each call) first. Limits 150 + 200 + 200 s
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 32 is for an H200" >&2; exit 2; }
+    BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead coldstart "coldstart:model --precompile"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|31" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|32" >&2
     exit 2
     ;;
 esac
