@@ -553,8 +553,8 @@ case "${1:-}" in
     ;;
   32)
     # (an H200) issue 11's bars last measured on the H200 at run 94 (cold start of the patched
-    # 2-layer 8B-width model + head: 26.8 s extra; 7.9 s with --precompile) and run 160-era
-    # host times: both again at this commit, the host time per call (bench overhead: same-shape
+    # 2-layer 8B-width model + head: 26.8 s extra; 7.9 s with --precompile) and run 32 (gemm
+    # K1 23 / 45 us): both again at this commit, the host time per call (bench overhead: same-shape
     # rows beside cuBLAS's, then a new token count each call) first. Limits 150 + 200 + 200 s
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 32 is for an H200" >&2; exit 2; }
     BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead coldstart "coldstart:model --precompile"
