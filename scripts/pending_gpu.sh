@@ -33,6 +33,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends (run 298)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 31   # the same with padded rows (a mask): default, efficient, cudnn
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 32   # H200: issue 11's cold start and host time per call at this commit
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 33   # K1 at a new M each call: whose Triton cache_key is slow
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -559,8 +560,15 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "step 32 is for an H200" >&2; exit 2; }
     BENCH_TIMEOUT=150 bash scripts/gpu_call.sh bench:overhead coldstart "coldstart:model --precompile"
     ;;
+  33)
+    # (either GPU) K1's host time at a new token count each call (run 306: 920 us against
+    # plain codetta's 234 and cuBLAS's 159; run 307's cProfile: ~255 us of own time in each of
+    # Triton's JITCallable.cache_key calls, three a call): which function's key, from where.
+    # Limit 100 s
+    SCRIPT_TIMEOUT=100 bash scripts/gpu_call.sh "script:cache_key_probe.py"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|32" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|33" >&2
     exit 2
     ;;
 esac
