@@ -5,12 +5,17 @@ with the stack of its first slow call.
 Run 307 (an H100, scripts/profile_new_m.py): under cProfile, 600 ``cache_key`` calls for
 200 K1 calls held 153 ms of own time (~255 us each) while the property returns a hash
 cached after its first call (~1 us on a CPU). This finds which function's key is slow and
-who asks for it (a new JIT object each call, a lock held elsewhere, or the GIL).
+who asks for it (a new JIT object each call, a lock held elsewhere, or the GIL), and times
+the garbage collector beside it: since Python 3.12 a collection runs at the next function
+entry after the allocation threshold trips, so its time lands in whatever function is
+entered then (``cache_key``, entered right after launch_jit builds its key tuples, would
+be one); then the same calls again with the collector off.
 
 Usage (repo root): python scripts/cache_key_probe.py
 """
 
 import collections
+import gc
 import threading
 import time
 import traceback
@@ -37,16 +42,35 @@ def _timed_key(self):
     return value
 
 
+GC: dict = collections.defaultdict(list)  # generation -> seconds of each collection
+_gc_start = [0.0]
+
+
+def _gc_timer(phase, info):
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+    else:
+        GC[info["generation"]].append(time.perf_counter() - _gc_start[0])
+
+
 jit.JITCallable.cache_key = property(_timed_key)
+gc.callbacks.append(_gc_timer)
 fns = new_m_calls()
-print("threads:", [t.name for t in threading.enumerate()])
+print("threads:", [t.name for t in threading.enumerate()], "gc thresholds", gc.get_threshold())
 for name in ("codetta", "codetta-k1"):
     TIMES.clear()
+    GC.clear()
     print(f"{name}: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
+    print("  collections:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
     for (fn, ident, fresh, threads), ts in sorted(TIMES.items(), key=lambda kv: -sum(kv[1]))[:8]:
         print(
             f"  {fn} (object {ident:x}, computed {fresh}, {threads} threads): {len(ts)} calls, "
             f"{1e3 * sum(ts):.1f} ms, largest {1e6 * max(ts):.0f} us"
         )
+gc.disable()  # (new counts for the collector-off rows: the first set's are seen)
+fns = new_m_calls(first=2048)
+for name in ("codetta", "codetta-k1"):
+    print(f"{name}, collector off: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
+gc.enable()
 for k, stack in list(FIRST_SLOW.items())[:3]:
     print("== first slow call of", k[0], "\n" + stack)

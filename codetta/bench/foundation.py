@@ -132,17 +132,18 @@ def overhead(res: Results):
     _host_rows(res, "host us/call, a new M each call (1024-2047)x256x256", fns, 2 * 1500 * 256 * 256)
 
 
-def new_m_calls(w=None, g=None) -> dict:
+def new_m_calls(w=None, g=None, first: int = 1024) -> dict:
     """cuBLAS's, codetta's and K1's calls at [M, 256] x [256, 256] with a token count M
-    never seen before on every call (1024 up, 1024 calls among them: a data loader padding
-    each batch to its longest sequence): each codetta call misses the bound launcher and
-    takes the full path (the call's checks, the config lookup, the launch's arguments built
-    anew; scripts/profile_new_m.py profiles it)."""
-    top = 2048
+    never seen before on every call (``first`` up, 1024 calls among them: a data loader
+    padding each batch to its longest sequence): each codetta call misses the bound
+    launcher and takes the full path (the call's checks, the config lookup, the launch's
+    arguments built anew; scripts/profile_new_m.py profiles it). A second set in the same
+    process needs another ``first`` (``first + 1024`` up) to see new counts."""
+    top = first + 1024
     w = rand_bf16(256, 256) if w is None else w
     g = torch.rand(256, device="cuda") if g is None else g
     big_a, big_r = rand_bf16(top, 256), rand_bf16(top, 256)
-    ms = iter(range(1024, top))  # (no M seen before by any of them)
+    ms = iter(range(first, top))  # (no M seen before by any of them)
 
     def fresh(fn):
         return lambda: fn(next(ms))
