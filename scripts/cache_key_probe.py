@@ -9,7 +9,8 @@ who asks for it (a new JIT object each call, a lock held elsewhere, or the GIL),
 the garbage collector beside it: since Python 3.12 a collection runs at the next function
 entry after the allocation threshold trips, so its time lands in whatever function is
 entered then (``cache_key``, entered right after launch_jit builds its key tuples, would
-be one); then the same calls again with the collector off.
+be one); then the same calls after a full collection (as the bench's overhead table now
+times them), and with the collector off.
 
 Usage (repo root): python scripts/cache_key_probe.py
 """
@@ -60,17 +61,21 @@ print("threads:", [t.name for t in threading.enumerate()], "gc thresholds", gc.g
 for name in ("codetta", "codetta-k1"):
     TIMES.clear()
     GC.clear()
-    print(f"{name}: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
+    # (collect=False: as run 307's profile_new_m.py, the setup's collection debt not paid first)
+    print(f"{name}: {cpu_overhead_us(fns[name], 150, collect=False):.0f} us/call, a new M each call")
     print("  collections:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
     for (fn, ident, fresh, threads), ts in sorted(TIMES.items(), key=lambda kv: -sum(kv[1]))[:8]:
         print(
             f"  {fn} (object {ident:x}, computed {fresh}, {threads} threads): {len(ts)} calls, "
             f"{1e3 * sum(ts):.1f} ms, largest {1e6 * max(ts):.0f} us"
         )
-gc.disable()  # (new counts for the collector-off rows: the first set's are seen)
-fns = new_m_calls(first=2048)
+fns = new_m_calls(first=2048)  # (new counts for the rows below: the first set's are seen)
 for name in ("codetta", "codetta-k1"):
+    GC.clear()
+    print(f"{name}, collected first: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
+    print("  collections:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
+    gc.disable()
     print(f"{name}, collector off: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
-gc.enable()
+    gc.enable()
 for k, stack in list(FIRST_SLOW.items())[:3]:
     print("== first slow call of", k[0], "\n" + stack)

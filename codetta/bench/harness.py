@@ -411,13 +411,20 @@ def triton_only(fn):
     return with_settings(fn, pingpong=False)
 
 
-def cpu_overhead_us(fn, calls: int = 300) -> float:
-    """Host time per call of fn when the GPU is not the bottleneck (tiny problem)."""
-    import time
+def cpu_overhead_us(fn, calls: int = 300, collect: bool = True) -> float:
+    """Host time per call of fn when the GPU is not the bottleneck (tiny problem). With
+    ``collect``, a full garbage collection before the timed calls: what the setup left to
+    collect (the warm-up's compiles make many objects at once, and the collector's next
+    full pass, ~0.1-0.2 s in a process with torch and Triton loaded, then comes due within
+    a few hundred calls) is not charged to them; the collector stays on, so the calls'
+    own collections are."""
+    import gc
 
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
+    if collect:
+        gc.collect()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
