@@ -414,10 +414,10 @@ def triton_only(fn):
 def cpu_overhead_us(fn, calls: int = 300, collect: bool = True) -> float:
     """Host time per call of fn when the GPU is not the bottleneck (tiny problem). With
     ``collect``, a full garbage collection before the timed calls: what the setup left to
-    collect (the warm-up's compiles make many objects at once, and the collector's next
-    full pass, ~0.1-0.2 s in a process with torch and Triton loaded, then comes due within
-    a few hundred calls) is not charged to them; the collector stays on, so the calls'
-    own collections are."""
+    collect (the warm-up's compiles make many objects at once, which can bring the
+    collector's next full pass, ~0.17 s on a CPU with torch and Triton loaded, due among
+    the timed calls) is not charged to them; the collector stays on, so the calls' own
+    collections are (NOTES.md, "Session 48")."""
     import gc
 
     for _ in range(10):
