@@ -19,6 +19,7 @@ every step's count is above them all, so each row ends in padding and SDPA gets 
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 
@@ -45,14 +46,18 @@ def gpu_kernel_ms(fn, calls: int) -> float:
     return total
 
 
-def ms_per_step(run, counts: list) -> float:
-    """Synchronized ms per step of ``run`` over the sequence lengths ``counts``."""
+def ms_per_step(run, counts: list) -> tuple[float, float]:
+    """Synchronized ms per step of ``run`` over the sequence lengths ``counts``: the median
+    step and the mean (apart where one step was slow: run 302's one-count step on the
+    memory-efficient backend, 238.1 ms against 204.3 of kernels, was a mean)."""
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    times = []
     for n in counts:
+        t0 = time.perf_counter()
         run(n)
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / len(counts) * 1e3
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), statistics.fmean(times)
 
 
 def main() -> None:
@@ -99,8 +104,8 @@ def _variant(name, base, ids, labels, mask, lengths, what, batch):
         run(n)
     same = ms_per_step(run, [2048] * 8)
     new = ms_per_step(run, [next(lengths) for _ in range(8)])
-    print(f"== {what}, {name}: {same:.1f} ms per step at {batch}x2048 tokens, "
-          f"{new:.1f} ms at a new count each step")  # fmt: skip
+    print(f"== {what}, {name}: {same[0]:.1f} ms per step at {batch}x2048 tokens, {new[0]:.1f} ms "
+          f"at a new count each step (medians of 8; means {same[1]:.1f} / {new[1]:.1f})")  # fmt: skip
     # host or GPU? the host's time to issue a step (GPU idle at its start) and the GPU's
     # kernel time per step, each at one count and at new counts
     for label, counts in (("one count", lambda: 2048), ("new counts", lambda: next(lengths))):
