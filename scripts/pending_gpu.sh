@@ -29,9 +29,9 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 26   # H100 first: the loss's rows in one chunk (the head's dW one GEMM) in the step (run 276: nothing gained)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 27   # H100: the main models' keys still lent at 4096-32768, then 65536 (run 300: none left)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 28   # float16's K1 without h: its GPU tests (run 283; run 294 again)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 29   # host time per call with a new token count each call (runs 295, 297, 306)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 30   # a new token count each step: the SDPA backends (run 298)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 31   # the same with padded rows (a mask): default, efficient, cudnn
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 31   # the same with padded rows (a mask): default, efficient, cudnn (run 302)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 32   # H200: issue 11's cold start and host time per call at this commit
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 33   # K1 at a new M each call: whose Triton cache_key is slow
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
@@ -546,7 +546,10 @@ case "${1:-}" in
     # (either GPU) step 30 with right-padded rows (VARLEN_PAD=1: a padding mask, as a loader
     # padding each batch to its longest sequence hands it), where SDPA gets a mask that its
     # flash backend cannot take: the default, cuDNN and memory-efficient backends, whose
-    # per-new-length cost README's advice (flash, or efficient for masked calls) needs
+    # per-new-length cost README's advice (flash, or efficient for masked calls) needs.
+    # Run 302 (34fe55e, an H100): efficient pays nothing per length but its kernels are slower
+    # (codetta 203.9 ms at new counts); cuDNN fastest at one count (147), host-bound at new
+    # ones (220-242); varlen_step.py now prints medians beside the means
     for sdpa in default efficient cudnn; do
       VARLEN_PAD=1 VARLEN_SDPA=${sdpa#default} SCRIPT_TIMEOUT=150 bash scripts/gpu_call.sh "script:varlen_step.py llama-3.2-1B 16 4 eager codetta"
       mv "$OUT/varlen_step.py.txt" "$OUT/varlen-pad-$sdpa.txt"
