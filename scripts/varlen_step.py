@@ -48,7 +48,7 @@ def gpu_kernel_ms(fn, calls: int) -> float:
 
 def ms_per_step(run, counts: list) -> tuple[float, float]:
     """Synchronized ms per step of ``run`` over the sequence lengths ``counts``: the median
-    step and the mean (apart where one step was slow: run 302's one-count step on the
+    step and the mean (they part where one step was slow: run 302's one-count step on the
     memory-efficient backend, 238.1 ms against 204.3 of kernels, was a mean)."""
     torch.cuda.synchronize()
     times = []
