@@ -54,6 +54,10 @@ def _gc_timer(phase, info):
         GC[info["generation"]].append(time.perf_counter() - _gc_start[0])
 
 
+def print_collections(note: str = "") -> None:
+    print(f"  collections{note}:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
+
+
 jit.JITCallable.cache_key = property(_timed_key)
 gc.callbacks.append(_gc_timer)
 fns = new_m_calls()
@@ -63,7 +67,7 @@ for name in ("codetta", "codetta-k1"):
     GC.clear()
     # (collect=False: as run 307's profile_new_m.py, the setup's collection debt not paid first)
     print(f"{name}: {cpu_overhead_us(fns[name], 150, collect=False):.0f} us/call, a new M each call")
-    print("  collections:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
+    print_collections()
     for (fn, ident, fresh, threads), ts in sorted(TIMES.items(), key=lambda kv: -sum(kv[1]))[:8]:
         print(
             f"  {fn} (object {ident:x}, computed {fresh}, {threads} threads): {len(ts)} calls, "
@@ -73,7 +77,7 @@ fns = new_m_calls(first=2048)  # (new counts for the rows below: the first set's
 for name in ("codetta", "codetta-k1"):
     GC.clear()
     print(f"{name}, collected first: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
-    print("  collections:", {g: f"{len(ts)}x, {1e3 * sum(ts):.1f} ms" for g, ts in sorted(GC.items())})
+    print_collections(" (generation 2 counts the timer's own, before its timed calls)")
     gc.disable()
     print(f"{name}, collector off: {cpu_overhead_us(fns[name], 150):.0f} us/call, a new M each call")
     gc.enable()

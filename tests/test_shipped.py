@@ -369,9 +369,7 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
     monkeypatch.setattr(tuning, "_capturing", lambda call: False)
     monkeypatch.setattr(chooser, "tune", lambda call, prepare, pp, cands, seconds: cands[1])
 
-    call = _call
-
-    own, lent, near = call(16384), call(4096), call(8192)
+    own, lent, near = _call(16384), _call(4096), _call(8192)
     entries = tuning.ShippedEntries({chooser.key(own, False): cands[0], chooser.key(lent, False): cands[0]})
     entries.borrowed[chooser.key(lent, False)] = "NVIDIA H200"
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
@@ -381,27 +379,27 @@ def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
             chooser._pick(c, None, False)
         entries.clear()
         entries.borrowed.clear()
-        chooser._pick(call(256), None, False)  # (no entry at all: the shape rule)
+        chooser._pick(_call(256), None, False)  # (no entry at all: the shape rule)
     with settings.override(autotune=True):
-        chooser._pick(call(65536), None, False)
+        chooser._pick(_call(65536), None, False)
     assert chooser.served == {
         chooser.key(own, False): "shipped",
         chooser.key(lent, False): "shipped (H200's)",
         chooser.key(near, False): "nearest entry",
-        chooser.key(call(256), False): "shape rule",
-        chooser.key(call(65536), False): "tuned now",
+        chooser.key(_call(256), False): "shape rule",
+        chooser.key(_call(65536), False): "tuned now",
     }
     others = set(chooser.served) - {chooser.key(own, False)}
     assert chooser.sources(seen=others) == {"shipped": [chooser.key(own, False)]}
     monkeypatch.setattr(harness, "CHOOSER", chooser)
-    line = config_sources(seen={chooser.key(call(65536), False)})
+    line = config_sources(seen={chooser.key(_call(65536), False)})
     counts = "1 nearest entry, 1 shape rule, 1 shipped, 1 shipped (H200's)"
     assert line.startswith(f"GEMM configurations: {counts}; not this GPU's own: ")
-    for c, why in ((lent, "shipped (H200's)"), (near, "nearest entry"), (call(256), "shape rule")):
+    for c, why in ((lent, "shipped (H200's)"), (near, "nearest entry"), (_call(256), "shape rule")):
         assert f"{chooser.key(c, False)} ({why})" in line
-    assert chooser.key(own, False) not in line and chooser.key(call(65536), False) not in line
+    assert chooser.key(own, False) not in line and chooser.key(_call(65536), False) not in line
     assert config_sources(seen=set(chooser.served)) is None
-    harness.print_config_sources(seen={chooser.key(call(65536), False)}, case="a case")
+    harness.print_config_sources(seen={chooser.key(_call(65536), False)}, case="a case")
     harness.print_config_sources(seen=set(chooser.served), case="a case")  # (nothing new: no line)
     assert capsys.readouterr().out == f"  a case: {line}\n"
 
@@ -423,26 +421,24 @@ def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
     real = tuning._nearest
     monkeypatch.setattr(tuning, "_nearest", lambda *args: scans.append(args[0]) or real(*args))
 
-    call = _call
-
-    entries = {chooser.key(call(16384), False): cands[1]}
+    entries = {chooser.key(_call(16384), False): cands[1]}
     monkeypatch.setattr(chooser, "shipped", lambda index: entries)
     monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
     m1, m2 = 5000, 5001
     assert configs.shape_bucket(m1) == configs.shape_bucket(m2) != configs.shape_bucket(16384)
     with settings.override(autotune=False, prefer_pingpong=False):
-        assert chooser._pick(call(m1), None, False) == cands[1]
+        assert chooser._pick(_call(m1), None, False) == cands[1]
         per_key = len(scans)
         assert per_key >= 1
-        assert chooser._pick(call(m2), None, False) == cands[1]
+        assert chooser._pick(_call(m2), None, False) == cands[1]
         assert len(scans) == per_key  # (remembered)
-        assert chooser.served[chooser.key(call(m2), False)] == "nearest entry"
+        assert chooser.served[chooser.key(_call(m2), False)] == "nearest entry"
         chooser.clear()  # (forgets the memo: the entries may have changed)
         entries.clear()
-        assert chooser._pick(call(m2 + 1), None, False) == tuning.rule_config(call(m2 + 1), cands)
+        assert chooser._pick(_call(m2 + 1), None, False) == tuning.rule_config(_call(m2 + 1), cands)
         assert len(scans) == 2 * per_key
         # no entry: remembered as none, the shape rule per count (it reads the exact M)
-        few, many = call(5000, 768), call(6000, 768)
+        few, many = _call(5000, 768), _call(6000, 768)
         assert configs.shape_bucket(few.M) == configs.shape_bucket(many.M)
         assert tuning.rule_config(few, cands) != tuning.rule_config(many, cands)  # (tiles against SMs)
         assert chooser._pick(few, None, False) == tuning.rule_config(few, cands)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import gc
 import json
 import math
 import os
@@ -418,8 +419,6 @@ def cpu_overhead_us(fn, calls: int = 300, collect: bool = True) -> float:
     collector's next full pass, ~0.17 s on a CPU with torch and Triton loaded, due among
     the timed calls) is not charged to them; the collector stays on, so the calls' own
     collections are (NOTES.md, "Session 48")."""
-    import gc
-
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
