@@ -32,7 +32,7 @@ def apply_codetta(model, *, autocast: str | None = None):
     codetta (picked by ``model.config.model_type``; ``codetta.integrations.hf``).
     ``autocast``: what this model does under ``torch.autocast`` to another dtype than its
     parameters' (Hugging Face Trainer's ``bf16=True``): ``"own-forward"`` or ``"cast"``
-    (README, "Mixed precision"); None: the ``CODETTA_AUTOCAST`` setting."""
+    (docs/huggingface.md, "Mixed precision"); None: the ``CODETTA_AUTOCAST`` setting."""
     from .integrations import hf
 
     return hf.apply_codetta(model, autocast=autocast)

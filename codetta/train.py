@@ -10,7 +10,7 @@ and reduces gradients in float32 (``MixedPrecisionPolicy``); DDP and one process
 (``--parallel none``) keep the parameters in ``--dtype`` (as the benchmark does), or with
 ``--amp`` in float32, each forward under ``torch.autocast`` to ``--dtype`` (Hugging Face
 Trainer's ``bf16=True``; fp16 with a ``GradScaler``, as its ``fp16=True``), which codetta
-runs in its cast mode (README, "Mixed precision").
+runs in its cast mode (docs/huggingface.md, "Mixed precision").
 
 Data: a synthetic stream with a learnable rule (``--data synthetic``: over 64 tokens
 in a fixed random order, each token is followed by the next or the one after, at

@@ -321,7 +321,7 @@ def test_sincos_long_positions(approx, device):
     multiply-add (the product unrounded), so both helpers are within 2e-6 of float64's sin
     and cos of the same float32 angle. The interpreter rounds each product: there the
     first constant's product is exact only while j * 201 < 2^24 (``P.sincos``: x below
-    ~131k radians), so this range is the GPU's only (README's numeric limits, NOTES.md)."""
+    ~131k radians), so this range is the GPU's only (docs/huggingface.md's numeric limit, NOTES.md)."""
     g = torch.Generator().manual_seed(1)
     _check_sincos(torch.randint(2**17, 2**22, (8192,), generator=g), (1e4, 1e6), approx, device)
 

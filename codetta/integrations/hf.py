@@ -684,7 +684,8 @@ def _precision_reason(model) -> str | None:
             return (
                 f"{why}, and autocast='own-forward' (apply_codetta's, or CODETTA_AUTOCAST) asks for "
                 f"the model's own forward there; the default, 'cast', runs codetta on the projections "
-                f"cast to {to} over a float32 residual stream, as autocast does (README)"
+                f"cast to {to} over a float32 residual stream, as autocast does "
+                '(docs/huggingface.md, "Mixed precision")'
             )
         if to not in ("bfloat16", "float16"):
             return f"{why}: codetta's cast mode (CODETTA_AUTOCAST=cast, the default) runs bf16 or fp16 only"

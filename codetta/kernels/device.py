@@ -35,7 +35,7 @@ def triton_mismatch(version: str) -> str | None:
         f"codetta's kernels are written and tested for Triton {series}.x, and this is Triton {version} "
         "(the Gluon ping-pong mainloop uses APIs that change between minor versions): they may fail to "
         f"compile or run. PyTorch 2.10 and 2.11 ship with Triton {series}; PyTorch 2.12 pins Triton 3.7 "
-        "and 2.14 Triton 3.8 (README.md, the install notes)"
+        "and 2.14 Triton 3.8 (docs/install.md)"
     )
 
 
