@@ -2,7 +2,7 @@
 table and plot: every case of every input, in order, as one ``Results``.
 
 The device calls of one session often time a benchmark part in several runs (the cases
-that fit one call's time or one GPU's memory together): the README's table of them is
+that fit one call's time or one GPU's memory together): docs/performance.md's table of them is
 this merge. Inputs must share the GPU and the commit (their ratios each come from one run
 of their own; a merged table mixes runs, never GPUs or code). A case in two inputs is
 refused.

@@ -411,7 +411,7 @@ case "${1:-}" in
     esac
     ;;
   24)
-    # (either GPU, the H200 first) the README's model-step tables at this commit with every
+    # (either GPU, the H200 first) the model-step tables (README, docs/performance.md) at this commit with every
     # peer: the last full ones are runs 130-132 and 195-196 (H200, dec19e1 / 6fc6655), some
     # 60 commits ago; the H100 has none with eager and the regional compile. One process per
     # bench, 2 rounds, paired and sustained. PART=1: Llama-3.2-1B (eager, Liger, the regional
@@ -546,7 +546,7 @@ case "${1:-}" in
     # (either GPU) step 30 with right-padded rows (VARLEN_PAD=1: a padding mask, as a loader
     # padding each batch to its longest sequence hands it), where SDPA gets a mask that its
     # flash backend cannot take: the default, cuDNN and memory-efficient backends, whose
-    # per-new-length cost README's advice (flash, or efficient for masked calls) needs.
+    # per-new-length cost docs/usage.md's advice (flash, or efficient for masked calls) needs.
     # Run 302 (34fe55e, an H100): efficient pays nothing per length but its kernels are slower
     # (codetta 203.9 ms at new counts); cuDNN fastest at one count (147), host-bound at new
     # ones (220-242); varlen_step.py now prints medians beside the means
