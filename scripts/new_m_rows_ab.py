@@ -47,8 +47,10 @@ for r in range(ROUNDS):
             us = timed(name, by_value, first)
             first += 1024  # (counts never seen before by any earlier set)
             results.setdefault((name, by_value), []).append(us)
-            print(f"round {r}: {name:11s} {'by value' if by_value else 'by class'}: {us:.0f} us/call", flush=True)
+            way = "by value" if by_value else "by class"
+            print(f"round {r}: {name:11s} {way}: {us:.0f} us/call", flush=True)
 
 print("\nmedian host us/call, a new M each call (collector off):")
 for (name, by_value), v in results.items():
-    print(f"  {name:11s} {'by value (before)' if by_value else 'by class (now)':18s} {statistics.median(v):6.0f}")
+    way = "by value (before)" if by_value else "by class (now)"
+    print(f"  {name:11s} {way:18s} {statistics.median(v):6.0f}")
