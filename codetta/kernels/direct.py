@@ -73,14 +73,11 @@ class DirectKernel:
             self._descs = {i: (m, {}) for i, m in zip(sorted(positions), metas)}
 
     def __call__(self, stream: int, *args) -> None:
-        self.launch_on(self._grid, stream, *args)
-
-    def launch_on(self, grid: tuple, stream: int, *args) -> None:
-        """As a call, on ``grid`` (three dimensions) instead of the one it was bound with."""
         if self._raw is None:
-            self._launch(*grid, stream, self._function, self._meta, None, None, None, *args, *self._tail)
+            g = self._grid
+            self._launch(*g, stream, self._function, self._meta, None, None, None, *args, *self._tail)
             return
-        final = [*grid, stream, self._function, *self._flags, self._meta, None, None, None]
+        final = [*self._grid, stream, self._function, *self._flags, self._meta, None, None, None]
         descs = self._descs
         for i, a in enumerate(args):
             if i in descs:
@@ -141,44 +138,21 @@ def _spec(v):
     return type(v), v
 
 
-def _int_class(v: int) -> tuple:
-    """What Triton 3.6 specializes a plain (not constexpr) int argument on, or finer: equal
-    to 1 (made a constant), divisible by 16, and the integer type its range takes (i32,
-    i64, u64). Two ints of one class launch the same compiled kernel."""
-    return int, v == 1, v % 16 == 0, -(2**31) <= v < 2**31, v < 2**63
-
-
-_CONSTEXPR: dict = {}  # JIT function -> which of its parameters are constexpr (a tuple of bools)
-
-
-def _specs(jit_fn, args: tuple) -> tuple:
-    """Each positional argument's ``_spec``, a plain int parameter's by ``_int_class``
-    instead (so that a new row count binds to the kernel launched before for its class)."""
-    flags = _CONSTEXPR.get(jit_fn)
-    if flags is None:
-        flags = _CONSTEXPR[jit_fn] = tuple(bool(getattr(p, "is_constexpr", True)) for p in jit_fn.params)
-    return tuple(
-        _int_class(v) if type(v) is int and i < len(flags) and not flags[i] else _spec(v)
-        for i, v in enumerate(args)
-    )
-
-
 def launch_jit(jit_fn, grid, args: tuple, kwargs: dict):
     """``jit_fn[grid](*args, **kwargs)`` on CUDA, returning the compiled kernel; a call whose
-    launch signature (the kernel, the grid's rank, the current device, each argument's
-    ``_specs`` and the keyword arguments' values) was seen before skips Triton's binding,
-    specialization and cache lookup (~5 us of a row pass's ~25 us of host time on the H200
-    machine, run 166), and a new row count of a class seen before skips them too."""
+    launch signature (the kernel, grid, current device, each argument's ``_spec`` and the
+    keyword arguments' values) was seen before skips Triton's binding, specialization and
+    cache lookup (~5 us of a row pass's ~25 us of host time on the H200 machine, run 166)."""
     if not usable() or not isinstance(grid, tuple):
         return jit_fn[grid](*args, **kwargs)
     dev = torch._C._cuda_getDevice()
     try:
-        key = (jit_fn, len(grid), dev, *_specs(jit_fn, args), *kwargs.items())
+        key = (jit_fn, grid, dev, *map(_spec, args), *kwargs.items())
         bound = _JIT.get(key)
     except TypeError:  # an unhashable argument: the full path
         return jit_fn[grid](*args, **kwargs)
     if bound is not None:
-        bound.launch_on((*grid, 1, 1)[:3], torch._C._cuda_getCurrentRawStream(dev), *args)
+        bound(torch._C._cuda_getCurrentRawStream(dev), *args)
         return bound.compiled
     compiled = jit_fn[grid](*args, **kwargs)
     tensor_kwarg = any(isinstance(v, torch.Tensor) for v in kwargs.values())  # (would be fixed, and kept)
