@@ -35,6 +35,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 32   # H200: issue 11's cold start and host time per call at this commit
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 33   # K1 at a new M each call: whose Triton cache_key is slow (run 308: none)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 34   # the row passes bound per int class: tests, a new-M A/B (run 316: no gain, reverted)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 35   # issue 11: shipped against tuned here, one part a call (PART=qkv, ce, mlp, norm)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -578,8 +579,21 @@ case "${1:-}" in
     # 359 against 352-387 us a call, no gain past the noise; the change was reverted)
     echo "step 34 ran in run 316 (7ae7993's code, since reverted)" >&2; exit 2
     ;;
+  35)
+    # (an H200 first) issue 11's "shipped within 2 % of fully tuned": each benchmark part
+    # with codetta's A/B variants (the shipped table against keys tuned here, --tuned-ab),
+    # one part a call (PART=qkv, ce, mlp or norm; each ~3-5 min). Last on the H200: runs
+    # 91-93 (44952ee-9e1afaf): plain 1.006, K1 1.008, residual_norm 1.006, mlp 1.001, qkv
+    # 1.021 (1B, host-bound), ce 1.048 (d 4096 forward; its last case cut); every table
+    # re-tuned since. On an H100 it checks that card's own table (a diagnostic)
+    case "${PART:-qkv}" in
+      qkv|ce|mlp) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh "bench:$PART" ;;
+      norm) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:k1,residual_norm ;;
+      *) echo "PART=qkv, ce, mlp or norm" >&2; exit 2 ;;
+    esac
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|34" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|35" >&2
     exit 2
     ;;
 esac
