@@ -46,10 +46,17 @@ def test_help_is_plain_text():
     assert "``" not in proc.stdout and "python -m codetta demo" in proc.stdout
 
 
+def _doc_pages() -> list:
+    """README.md and every page of docs/ (the README's long sections live there)."""
+    docs = os.path.join(ROOT, "docs")
+    return [os.path.join(ROOT, "README.md")] + [
+        os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")
+    ]
+
+
 def test_readme_options_exist():
     """Every ``python -m codetta ...`` option the README and docs/ show is one the CLI takes."""
-    docs = [os.path.join(ROOT, "docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))]
-    text = "\n".join(open(p).read() for p in [os.path.join(ROOT, "README.md")] + docs if p.endswith(".md"))
+    text = "\n".join(open(p).read() for p in _doc_pages())
     uses = re.findall(r"python -m codetta(?: (demo|bench))?((?: --[a-z-]+)*)", text)
     assert uses
     for cmd, opts in uses:
@@ -67,11 +74,8 @@ def test_readme_options_exist():
 def test_doc_links_resolve():
     """Every relative link of the README and docs/ names a file or folder that exists (the
     README's long sections moved to docs/ on 2026-12-07, their links rewritten)."""
-    docs = os.path.join(ROOT, "docs")
-    pages = [os.path.join(ROOT, "README.md")]
-    pages += [os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")]
     checked = 0
-    for page in pages:
+    for page in _doc_pages():
         for target in re.findall(r"\]\(([^)\s]+)\)", open(page).read()):
             if re.match(r"[a-z]+:", target) or target.startswith("#") or target == "...":
                 continue
