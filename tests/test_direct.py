@@ -98,18 +98,6 @@ def test_launch_jit_binds_a_seen_signature(fake_cuda):
     assert fn.calls[-1][:3] == (4, 2, 1)
 
 
-def test_row_pass_at_new_row_counts(device):
-    """The row pass (a real kernel, bound per launch signature on the GPU) at six new row
-    counts of two divisibility classes: every output equals float64's sum of its row."""
-    from codetta.kernels.reductions import row_finish
-
-    for m in (100, 116, 132, 112, 176, 85):  # (not divisible by 16 but 112 and 176)
-        parts = torch.randn(m, 5, device=device)
-        out = torch.full((m,), float("nan"), device=device)
-        row_finish(parts, out)
-        assert torch.allclose(out.double(), parts.double().sum(1), rtol=1e-6, atol=1e-6), m
-
-
 def test_launch_jit_takes_the_full_path_for_hooks_and_unhashables(fake_cuda):
     from triton import knobs
 

@@ -484,6 +484,14 @@ def test_row_finish(M, T, path, device):
         _check_row_finish(M, T, device)
 
 
+def test_row_finish_at_new_row_counts(device):
+    """The row finish at six row counts in a row, each new to the process (on the GPU each
+    launch signature binds its own direct launch, ``direct.launch_jit``), of both
+    divisibility-by-16 classes Triton specializes an int on: every result as above."""
+    for M in (100, 116, 132, 112, 176, 85):
+        _check_row_finish(M, 5, device)
+
+
 def _check_row_finish(M, T, device):
     from codetta.kernels.reductions import row_finish
 
