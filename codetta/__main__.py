@@ -73,11 +73,17 @@ def _bench(args) -> int:
         elif part == "ce":
             from codetta.bench import ce
 
-            ce.run(args.out)
+            ce.run(args.out, cases=tuple(ce.CASES[CE_CASE_NAMES.index(c)] for c in args.ce_cases))
         else:
             foundation.run(args.out, parts=[part])
         harness.save_ab_caches(args.out)  # (after each part: a run cut short keeps its picks)
     return 0
+
+
+# the ce part's cases by name, TOKENSxDxV (bench/ce.py's CASES; listed here so that the parser
+# needs no import of the bench)
+CE_CASE_NAMES = ("8192x2048x128256", "16384x2048x128256", "8192x4096x128256", "16384x4096x128256",
+                 "16384x4096x262144")  # fmt: skip
 
 
 # the operator parts' own variant names, beside the model part's (bench/model.py)
@@ -174,6 +180,13 @@ def main(argv=None) -> int:
         choices=["1B", "8B", "qwen3-8B", "1B-pairs", "8B-pairs"],
         help="qkv part: which cases (the *-pairs ones rotate in the interleaved-pairs convention, "
         "RoPE(interleaved=True))",
+    )
+    b.add_argument(
+        "--ce-cases",
+        nargs="+",
+        default=list(CE_CASE_NAMES),
+        choices=list(CE_CASE_NAMES),
+        help="ce part: which cases, as tokens x model width x vocabulary",
     )
     b.add_argument(
         "--settle-ms",

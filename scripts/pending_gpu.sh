@@ -582,14 +582,17 @@ case "${1:-}" in
   35)
     # (an H200 first) issue 11's "shipped within 2 % of fully tuned": each benchmark part
     # with codetta's A/B variants (the shipped table against keys tuned here, --tuned-ab),
-    # one part a call (PART=qkv, ce, mlp or norm; each ~3-5 min). Last on the H200: runs
+    # one part a call (PART=qkv, ce, ce-262k, mlp or norm; each ~3-5 min). Last on the H200: runs
     # 91-93 (44952ee-9e1afaf): plain 1.006, K1 1.008, residual_norm 1.006, mlp 1.001, qkv
     # 1.021 (1B, host-bound), ce 1.048 (d 4096 forward; its last case cut); every table
     # re-tuned since. On an H100 it checks that card's own table (a diagnostic)
     case "${PART:-qkv}" in
       qkv|ce|mlp) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh "bench:$PART" ;;
+      # (run 317 on an H100 cut ce's fifth case, V 262144, while tuning: alone here)
+      ce-262k) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab --ce-cases 16384x4096x262144" \
+        bash scripts/gpu_call.sh bench:ce ;;
       norm) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:k1,residual_norm ;;
-      *) echo "PART=qkv, ce, mlp or norm" >&2; exit 2 ;;
+      *) echo "PART=qkv, ce, ce-262k, mlp or norm" >&2; exit 2 ;;
     esac
     ;;
   *)

@@ -255,6 +255,10 @@ def test_ce_part_on_cpu():
     from codetta.bench.model import ALL_VARIANTS
 
     assert set(ce.CODETTA_VARIANTS) <= set(PART_VARIANTS) | set(ALL_VARIANTS)
+    # and every case by its name (--ce-cases), in the order of ce.CASES
+    from codetta.__main__ import CE_CASE_NAMES
+
+    assert CE_CASE_NAMES == tuple("x".join(map(str, c)) for c in ce.CASES)
     assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
 
 
