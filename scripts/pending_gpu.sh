@@ -582,8 +582,8 @@ case "${1:-}" in
   35)
     # (an H200 first) issue 11's "shipped within 2 % of fully tuned": each benchmark part
     # with codetta's A/B variants (the shipped table against keys tuned here, --tuned-ab),
-    # one part a call (PART=qkv, ce, ce-262k, mlp or norm; each ~3-5 min). Last on the H200: runs
-    # 91-93 (44952ee-9e1afaf): plain 1.006, K1 1.008, residual_norm 1.006, mlp 1.001, qkv
+    # one part a call (PART=qkv, ce, ce-262k, mlp, norm or plain; each ~3-5 min). Last on the
+    # H200: runs 91-93 (44952ee-9e1afaf): plain 1.006, K1 1.008, residual_norm 1.006, mlp 1.001, qkv
     # 1.021 (1B, host-bound), ce 1.048 (d 4096 forward; its last case cut); every table
     # re-tuned since. On an H100 it checks that card's own table (a diagnostic)
     case "${PART:-qkv}" in
@@ -592,7 +592,8 @@ case "${1:-}" in
       ce-262k) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab --ce-cases 16384x4096x262144" \
         bash scripts/gpu_call.sh bench:ce ;;
       norm) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:k1,residual_norm ;;
-      *) echo "PART=qkv, ce, ce-262k, mlp or norm" >&2; exit 2 ;;
+      plain) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:plain,backward ;;
+      *) echo "PART=qkv, ce, ce-262k, mlp, norm or plain" >&2; exit 2 ;;
     esac
     ;;
   *)
