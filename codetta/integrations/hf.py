@@ -1124,8 +1124,11 @@ def _read_mask_params() -> None:
 def _mask_args(fn, **args) -> dict:
     """``args`` for transformers' mask builders, with no cache under the name this version
     uses (``cache`` since 5.2x, ``past_key_values`` before, which also took ``cache_position``;
-    5.25 takes both, and warns when both are given)."""
+    5.25 takes both, and warns when both are given), and the embeddings under this version's
+    name for them (``input_embeds`` in 5.0 and 5.1, ``inputs_embeds`` from 5.2)."""
     params = _mask_params(fn)
+    if "inputs_embeds" not in params and "input_embeds" in params:
+        args["input_embeds"] = args["inputs_embeds"]
     for name in ("cache", "past_key_values"):
         if name in params:
             args[name] = None
@@ -1181,7 +1184,11 @@ def _attention(attn, q, k, v, position_embeddings, mask, config, rotated=False, 
     if not rotated:
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
+    impl = config._attn_implementation
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # (5.1 on)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+    else:  # (5.0: the models' own lookup)
+        interface = eager_attention_forward if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
     extra = {}
     if hasattr(attn, "sliding_window"):
         extra["sliding_window"] = attn.sliding_window
