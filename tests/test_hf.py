@@ -146,9 +146,10 @@ def test_mask_builders_of_transformers_5_0(monkeypatch):
         def builder(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):
             assert past_key_values is None and cache_position.shape == (input_embeds.shape[1],)
             called.append(fn.__name__)
-            kw = {"cache": None} if "cache" in params else {}
-            return fn(config=config, inputs_embeds=input_embeds, attention_mask=attention_mask,
-                      position_ids=position_ids, **kw)  # fmt: skip
+            kw = dict(config=config, attention_mask=attention_mask, position_ids=position_ids, cache=None,
+                      inputs_embeds=input_embeds, input_embeds=input_embeds, cache_position=cache_position,
+                      past_key_values=past_key_values)  # fmt: skip
+            return fn(**{k: v for k, v in kw.items() if k in params})  # (as the installed version names them)
 
         return builder
 
