@@ -453,14 +453,13 @@ def test_patched_model_pickles_copies_and_replicates():
     so a pickled (or torch.save'd) one loads back patched, and a shallow copy or
     nn.DataParallel's replica runs on its own parameters (a bound method on the instance
     named the original model: loading failed, and a replica ran the original's forward)."""
-    import inspect
     import pickle
 
     kw = _inputs("plain")
     model = _model("llama", False)
     try:
         pickle.dumps(model)
-    except (AttributeError, pickle.PicklingError) as exc:  # (transformers 5.0 with the kernels package)
+    except (AttributeError, pickle.PicklingError) as exc:  # (kernels 0.11 under transformers 5.0-5.10)
         pytest.skip(f"this transformers' own model does not pickle: {exc}")
     signature = inspect.signature(model.forward)  # (Trainer keeps the dataset columns it names)
     codetta.apply_codetta(model)
