@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from codetta.bench.ce import CASES as CE_CASES
+
 
 def _demo(args) -> int:
     import torch
@@ -73,17 +75,15 @@ def _bench(args) -> int:
         elif part == "ce":
             from codetta.bench import ce
 
-            ce.run(args.out, cases=tuple(ce.CASES[CE_CASE_NAMES.index(c)] for c in args.ce_cases))
+            ce.run(args.out, cases=tuple(CE_CASES[CE_CASE_NAMES.index(c)] for c in args.ce_cases))
         else:
             foundation.run(args.out, parts=[part])
         harness.save_ab_caches(args.out)  # (after each part: a run cut short keeps its picks)
     return 0
 
 
-# the ce part's cases by name, TOKENSxDxV (bench/ce.py's CASES; listed here so that the parser
-# needs no import of the bench)
-CE_CASE_NAMES = ("8192x2048x128256", "16384x2048x128256", "8192x4096x128256", "16384x4096x128256",
-                 "16384x4096x262144")  # fmt: skip
+# the ce part's cases by name, TOKENSxDxV (bench/ce.py's CASES; main() imports the bench anyway)
+CE_CASE_NAMES = tuple("x".join(map(str, case)) for case in CE_CASES)
 
 
 # the operator parts' own variant names, beside the model part's (bench/model.py)

@@ -35,7 +35,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 32   # H200: issue 11's cold start and host time per call at this commit
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 33   # K1 at a new M each call: whose Triton cache_key is slow (run 308: none)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 34   # the row passes bound per int class: tests, a new-M A/B (run 316: no gain, reverted)
-#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 35   # issue 11: shipped against tuned here, one part a call (PART=qkv, ce, mlp, norm)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 35   # issue 11: shipped against tuned here, one part a call (PART=qkv, ce, ce-262k, mlp, norm, plain)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
