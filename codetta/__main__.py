@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from codetta.bench.ce import CASES as CE_CASES
@@ -55,6 +56,22 @@ def _bench(args) -> int:
         return 2
     harness.OPTIONS.tune_methods = tuple(args.tune_methods or ())
 
+    # a run cut short by `timeout` (SIGTERM) still hands back the picks of its part in
+    # progress: the signal becomes SystemExit, so the finally below copies the caches
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        _bench_parts(args, harness, foundation, residual_norm)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        harness.save_ab_caches(args.out)
+    return 0
+
+
+def _exit_on_term(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _bench_parts(args, harness, foundation, residual_norm) -> None:
     for part in args.parts:  # in the order given
         if part == "model":
             from codetta.bench import model
@@ -78,8 +95,7 @@ def _bench(args) -> int:
             ce.run(args.out, cases=tuple(CE_CASES[CE_CASE_NAMES.index(c)] for c in args.ce_cases))
         else:
             foundation.run(args.out, parts=[part])
-        harness.save_ab_caches(args.out)  # (after each part: a run cut short keeps its picks)
-    return 0
+        harness.save_ab_caches(args.out)  # (after each part too: a run killed outright keeps them)
 
 
 # the ce part's cases by name, TOKENSxDxV (bench/ce.py's CASES; main() imports the bench anyway)

@@ -4,7 +4,14 @@ The cache: ``bench --tuned-ab``'s ``<out>/ab-tuned/<variant>.json`` (each tuned 
 variant's picks, brought back with the results) or a user cache (``tuning.json``).
 Its entries replace the table's under the same keys, and leave its pending list.
 
-Usage (repo root): python scripts/merge_tuned.py TABLE CACHE [--tail] [--only SUBSTR ...] [--dry-run]
+Usage (repo root): python scripts/merge_tuned.py TABLE CACHE [--tail] [--only SUBSTR ...] [--new-only]
+                   [--dry-run]
+                   python scripts/merge_tuned.py TABLE --from-log LOG [...]
+
+``--from-log``: the picks come from a run's log instead, its "codetta: tuned KEY: CONFIG"
+lines (a run cut short before its cache was copied; the log must name the table's GPU
+and Triton minor version). A portable pick stands for its "|no-pingpong" twin key too,
+as the tuner's own would (``tuning.Chooser.picks``); a ping-pong pick for its key alone.
 
 An entry is merged only where the launcher would use it: its key names a program
 codetta has (its body's source hash too) and its configuration is among that program's
@@ -20,11 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 
-def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=()) -> tuple[dict, list, list]:
-    """(the merged table, [(key, old, new) changed], [(key, why) skipped])."""
+def merge(
+    table: dict, cache: dict, programs: dict, tail: bool = False, only=(), new_only: bool = False
+) -> tuple[dict, list, list]:
+    """(the merged table, [(key, old, new) changed], [(key, why) skipped]). ``new_only``:
+    add the keys the table lacks, leave its own entries as they are (and the "|no-pingpong"
+    twin of a key it has: the pair is the table's)."""
     from codetta.kernels.configs import config_from_dict
     from codetta.kernels.settings import override
     from codetta.kernels.tuning import CACHE_FORMAT
@@ -43,6 +55,8 @@ def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=())
     with override(tail_launch=tail):
         for key, raw in sorted(cache.get("entries", {}).items()):
             if only and not any(s in key for s in only):
+                continue
+            if new_only and (key in table["entries"] or key.removesuffix("|no-pingpong") in table["entries"]):
                 continue
             cfg = config_from_dict(raw)
             program = programs.get(key.partition("|")[0])
@@ -65,22 +79,63 @@ def merge(table: dict, cache: dict, programs: dict, tail: bool = False, only=())
     return out, changed, skipped
 
 
+def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
+    """A cache (the tuner's format) of the picks a log's "codetta: tuned KEY: CONFIG (..."
+    lines name. ``identity``: the table's; the log must name its GPU and Triton minor
+    version (the env lines every device call prints), or ValueError."""
+    import re
+
+    from codetta.kernels.settings import override
+    from codetta.kernels.tuning import CACHE_FORMAT, program_candidates
+
+    triton = ".".join(str(identity["triton"]).split(".")[:2])
+    if identity["gpu"] not in text or not re.search(rf"triton {re.escape(triton)}(\.|\b)", text):
+        raise ValueError(f"the log does not name {identity['gpu']} and Triton {triton}")
+    entries = {}
+    for key, short in re.findall(r"^codetta: tuned (\S+): (\S+) \(", text, re.MULTILINE):
+        program = programs.get(key.partition("|")[0])
+        if program is None:
+            continue  # (merge() reports the keys it cannot place; here there is no config)
+        pp = not key.endswith("|no-pingpong")
+        cands = []
+        for tail in (False, True):
+            with override(tail_launch=tail):
+                cands += program_candidates(program, pp)
+        cfg = next((c for c in cands if c.short() == short), None)
+        if cfg is None:
+            raise ValueError(f"{key}: {short} is none of its program's configurations")
+        entries[key] = asdict(cfg)
+        if pp and not cfg.pingpong:
+            entries[key + "|no-pingpong"] = asdict(cfg)
+    return {"format": CACHE_FORMAT, "identity": dict(identity), "entries": entries}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", type=Path)
-    p.add_argument("cache", type=Path)
+    p.add_argument("cache", type=Path, nargs="?")
+    p.add_argument("--from-log", type=Path, help="the picks of a run's log (its 'codetta: tuned' lines)")
     p.add_argument(
         "--tail", action="store_true", help="check against the candidates of CODETTA_TAIL_LAUNCH=1"
     )
     p.add_argument("--only", nargs="+", default=(), help="merge only keys containing one of these")
+    p.add_argument("--new-only", action="store_true", help="add the keys the table lacks, change none")
     p.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     args = p.parse_args(argv)
     from codetta.kernels.configs import config_from_dict
     from codetta.tune import known_programs
 
-    table, cache = json.loads(args.table.read_text()), json.loads(args.cache.read_text())
+    if (args.cache is None) == (args.from_log is None):
+        p.error("give a CACHE or --from-log LOG, not both")
+    table = json.loads(args.table.read_text())
     try:
-        out, changed, skipped = merge(table, cache, known_programs(), tail=args.tail, only=args.only)
+        if args.from_log is None:
+            cache = json.loads(args.cache.read_text())
+        else:
+            cache = cache_from_log(args.from_log.read_text(), table["identity"], known_programs())
+        out, changed, skipped = merge(
+            table, cache, known_programs(), tail=args.tail, only=args.only, new_only=args.new_only
+        )
     except ValueError as exc:
         print(f"merge_tuned: {exc}", file=sys.stderr)
         return 2

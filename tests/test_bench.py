@@ -590,6 +590,33 @@ def test_ab_caches_come_back(tmp_path):
     assert not (tmp_path / "ab-tuned" / "shipped.json").exists()
 
 
+def test_ab_caches_come_back_from_a_run_cut_short(tmp_path, monkeypatch):
+    """bench --tuned-ab cut by `timeout` (SIGTERM) in the middle of a part: the picks that
+    part had tuned still come back, and the signal's handler is put back afterwards."""
+    import os
+    import signal
+
+    from codetta.__main__ import main
+    from codetta.bench import foundation, harness
+
+    def cut_short(out, parts):
+        cache = harness.ab_settings("tuned")["cache_dir"] / "tuning.json"
+        cache.write_text('{"format": 3, "picked": "' + parts[0] + '"}')
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the part")
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(foundation, "run", cut_short)
+    monkeypatch.setattr(harness, "OPTIONS", harness.Options())
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--tuned-ab", "--parts", "plain", "backward", "--out", str(tmp_path)])
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+    saved = tmp_path / "ab-tuned" / "tuned.json"
+    assert saved.read_text() == '{"format": 3, "picked": "plain"}'
+
+
 def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     """torch.compile:regional compiles each decoder layer and the loss, not the whole
     model: its step matches eager's, and the layers get no materialized mask (Hugging

@@ -585,6 +585,54 @@ def test_merge_tuned_picks(tmp_path):
     assert json.loads(paths[0].read_text())["entries"][key] == asdict(other)
 
 
+def test_merge_tuned_from_a_log(tmp_path):
+    """scripts/merge_tuned.py --from-log: a run's "codetta: tuned KEY: CONFIG" lines become
+    picks (a portable one for its "|no-pingpong" twin too, a ping-pong one for its key
+    alone); a log of another GPU or Triton, or a configuration no program has, is refused;
+    --new-only adds the keys the table lacks and leaves the table's own pairs as they are."""
+    mt = load_script("merge_tuned")
+    programs = tune.known_programs()
+    ident = {"gpu": "NVIDIA H200", "triton": "3.6.0", "capability": [9, 0], "num_sms": 132}
+    name = f"store@{STORE.source_key}"
+    portable, pingpong = TRITON.candidates(STORE)[-1], PINGPONG.candidates(STORE)[0]
+    keys = [f"{name}|bfloat16|nn|16384|2048|{k}" for k in (2048, 4096, 8192)]
+    log = (
+        "NVIDIA H200, 580.1, 345 MHz\ntorch 2.11.0 triton 3.6.0\n"
+        f"codetta: tuning {keys[0]} over 11 configs ...\n"
+        f"codetta: tuned {keys[0]}: {portable.short()} (0.2 ms; host s: ...)\n"
+        f"codetta: tuned {keys[1]}: {pingpong.short()} (0.3 ms; host s: ...)\n"
+        f"codetta: tuned {keys[2]}: {portable.short()} (0.4 ms; host s: ...)\n"
+        "codetta: tuned gone@0123456789|bfloat16|nn|1|1|1: 128x256x64/s3w8e2g8 (0.1 ms)\n"
+    )
+    cache = mt.cache_from_log(log, ident, programs)
+    assert cache["identity"] == ident and cache["format"] == tuning.CACHE_FORMAT
+    assert cache["entries"] == {
+        keys[0]: asdict(portable), keys[0] + "|no-pingpong": asdict(portable),
+        keys[1]: asdict(pingpong),
+        keys[2]: asdict(portable), keys[2] + "|no-pingpong": asdict(portable),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="NVIDIA H100"):
+        mt.cache_from_log(log, {**ident, "gpu": "NVIDIA H100"}, programs)
+    with pytest.raises(ValueError, match="Triton 3.7"):
+        mt.cache_from_log(log, {**ident, "triton": "3.7.0"}, programs)
+    with pytest.raises(ValueError, match="none of its program"):
+        mt.cache_from_log(log.replace(portable.short(), "512x512x64/s3w8e2g8"), ident, programs)
+    other = next(c for c in TRITON.candidates(STORE) if c != portable)
+    table = {"format": tuning.CACHE_FORMAT, "identity": ident, "entries": {keys[2]: asdict(other)}}
+    out, changed, _ = mt.merge(table, cache, programs, new_only=True)
+    assert sorted(k for k, _, _ in changed) == sorted([keys[0], keys[0] + "|no-pingpong", keys[1]])
+    assert out["entries"][keys[2]] == asdict(other) and keys[2] + "|no-pingpong" not in out["entries"]
+    out, changed, _ = mt.merge(table, cache, programs)
+    assert out["entries"][keys[2]] == asdict(portable) and len(changed) == 5
+    paths = tmp_path / "table.json", tmp_path / "log.txt"
+    paths[0].write_text(json.dumps(table))
+    paths[1].write_text(log)
+    assert mt.main([str(paths[0]), "--from-log", str(paths[1]), "--new-only"]) == 0
+    assert json.loads(paths[0].read_text())["entries"][keys[1]] == asdict(pingpong)
+    with pytest.raises(SystemExit):
+        mt.main([str(paths[0])])  # (a cache or a log)
+
+
 def test_table_ab_cache_holds_the_differing_picks(monkeypatch):
     """scripts/table_ab.py: the earlier table's variant gets a tuning cache of the entries
     that differ from the shipped table's (the cache is asked first, so those keys run the
