@@ -353,6 +353,35 @@ def test_bias_programs_take_their_siblings_tuned_configs(monkeypatch):
         assert chooser.untuned(call, True, cands) == cands[-1]
 
 
+def test_an_untuned_layout_takes_another_layouts_entry(monkeypatch):
+    """A call whose layout has no entry at all for its program (the plain GEMM in layout nn,
+    which no model step runs: run 323) takes the nearest entry of the program's other
+    layouts, not the shape rule; an entry of its own layout, however far, still wins, and
+    with no entry in any layout the shape rule serves."""
+    import types
+
+    chooser = tuning.Chooser()
+    cands = TRITON.candidates(STORE) + PINGPONG.candidates(STORE)
+    call = _call(N=16384, K=2048, program=STORE)  # (layout nn)
+    rule = tuning.rule_config(call, cands)
+    nt = next(c for c in cands if c != rule)
+    tt = next(c for c in cands if c not in (rule, nt))
+    own_far = next(c for c in cands if c not in (rule, nt, tt))
+
+    def key(c, a_t, b_t, M=call.M):
+        return chooser.key(types.SimpleNamespace(**{**vars(c), "a_t": a_t, "b_t": b_t, "M": M}), True)
+
+    entries = {key(call, False, True): nt, key(call, True, True, M=65536): tt}
+    monkeypatch.setattr(chooser, "shipped", lambda index: entries)
+    monkeypatch.setattr(chooser, "cache", lambda index: types.SimpleNamespace(entries={}))
+    with settings.override(prefer_pingpong=False):
+        assert chooser.untuned(call, True, cands) == nt  # (the nearer of the two other layouts)
+        entries[key(call, False, False, M=256)] = own_far
+        assert chooser.untuned(call, True, cands) == own_far
+        entries.clear()
+        assert chooser.untuned(call, True, cands) == rule
+
+
 def test_chooser_records_where_each_pick_came_from(monkeypatch, capsys):
     """``Chooser.served``: per key, where its configuration came from (its GPU's own table,
     another GPU's, tuning now, the nearest entry, the shape rule), and the benchmark's line
@@ -436,14 +465,15 @@ def test_the_nearest_entry_is_looked_up_once_per_tuning_key(monkeypatch):
         chooser.clear()  # (forgets the memo: the entries may have changed)
         entries.clear()
         assert chooser._pick(_call(m2 + 1), None, False) == tuning.rule_config(_call(m2 + 1), cands)
-        assert len(scans) == 2 * per_key
+        empty = len(scans) - per_key  # (no entry in the call's layout: the other layouts too)
+        assert empty >= per_key
         # no entry: remembered as none, the shape rule per count (it reads the exact M)
         few, many = _call(5000, 768), _call(6000, 768)
         assert configs.shape_bucket(few.M) == configs.shape_bucket(many.M)
         assert tuning.rule_config(few, cands) != tuning.rule_config(many, cands)  # (tiles against SMs)
         assert chooser._pick(few, None, False) == tuning.rule_config(few, cands)
         assert chooser._pick(many, None, False) == tuning.rule_config(many, cands)
-        assert len(scans) == 3 * per_key
+        assert len(scans) == per_key + 2 * empty
 
 
 def test_a_tuning_forgets_the_remembered_nearest_entries(monkeypatch, tmp_path):
