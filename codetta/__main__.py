@@ -36,7 +36,7 @@ def _bench(args) -> int:
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU; on a CPU run `python -m codetta demo`", file=sys.stderr)
         return 2
-    from codetta.bench import foundation, harness, residual_norm
+    from codetta.bench import harness
 
     harness.OPTIONS.tuned_ab = args.tuned_ab
     harness.OPTIONS.variants = tuple(args.variants) if args.variants else None
@@ -60,7 +60,7 @@ def _bench(args) -> int:
     # progress: the signal becomes SystemExit, so the finally below copies the caches
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
-        _bench_parts(args, harness, foundation, residual_norm)
+        _bench_parts(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
         harness.save_ab_caches(args.out)
@@ -71,7 +71,9 @@ def _exit_on_term(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _bench_parts(args, harness, foundation, residual_norm) -> None:
+def _bench_parts(args) -> None:
+    from codetta.bench import foundation, harness, residual_norm
+
     for part in args.parts:  # in the order given
         if part == "model":
             from codetta.bench import model

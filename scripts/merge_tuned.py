@@ -95,7 +95,7 @@ def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
     for key, short in re.findall(r"^codetta: tuned (\S+): (\S+) \(", text, re.MULTILINE):
         program = programs.get(key.partition("|")[0])
         if program is None:
-            continue  # (merge() reports the keys it cannot place; here there is no config)
+            continue  # (a program codetta no longer has: no configurations to read the line by; left out)
         pp = not key.endswith("|no-pingpong")
         cands = []
         for tail in (False, True):
