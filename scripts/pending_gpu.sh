@@ -587,8 +587,11 @@ case "${1:-}" in
     # 1.021 (1B, host-bound), ce 1.048 (d 4096 forward; its last case cut); every table
     # re-tuned since. On an H100 it checks that card's own table (a diagnostic)
     case "${PART:-qkv}" in
-      qkv|ce|mlp) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh "bench:$PART" ;;
-      # (run 317 on an H100 cut ce's fifth case, V 262144, while tuning: alone here)
+      qkv|mlp) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh "bench:$PART" ;;
+      # (runs 317 and 330 on an H100 ran into the limit in ce's fifth case, V 262144: that
+      # case is PART=ce-262k alone, the other four here)
+      ce) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab --ce-cases 8192x2048x128256 16384x2048x128256 8192x4096x128256 16384x4096x128256" \
+        bash scripts/gpu_call.sh bench:ce ;;
       ce-262k) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab --ce-cases 16384x4096x262144" \
         bash scripts/gpu_call.sh bench:ce ;;
       norm) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:k1,residual_norm ;;

@@ -255,10 +255,6 @@ def test_ce_part_on_cpu():
     from codetta.bench.model import ALL_VARIANTS
 
     assert set(ce.CODETTA_VARIANTS) <= set(PART_VARIANTS) | set(ALL_VARIANTS)
-    # and every case by its name (--ce-cases), in the order of ce.CASES
-    from codetta.__main__ import CE_CASE_NAMES
-
-    assert CE_CASE_NAMES == tuple("x".join(map(str, c)) for c in ce.CASES)
     assert ce.cublas_gemms(p, backward=True)()[1].shape == (200, 32)
 
 
@@ -615,6 +611,35 @@ def test_ab_caches_come_back_from_a_run_cut_short(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is before
     saved = tmp_path / "ab-tuned" / "tuned.json"
     assert saved.read_text() == '{"format": 3, "picked": "plain"}'
+
+
+def test_ce_cases_reach_the_part_in_the_order_given(monkeypatch, tmp_path):
+    """`--ce-cases` names cases as TOKENSxDxV: the ce part gets exactly those shapes, in
+    the order given, and a name that is no case is refused by the parser."""
+    from codetta.__main__ import main
+    from codetta.bench import ce, harness
+
+    got = []
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(ce, "run", lambda out, cases: got.append(cases))
+    monkeypatch.setattr(harness, "OPTIONS", harness.Options())
+    argv = ["bench", "--parts", "ce", "--out", str(tmp_path), "--ce-cases"]
+    assert main([*argv, "16384x4096x262144", "8192x2048x128256"]) == 0
+    assert got == [((16384, 4096, 262144), (8192, 2048, 128256))]
+    got.clear()
+    assert main(argv[:-1]) == 0  # (every case by default)
+    assert got == [tuple(ce.CASES)] and len(ce.CASES) == 5
+    with pytest.raises(SystemExit):
+        main([*argv, "16384x4096x1000"])
+    # (the GPU scripts' case names too: a bad one would cost a device call)
+    import pathlib
+    import re
+
+    from codetta.__main__ import CE_CASE_NAMES
+
+    script = (pathlib.Path(__file__).parents[1] / "scripts" / "pending_gpu.sh").read_text()
+    named = [n for m in re.findall(r"--ce-cases ([0-9x ]+)", script) for n in m.split()]
+    assert named and set(named) <= set(CE_CASE_NAMES)
 
 
 def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
