@@ -61,7 +61,7 @@ def merge(
             cfg = config_from_dict(raw)
             program = programs.get(key.partition("|")[0])
             if program is None:
-                skipped.append((key, "not a program codetta knows (an edited body, or gone)"))
+                skipped.append((key, GONE))
                 continue
             if not entry_usable(program, cfg, not key.endswith("|no-pingpong")):
                 skipped.append(
@@ -79,10 +79,15 @@ def merge(
     return out, changed, skipped
 
 
+GONE = "not a program codetta knows (an edited body, or gone)"
+
+
 def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
     """A cache (the tuner's format) of the picks a log's "codetta: tuned KEY: CONFIG (..."
     lines name. ``identity``: the table's; the log must name its GPU and Triton minor
-    version (the env lines every device call prints), or ValueError."""
+    version (the env lines every device call prints), or ValueError. The keys of programs
+    codetta no longer has (no configurations to read their lines by) are listed under
+    "left_out", which ``main`` reports as skipped."""
     import re
 
     from codetta.kernels.settings import override
@@ -91,11 +96,12 @@ def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
     triton = ".".join(str(identity["triton"]).split(".")[:2])
     if identity["gpu"] not in text or not re.search(rf"triton {re.escape(triton)}(\.|\b)", text):
         raise ValueError(f"the log does not name {identity['gpu']} and Triton {triton}")
-    entries = {}
+    entries, left_out = {}, []
     for key, short in re.findall(r"^codetta: tuned (\S+): (\S+) \(", text, re.MULTILINE):
         program = programs.get(key.partition("|")[0])
         if program is None:
-            continue  # (a program codetta no longer has: no configurations to read the line by; left out)
+            left_out.append(key)
+            continue
         pp = not key.endswith("|no-pingpong")
         cands = []
         for tail in (False, True):
@@ -107,7 +113,7 @@ def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
         entries[key] = asdict(cfg)
         if pp and not cfg.pingpong:
             entries[key + "|no-pingpong"] = asdict(cfg)
-    return {"format": CACHE_FORMAT, "identity": dict(identity), "entries": entries}
+    return {"format": CACHE_FORMAT, "identity": dict(identity), "entries": entries, "left_out": left_out}
 
 
 def main(argv=None) -> int:
@@ -142,6 +148,7 @@ def main(argv=None) -> int:
     for key, old, new in changed:
         was = config_from_dict(old).short() if old else "(none)"
         print(f"  {key}: {was} -> {config_from_dict(new).short()}")
+    skipped = [(k, GONE) for k in cache.get("left_out", ())] + skipped  # (a log's lines of such programs)
     for key, why in skipped:
         print(f"  skipped {key}: {why}")
     print(f"{len(changed)} entries changed, {len(skipped)} skipped" + (" (dry run)" if args.dry_run else ""))

@@ -615,7 +615,7 @@ def test_merge_tuned_picks(tmp_path):
     assert json.loads(paths[0].read_text())["entries"][key] == asdict(other)
 
 
-def test_merge_tuned_from_a_log(tmp_path):
+def test_merge_tuned_from_a_log(tmp_path, capsys):
     """scripts/merge_tuned.py --from-log: a run's "codetta: tuned KEY: CONFIG" lines become
     picks (a portable one for its "|no-pingpong" twin too, a ping-pong one for its key
     alone); a log of another GPU or Triton, or a configuration no program has, is refused;
@@ -636,6 +636,7 @@ def test_merge_tuned_from_a_log(tmp_path):
     )
     cache = mt.cache_from_log(log, ident, programs)
     assert cache["identity"] == ident and cache["format"] == tuning.CACHE_FORMAT
+    assert cache["left_out"] == ["gone@0123456789|bfloat16|nn|1|1|1"]
     assert cache["entries"] == {
         keys[0]: asdict(portable), keys[0] + "|no-pingpong": asdict(portable),
         keys[1]: asdict(pingpong),
@@ -659,6 +660,8 @@ def test_merge_tuned_from_a_log(tmp_path):
     paths[1].write_text(log)
     assert mt.main([str(paths[0]), "--from-log", str(paths[1]), "--new-only"]) == 0
     assert json.loads(paths[0].read_text())["entries"][keys[1]] == asdict(pingpong)
+    said = capsys.readouterr().out  # (the line of a program codetta lacks is reported, not lost)
+    assert "skipped gone@0123456789|bfloat16|nn|1|1|1: not a program" in said and "1 skipped" in said
     with pytest.raises(SystemExit):
         mt.main([str(paths[0])])  # (a cache or a log)
 
