@@ -30,6 +30,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+# why an entry of a program codetta lacks is skipped (a cache's entry, a log's line)
+GONE = "not a program codetta knows (an edited body, or gone)"
+
 
 def merge(
     table: dict, cache: dict, programs: dict, tail: bool = False, only=(), new_only: bool = False
@@ -77,9 +80,6 @@ def merge(
     if "pending" in table:
         out["pending"] = sorted(set(table["pending"]) - set(entries))
     return out, changed, skipped
-
-
-GONE = "not a program codetta knows (an edited body, or gone)"
 
 
 def cache_from_log(text: str, identity: dict, programs: dict) -> dict:
