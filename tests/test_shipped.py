@@ -619,7 +619,8 @@ def test_merge_tuned_from_a_log(tmp_path, capsys):
     """scripts/merge_tuned.py --from-log: a run's "codetta: tuned KEY: CONFIG" lines become
     picks (a portable one for its "|no-pingpong" twin too, a ping-pong one for its key
     alone); a log of another GPU or Triton, or a configuration no program has, is refused;
-    --new-only adds the keys the table lacks and leaves the table's own pairs as they are."""
+    a line of a program codetta lacks is reported as skipped; --new-only adds the keys the
+    table lacks and leaves the table's own pairs as they are."""
     mt = load_script("merge_tuned")
     programs = tune.known_programs()
     ident = {"gpu": "NVIDIA H200", "triton": "3.6.0", "capability": [9, 0], "num_sms": 132}
