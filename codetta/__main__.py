@@ -94,14 +94,14 @@ def _bench_parts(args) -> None:
         elif part == "ce":
             from codetta.bench import ce
 
-            ce.run(args.out, cases=tuple(CE_CASES[CE_CASE_NAMES.index(c)] for c in args.ce_cases))
+            ce.run(args.out, cases=tuple(CE_CASES_BY_NAME[c] for c in args.ce_cases))
         else:
             foundation.run(args.out, parts=[part])
         harness.save_ab_caches(args.out)  # (after each part too: a run killed outright keeps them)
 
 
-# the ce part's cases by name, TOKENSxDxV (bench/ce.py's CASES; main() imports the bench anyway)
-CE_CASE_NAMES = tuple("x".join(map(str, case)) for case in CE_CASES)
+# the ce part's cases by name, TOKENSxDxV, in bench/ce.py's order (main() imports the bench anyway)
+CE_CASES_BY_NAME = {"x".join(map(str, case)): case for case in CE_CASES}
 
 
 # the operator parts' own variant names, beside the model part's (bench/model.py)
@@ -202,8 +202,8 @@ def main(argv=None) -> int:
     b.add_argument(
         "--ce-cases",
         nargs="+",
-        default=list(CE_CASE_NAMES),
-        choices=list(CE_CASE_NAMES),
+        default=list(CE_CASES_BY_NAME),
+        choices=list(CE_CASES_BY_NAME),
         help="ce part: which cases, as tokens x model width x vocabulary",
     )
     b.add_argument(

@@ -635,11 +635,11 @@ def test_ce_cases_reach_the_part_in_the_order_given(monkeypatch, tmp_path):
     import pathlib
     import re
 
-    from codetta.__main__ import CE_CASE_NAMES
+    from codetta.__main__ import CE_CASES_BY_NAME
 
     script = (pathlib.Path(__file__).parents[1] / "scripts" / "pending_gpu.sh").read_text()
     named = [n for m in re.findall(r"--ce-cases ([0-9x ]+)", script) for n in m.split()]
-    assert named and set(named) <= set(CE_CASE_NAMES)
+    assert named and set(named) <= set(CE_CASES_BY_NAME)
 
 
 def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
