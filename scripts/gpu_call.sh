@@ -79,6 +79,9 @@ for step in "$@"; do
       grep "not reached: " "$OUT/tune.txt" || true; ls -la "$OUT/tuned/" ;;
     bench:*)
       parts=${step#bench:}
+      # (the GPU and versions head bench.txt: its "codetta: tuned" lines, which the printed
+      # tail may cut, then serve `scripts/merge_tuned.py TABLE --from-log bench.txt`; run 339)
+      [ -s "$OUT/bench.txt" ] || cp "$OUT/env.txt" "$OUT/bench.txt"
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" python3 -m codetta bench --out "$OUT/results" --parts ${parts//,/ } \
         ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^codetta:   " | tail -60 ;;

@@ -61,3 +61,20 @@ def test_tune_gets_a_time_limit_under_the_hard_one(tmp_path, stub_path):
         _tune(tmp_path / f"out{timeout}", stub_path, "--model a", TUNE_TIMEOUT=timeout)
         line = next(x for x in calls.read_text().splitlines() if "-m codetta tune" in x)
         assert (want in line) if want else "--time-limit" not in line, line
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_bench_log_names_its_gpu(tmp_path, stub_path):
+    """bench.txt starts with the call's GPU and versions (env.txt), once over two bench
+    steps, so that its "codetta: tuned" lines serve ``merge_tuned.py --from-log`` (run 339:
+    the printed tail cut the tuned lines, and bench.txt named no GPU)."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": stub_path, "OUT": str(out)}
+    env.pop("PYTHONPATH", None)
+    cmd = ["bash", "scripts/gpu_call.sh", "bench:ce", "bench:mlp"]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    head = (out / "env.txt").read_text()
+    bench = (out / "bench.txt").read_text()
+    assert "nvidia-smi --query-gpu=name" in head and bench.startswith(head)
+    assert bench.count(head) == 1
+    assert "--parts ce" in bench and "--parts mlp" in bench
