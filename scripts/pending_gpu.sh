@@ -36,6 +36,7 @@
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 33   # K1 at a new M each call: whose Triton cache_key is slow (run 308: none)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 34   # the row passes bound per int class: tests, a new-M A/B (run 316: no gain, reverted)
 #   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 35   # issue 11: shipped against tuned here, one part a call (PART=qkv, ce, ce-262k, mlp, norm, plain, backward)
+#   CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 36   # issue 14: the norm's statistics summed in a GEMM's K loop, against the pass (probe)
 # (with the liger wheel carried in .whl, as scripts/gpu_call.sh expects). Results under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/codetta-out}
@@ -600,8 +601,16 @@ case "${1:-}" in
       *) echo "PART=qkv, ce, ce-262k, mlp, norm, plain or backward" >&2; exit 2 ;;
     esac
     ;;
+  36)
+    # (either GPU) issue 14's forward: can the GEMM form its rows' rstd from the A tiles its K
+    # loop streams, instead of the operator's statistics pass (~5 % of the 8B forward)?
+    # scripts/rowsq_probe.py: a standalone persistent TMA GEMM in Triton, y = rstd * (x @ W^T),
+    # the pass + a loaded-rstd scale against two in-loop sums, at the 8B and 1B q|k|v widths,
+    # both timings, x cuBLAS (NOTES.md, section "Session 53"). ~3-4 min (36 compiles)
+    SCRIPT_TIMEOUT=420 bash scripts/gpu_call.sh "script:rowsq_probe.py"
+    ;;
   *)
-    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|35" >&2
+    echo "usage: CODETTA_COMMIT=<sha> bash scripts/pending_gpu.sh 1|2|...|36" >&2
     exit 2
     ;;
 esac

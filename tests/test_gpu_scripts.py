@@ -4,6 +4,7 @@ no real tuning."""
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,15 @@ def test_bench_log_names_its_gpu(tmp_path, stub_path):
     assert "nvidia-smi --query-gpu=name" in head and bench.startswith(head)
     assert bench.count(head) == 1
     assert "--parts ce" in bench and "--parts mlp" in bench
+
+
+def test_rowsq_probe_checks_its_variants():
+    """``scripts/rowsq_probe.py --check`` (the interpreter): the three ways of forming the
+    norm's rstd beside the GEMM (a pass first, summed in the K loop per step, or into a tile
+    accumulator) each within 2x PyTorch's float16 error of float64; the GPU timing is
+    meaningless if one of them is wrong (a wrong divisor in the in-loop rstd fails 4 of 6)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "scripts/rowsq_probe.py", "--check"]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(" ok") == 6 and "FAIL" not in res.stdout, res.stdout
