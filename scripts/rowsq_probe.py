@@ -32,15 +32,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from codetta.kernels.mainloop import tile_coords  # noqa: E402
+
 EPS = 1e-5
-
-
-@triton.jit
-def _coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    in_group = GROUP_M * num_n
-    first = (tile // in_group) * GROUP_M
-    size = min(num_m - first, GROUP_M)
-    return first + tile % size, (tile % in_group) // size
 
 
 @triton.jit
@@ -54,7 +48,7 @@ def _gemm_kernel(a_desc, b_desc, c_desc, rstd_ptr, M, N, K, eps, MODE: tl.conste
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
