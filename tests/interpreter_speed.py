@@ -1,4 +1,6 @@
-"""Skip the Triton interpreter's redundant re-patching of ``triton.language`` (CPU tests only).
+"""Skip the Triton interpreter's redundant re-patching of ``triton.language`` (CPU tests only),
+and three more of its costs that change no result (``_cache_np_dtypes``,
+``_lazy_tuple_type_names``, ``_no_overflow_sanitizer``: their docstrings).
 
 Triton 3.6's interpreter patches the builtins of ``triton.language`` (each one wrapped to
 run on numpy) when a kernel launch starts, and restores them when it ends. It also calls
@@ -20,6 +22,7 @@ the tests run as they did, slower.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 
@@ -81,4 +84,74 @@ def install() -> bool:
 
     patch_lang.codetta_wrapped = True
     interpreter._patch_lang = patch_lang
+    _cache_np_dtypes(interpreter, tl)
+    _lazy_tuple_type_names(tl.core)
+    _no_overflow_sanitizer(interpreter)
     return True
+
+
+def _cache_np_dtypes(interpreter, tl) -> None:
+    """``interpreter._get_np_dtype`` from a table made once: Triton 3.6 builds a dict of 19
+    numpy dtypes on every call, ~720k calls and ~8 % of test_residual_rmsnorm's time under
+    cProfile. The table is the function's own answers; any other type goes to it."""
+    real = getattr(interpreter, "_get_np_dtype", None)
+    if real is None or getattr(real, "codetta_wrapped", False):
+        return
+    names = ("int1", "float16", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+             "int64", "uint64", "bfloat16", "float8e5", "float8e5b16", "float8e4nv", "float8e4b8",
+             "float8e4b15")  # fmt: skip
+    table = {}
+    for name in names:
+        t = getattr(tl, name, None)
+        if t is not None:
+            table[t] = real(t)
+    pointer = real(tl.pointer_type(tl.float32))
+    block, pointer_type = tl.block_type, tl.pointer_type
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, block):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, pointer_type):
+            return pointer
+        found = table.get(tt_dtype)
+        return found if found is not None else real(tt_dtype)
+
+    get_np_dtype.codetta_wrapped = True
+    interpreter._get_np_dtype = get_np_dtype
+
+
+def _lazy_tuple_type_names(core) -> None:
+    """``tuple_type.name`` formed when read instead of in ``__init__``: every ``tl.tensor`` the
+    interpreter makes builds a ``tl.tuple`` of its shape, whose type formatted its name
+    string at once (~4.3M times, ~17 % of test_residual_rmsnorm's time under cProfile, with
+    the tuple types' other work); the name is read only to print or mangle a type. The same
+    string when read: only ``__init__`` ever set it, from ``types`` and ``fields``, which
+    nothing changes afterwards."""
+    cls = getattr(core, "tuple_type", None)
+    if cls is None or getattr(cls, "codetta_lazy_name", False) or "name" in vars(cls):
+        return
+
+    def __init__(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [""] * len(types)
+
+    def name(self) -> str:
+        return "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + "]"
+
+    cls.__init__ = __init__
+    cls.name = property(name)
+    cls.codetta_lazy_name = True
+
+
+def _no_overflow_sanitizer(interpreter) -> None:
+    """The interpreter's integer overflow sanitizer off (``InterpreterOptions.sanitize_overflow``,
+    on by default in Triton 3.6): every 8-32-bit integer add, subtract and multiply was
+    formed again in int64, compared with the type's limits and asserted, ~40 % of
+    test_residual_rmsnorm's float16 norm-range tests under cProfile. A debugging aid, not a
+    check of results: the GPU's compiled kernels (no debug mode) run without it too, and at
+    the CPU tests' shapes no index comes near 2^31; every test still compares its outputs
+    with a float64 reference."""
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow"):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)  # (a frozen dataclass)
