@@ -62,7 +62,9 @@ def test_same_bits_with_and_without_the_speed_ups(tmp_path):
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's speed-ups are CPU-suite only")
 def test_each_patch_answers_as_the_code_it_replaces():
     """With the speed-ups installed (conftest.py): the dtype table's answers are Triton's own
-    for every type it holds, tuple types' names the eager formula's, the overflow sanitizer off."""
+    for every type it holds, tuple types' names the eager formula's, a tuple's type the one
+    given or formed from its values (and formed again after ``_setitem``), the overflow
+    sanitizer off."""
     import triton.language as tl
     from triton.runtime import interpreter
 
@@ -83,4 +85,10 @@ def test_each_patch_answers_as_the_code_it_replaces():
     tt = tl.core.tuple_type([tl.float16, tl.core.constexpr_type(3)], ["a", "b"])
     assert tt.name == str(tt) == "[a:fp16,b:constexpr_type[3]]"
     assert tl.core.tuple_type([tl.int32]).name == "[:int32]"
+    named = tl.core.tuple([tl.core.constexpr(1), tl.core.constexpr(2)], tt)
+    assert named.type is tt and named.a == 1 and named.b == 2
+    plain = tl.core.tuple([tl.core.constexpr(1), 2.0])
+    assert plain.type == tl.core.tuple_type([tl.core.constexpr_type(1), tl.core.constexpr_type(2.0)])
+    plain._setitem(1, 3)
+    assert plain.type == tl.core.tuple_type([tl.core.constexpr_type(1), tl.core.constexpr_type(3)])
     assert interpreter.interpreter_builder.options.sanitize_overflow is False
