@@ -184,11 +184,10 @@ def _lazy_tuple_types(core) -> None:
 def _no_overflow_sanitizer(interpreter) -> None:
     """The interpreter's integer overflow sanitizer off (``InterpreterOptions.sanitize_overflow``,
     on by default in Triton 3.6): every 8-32-bit integer add, subtract and multiply was
-    formed again in int64, compared with the type's limits and asserted, ~40 % of
-    test_residual_rmsnorm's float16 norm-range tests under cProfile. A debugging aid, not a
-    check of results: the GPU's compiled kernels (no debug mode) run without it too, and at
-    the CPU tests' shapes no index comes near 2^31; every test still compares its outputs
-    with a float64 reference."""
+    formed again in int64 and compared with the type's limits (~40 % of
+    test_residual_rmsnorm's float16 norm-range tests under cProfile), for a
+    ``device_assert`` that Triton drops without debug mode, which the interpreter's options
+    never turn on (``InterpreterOptions.debug`` False): the work checked nothing."""
     builder = getattr(interpreter, "interpreter_builder", None)
     options = getattr(builder, "options", None)
     if dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow"):
