@@ -23,17 +23,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from codetta.kernels.mainloop import tile_coords
 from codetta.kernels.timing import paired_ms
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    in_group = GROUP_M * num_n
-    first = (tile // in_group) * GROUP_M
-    size = min(num_m - first, GROUP_M)
-    return first + tile % size, (tile % in_group) // size
 
 
 @triton.jit
@@ -46,7 +39,7 @@ def _probe_kernel(a_desc, b_desc, c_desc, lse_ptr, tgt_ptr, M, N, K, A_T: tl.con
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         rows = off_m + tl.arange(0, BLOCK_M)
