@@ -597,7 +597,10 @@ case "${1:-}" in
         bash scripts/gpu_call.sh bench:ce ;;
       norm) BENCH_TIMEOUT=330 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh bench:k1,residual_norm ;;
       # (plain and backward together ran past 330 s while tuning, run 323: one a call)
-      plain|backward) BENCH_TIMEOUT=500 BENCH_ARGS="--variants codetta --tuned-ab" bash scripts/gpu_call.sh "bench:$PART" ;;
+      # TUNE_METHODS=both: the tuned variant's candidates scored by the worse of paired and
+      # sustained (a pick that holds under both; run 337's plain picks split the methods)
+      plain|backward) BENCH_TIMEOUT=500 BENCH_ARGS="--variants codetta --tuned-ab${TUNE_METHODS:+ --tune-methods $TUNE_METHODS}" \
+        bash scripts/gpu_call.sh "bench:$PART" ;;
       *) echo "PART=qkv, ce, ce-262k, mlp, norm, plain or backward" >&2; exit 2 ;;
     esac
     ;;
