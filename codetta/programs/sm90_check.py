@@ -4,7 +4,9 @@ picks), without a GPU, and read the PTX, SASS and resource use
 (wgmma, TMA, the ping-pong kernels' and shipped picks' wgmma not serialized by ptxas, no
 spills, shared memory fits); and the row passes of the backward (RoPE's, the norms', the
 embedding gradient's, the loss's) and the row finish at their default launches (no
-spills). CI runs it (tests/test_sass.py).
+spills). ``--ci``: of each mainloop's candidates only the shipped picks and the heaviest
+other one (``aot.candidates``; about two thirds of the kernels): the CPU suite runs that
+(tests/test_sass.py; ``CODETTA_SASS_EVERY=1`` there for every candidate).
 """
 
 import os
@@ -38,7 +40,8 @@ if __name__ == "__main__":
     if triton.knobs.runtime.interpret:
         sys.exit("unset TRITON_INTERPRET: the sm_90a compiler needs the real JIT functions")
     workers = int(os.environ.get("CODETTA_AOT_WORKERS", "0")) or None  # default: one per CPU
-    bad = check_all([getattr(programs, name) for name in programs.__all__], workers=workers)
+    every = "--ci" not in sys.argv[1:]
+    bad = check_all([getattr(programs, name) for name in programs.__all__], workers=workers, every=every)
     bad += check_row_passes()
     ok = "all sm_90a kernels: HGMMA + TMA, checked wgmma pipelined, no spills, shared memory fits"
     print("\n".join(bad) if bad else ok)
