@@ -62,7 +62,8 @@ def start(workers: int = 1) -> None:
     # (the shipped picks and each mainloop's heaviest other candidate; every candidate with
     # CODETTA_SASS_EVERY=1: ~1.6x the compile time, ~10 CPU minutes more on a cold cache)
     scope = "" if os.environ.get("CODETTA_SASS_EVERY") == "1" else " --ci"
-    cmd = f'"{sys.executable}" -m codetta.programs.sm90_check{scope} > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc'
+    check = f'"{sys.executable}" -m codetta.programs.sm90_check{scope}'
+    cmd = f"{check} > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc"
     _RUN["dir"] = folder
     _RUN["proc"] = subprocess.Popen(["sh", "-c", cmd], cwd=folder, env=env, start_new_session=True)
 
@@ -192,9 +193,9 @@ def test_ci_scope_keeps_shipped_picks_and_the_heaviest_other():
             others = [c for c in kept if not _runs_shipped(program, c)]
             assert [c for c in kept if _runs_shipped(program, c)] == shipped
             assert len(others) == (1 if len(every) > len(shipped) else 0)
+            per_warp = [x.block_m * x.block_n // x.num_warps for x in every if not _runs_shipped(program, x)]
             for c in others:
-                acc = c.block_m * c.block_n // c.num_warps
-                assert acc == max(x.block_m * x.block_n // x.num_warps for x in every if not _runs_shipped(program, x))
+                assert c.block_m * c.block_n // c.num_warps == max(per_warp)
             kept_total += len(kept)
             every_total += len(every)
             shipped_seen += len(shipped)
