@@ -154,6 +154,23 @@ def test_wgmma_serialized_reading():
     assert not wgmma_serialized(arrive + hgmma + depbar)  # (one HGMMA: nothing to pipeline)
 
 
+def test_serialized_wgmma_read_from_either_source():
+    """The check reads a serialized wgmma pipeline from ptxas's report where it ran ptxas
+    and from the SASS where the kernel came from Triton's cache: both readings find the
+    flattened SwiGLU candidate serialized and the plain store not (a subprocess, without
+    the interpreter: ``tests/sass_readings.py``)."""
+    import json
+
+    script = os.path.join(_ROOT, "tests", "sass_readings.py")
+    env = _compile_env()
+    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    # (has a ptxas report, read as serialized): first compiled, then from the cache
+    assert found["swiglu flattened"] == [[True, True], [False, True]]
+    assert found["store"] == [[True, False], [False, False]]
+
+
 def test_sincos_reductions_fused():
     """RoPE's sin/cos helpers compiled for sm_90a: every product of their reductions
     (x - j C, C the constant's three parts) is a fused multiply-add, so each stays exact

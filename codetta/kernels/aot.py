@@ -6,17 +6,22 @@ memory. wgmma and TMA are read from the PTX (``wgmma.mma_async``,
 ``cp.async.bulk.tensor`` global to shared: ptxas turns them into ``HGMMA`` and
 ``UTMALDG``, never into anything else; disassembling the SASS to look for those
 took ~0.55 s per kernel, a fifth of the check's time); registers, spills and
-shared memory from the cubin (``cuobjdump --dump-resource-usage``). The SASS is read
-after all, for wgmma kernels only, for one thing the PTX cannot show: whether ptxas
-serialized the wgmma pipeline (``wgmma_serialized``: a failure for ping-pong kernels,
-shipped picks and portable tails, not read for the Triton mainloop's other candidates). Tools come from
+shared memory from the cubin (``cuobjdump --dump-resource-usage``). Whether ptxas
+serialized the wgmma pipeline, which the PTX cannot show (``wgmma_serialized``: a failure
+for ping-pong kernels, shipped picks and portable tails, not read for the Triton mainloop's
+other candidates), is read from ptxas's own report (``-v``: its C7514 / C7515 "wgmma.mma_async
+instructions are serialized") where this process ran ptxas, else from the SASS (a kernel
+from Triton's cache; ~0.4 s a kernel): the two readings agreed on all 634 kernels of the
+full check, 8 of them serialized (NOTES.md, section "Session 54"). Tools come from
 triton's own package (ptxas, cuobjdump).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
 import multiprocessing
 import os
 import re
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import torch
 import triton
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -126,7 +132,26 @@ def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False,
         constexprs.update({f"o{i}": None for i in range(len(program.slots), MAX_OPERANDS)})
         src = ASTSource(gemm_kernel, signature, constexprs, _aligned_attrs(signature, constexprs))
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return _compile(src, options)
+
+
+_SERIAL_LOG = re.compile(r"wgmma\.mma_async instructions are serialized")
+
+
+def _compile(src, options):
+    """``triton.compile`` for sm_90a, keeping ptxas's ``-v`` report as the kernel's
+    ``ptxas_log`` where ptxas ran here (None for a kernel from Triton's cache)."""
+    out = io.StringIO()
+    before = knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True  # (Triton prints the report it always asks ptxas for)
+    try:
+        with contextlib.redirect_stdout(out):
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    finally:
+        knobs.nvidia.dump_ptxas_log = before
+    text = out.getvalue()
+    kernel.ptxas_log = text if "ptxas info" in text else None
+    return kernel
 
 
 def compile_kernel_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
@@ -139,7 +164,7 @@ def compile_kernel_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items() if t.endswith(":16")}
     signature = {a: t.removesuffix(":16") for a, t in signature.items()}
     src = ASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return _compile(src, {"num_warps": num_warps})
 
 
 def _tool(name: str) -> str:
@@ -157,7 +182,8 @@ def ptx_features(ptx: str) -> tuple[bool, bool, bool]:
 
 def inspect(kernel, name: str, sass: bool = True) -> Report:
     """A compiled kernel's instructions (from its PTX) and resource use (from its cubin);
-    ``sass``: also whether ptxas serialized its wgmma (from the SASS, ~0.4 s a kernel)."""
+    ``sass``: also whether ptxas serialized its wgmma (from ptxas's report where the kernel
+    has one, ``_compile``; else from the SASS, ~0.4 s a kernel)."""
     wgmma, tma_load, tma_store = ptx_features(kernel.asm["ptx"])
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -166,9 +192,13 @@ def inspect(kernel, name: str, sass: bool = True) -> Report:
         res = subprocess.run(
             [_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True, check=True
         ).stdout
-        code = ""
-        if wgmma and sass:  # (the SASS for the wgmma pipeline's reading: row passes have none)
+        log = getattr(kernel, "ptxas_log", None)
+        serialized = False
+        if wgmma and sass and log is not None:
+            serialized = _SERIAL_LOG.search(log) is not None
+        elif wgmma and sass:  # (the SASS for the wgmma pipeline's reading: row passes have none)
             code = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+            serialized = wgmma_serialized(code)
 
     def field(key):
         m = re.search(key + r":(\d+)", res)
@@ -185,7 +215,7 @@ def inspect(kernel, name: str, sass: bool = True) -> Report:
         has_hgmma=wgmma,
         has_tma_load=tma_load,
         has_tma_store=tma_store,
-        wgmma_serialized=wgmma_serialized(code),
+        wgmma_serialized=serialized,
     )
 
 
