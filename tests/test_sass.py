@@ -155,10 +155,11 @@ def test_wgmma_serialized_reading():
 
 
 def test_serialized_wgmma_read_from_either_source():
-    """The check reads a serialized wgmma pipeline from ptxas's report where it ran ptxas
-    and from the SASS where the kernel came from Triton's cache: both readings find the
-    flattened SwiGLU candidate serialized and the plain store not (a subprocess, without
-    the interpreter: ``tests/sass_readings.py``)."""
+    """The check reads a serialized wgmma pipeline from ptxas's report where it ran ptxas,
+    from that report kept beside Triton's cache where the kernel came from the cache, and
+    from the SASS where neither is there: each reading finds the flattened SwiGLU candidate
+    serialized and the plain store not (a subprocess, without the interpreter:
+    ``tests/sass_readings.py``)."""
     import json
 
     script = os.path.join(_ROOT, "tests", "sass_readings.py")
@@ -166,9 +167,9 @@ def test_serialized_wgmma_read_from_either_source():
     run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
-    # (has a ptxas report, read as serialized): first compiled, then from the cache
-    assert found["swiglu flattened"] == [[True, True], [False, True]]
-    assert found["store"] == [[True, False], [False, False]]
+    # (source, has a ptxas report, read as serialized)
+    assert found["swiglu flattened"] == [["ptxas", True, True], ["kept", True, True], ["sass", False, True]]
+    assert found["store"] == [["ptxas", True, False], ["kept", True, False], ["sass", False, False]]
 
 
 def test_sincos_reductions_fused():

@@ -10,9 +10,10 @@ shared memory from the cubin (``cuobjdump --dump-resource-usage``). Whether ptxa
 serialized the wgmma pipeline, which the PTX cannot show (``wgmma_serialized``: a failure
 for ping-pong kernels, shipped picks and portable tails, not read for the Triton mainloop's
 other candidates), is read from ptxas's own report (``-v``: its C7514 / C7515 "wgmma.mma_async
-instructions are serialized") where this process ran ptxas, else from the SASS (a kernel
-from Triton's cache; ~0.4 s a kernel): the two readings agreed on all 634 kernels of the
-full check, 8 of them serialized (NOTES.md, section "Session 54"). Tools come from
+instructions are serialized") where this process ran ptxas or kept its report beside
+Triton's cache (under the cubin's hash), else from the SASS (~0.4 s a kernel): the two
+readings agreed on all 634 kernels of the full check, 8 of them serialized (NOTES.md,
+section "Session 54"). Tools come from
 triton's own package (ptxas, cuobjdump).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import io
 import multiprocessing
 import os
@@ -138,9 +140,15 @@ def compile_sm90(program: Program, cfg: Config, dtype=torch.bfloat16, a_t=False,
 _SERIAL_LOG = re.compile(r"wgmma\.mma_async instructions are serialized")
 
 
+def _kept_log(cubin: bytes) -> Path:
+    """Where the ptxas report of a cubin is kept, beside Triton's cache."""
+    return Path(knobs.cache.dir) / "codetta-ptxas" / (hashlib.sha256(cubin).hexdigest() + ".log")
+
+
 def _compile(src, options):
-    """``triton.compile`` for sm_90a, keeping ptxas's ``-v`` report as the kernel's
-    ``ptxas_log`` where ptxas ran here (None for a kernel from Triton's cache)."""
+    """``triton.compile`` for sm_90a, with ptxas's ``-v`` report as the kernel's
+    ``ptxas_log``: the one ptxas printed here, else (a kernel from Triton's cache) the one
+    kept beside that cache under the cubin's hash when it was compiled, else None."""
     out = io.StringIO()
     before = knobs.nvidia.dump_ptxas_log
     knobs.nvidia.dump_ptxas_log = True  # (Triton prints the report it always asks ptxas for)
@@ -150,7 +158,19 @@ def _compile(src, options):
     finally:
         knobs.nvidia.dump_ptxas_log = before
     text = out.getvalue()
-    kernel.ptxas_log = text if "ptxas info" in text else None
+    kept = _kept_log(kernel.asm["cubin"])
+    if "ptxas info" in text:
+        kernel.ptxas_log = text
+        with contextlib.suppress(OSError):  # (a read-only cache: the SASS is read next time)
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(kept)
+    else:
+        try:
+            kernel.ptxas_log = kept.read_text()
+        except OSError:
+            kernel.ptxas_log = None
     return kernel
 
 
