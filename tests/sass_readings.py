@@ -6,7 +6,6 @@ flattened SwiGLU candidate that ptxas serializes (its C7515) and the plain store
 candidate, which it does not. Prints one JSON line for test_sass.py's
 ``test_serialized_wgmma_read_from_either_source``."""
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -25,7 +24,7 @@ for label, program, cfg in (("swiglu flattened", programs.SWIGLU, SERIALIZED),
                             ("store", STORE, TRITON.candidates(STORE)[0])):  # fmt: skip
     reads = []
     for source in ("ptxas", "kept", "sass"):
-        kernel = compile_sm90(program, dataclasses.replace(cfg))
+        kernel = compile_sm90(program, cfg)
         reads.append((source, kernel.ptxas_log is not None, inspect(kernel, label).wgmma_serialized))
         if source == "kept":
             _kept_log(kernel.asm["cubin"]).unlink()

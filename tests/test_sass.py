@@ -60,7 +60,7 @@ def start(workers: int = 1) -> None:
     env["CODETTA_AOT_WORKERS"] = str(workers)
     # the exit status is written last (its file's presence says the check is over)
     # (the shipped picks and each mainloop's heaviest other candidate; every candidate with
-    # CODETTA_SASS_EVERY=1: ~1.6x the compile time, ~10 CPU minutes more on a cold cache)
+    # CODETTA_SASS_EVERY=1: ~1.6x the kernels, ~5 CPU minutes more on a cold cache)
     scope = "" if os.environ.get("CODETTA_SASS_EVERY") == "1" else " --ci"
     check = f'"{sys.executable}" -m codetta.programs.sm90_check{scope}'
     cmd = f"{check} > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc"

@@ -308,7 +308,7 @@ def check_all(programs, layouts=((False, False), (True, False), (False, True), (
     every layout of the plain store in bf16 and fp16, in ``workers`` processes (default:
     one per CPU); return one line per problem found. ``every=False``: of the candidates
     only the shipped picks and each mainloop's heaviest other one (``candidates``; about
-    half the kernels: the CPU suite's scope, NOTES.md section "Session 54")."""
+    two thirds of the kernels: the CPU suite's scope, NOTES.md section "Session 54")."""
     from concurrent.futures import ProcessPoolExecutor
 
     jobs = [
