@@ -1327,3 +1327,38 @@ def test_target_rows_sub_sums_each_target(two, device):
                 assert torch.equal(slot_r, slot) and torch.equal(
                     corr_r[slot[slot >= 0].long()], corr[slot[slot >= 0].long()]
                 )
+
+
+@pytest.mark.parametrize("vocab_chunk", [None, 32])
+def test_ignored_rows_keep_a_non_finite_incoming_gradient_out(device, vocab_chunk):
+    """Reduction 'none' with NaN and inf reaching ignored rows (a mask applied by
+    multiplying): PyTorch's gradient there is 0, so its dX, dW and db stay finite; codetta's
+    are bit for bit those of the same incoming gradient with 0 at those rows (a kernel that
+    multiplied the row's 0 by the incoming gradient would carry the NaN into the whole of dW
+    and db). (Under mean / sum a NaN incoming gradient is one scalar: every counted row's
+    gradient is NaN in both, and codetta's ignored rows too, PyTorch's 0: NOTES.md.)"""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    M, d, V = 24, 32, 64
+    x = rand(M, d, dtype=dtype, device=device)
+    w = rand(V, d, dtype=dtype, device=device, scale=d**-0.5)
+    b = rand(V, dtype=dtype, device=device)
+    t = torch.randint(0, V, (M,), device=device)
+    t[[2, 7, 8, 19]] = -100
+    g = torch.rand(M, device=device, dtype=dtype) + 0.5
+    poisoned = g.clone()
+    poisoned[[2, 8]], poisoned[7], poisoned[19] = float("nan"), float("inf"), float("-inf")
+    clean = torch.where(t == -100, 0.0, g)
+
+    def grads(incoming, fn):
+        xs, ws, bs = (v.clone().requires_grad_() for v in (x, w, b))
+        fn(xs, ws, bs).backward(incoming)
+        return xs.grad, ws.grad, bs.grad
+
+    def ours(xs, ws, bs):
+        return linear_cross_entropy(xs, ws, t, linear_bias=bs, reduction="none", vocab_chunk=vocab_chunk)
+
+    got, want = grads(poisoned, ours), grads(clean, ours)
+    for a, e in zip(got, want):
+        assert torch.isfinite(a).all() and torch.equal(a, e)
+    torchs = grads(poisoned, lambda xs, ws, bs: F.cross_entropy(F.linear(xs, ws, bs), t, reduction="none"))
+    assert all(torch.isfinite(a).all() for a in torchs)  # (the behaviour matched: PyTorch's own)
