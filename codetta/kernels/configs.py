@@ -189,8 +189,8 @@ def _pingpong(stages, splits, block_n=128):
 # (it fills the shared memory next to the two consumers' epilogue rings; 4 stages
 # lost to 5 everywhere, NOTES.md run 20).
 # The more tiles a program's epilogue holds in registers at once, the finer it
-# splits the tile (whole tiles spill there; the sm_90a compile check in CI holds
-# every candidate to no spills).
+# splits the tile (whole tiles spill there; the sm_90a compile check holds every
+# candidate to no spills; CI its shipped picks and heaviest other).
 PINGPONG_CANDIDATES = _pingpong((5,), (1, 2))
 
 
