@@ -6,11 +6,14 @@ flattened SwiGLU candidate that ptxas serializes (its C7515) and the plain store
 candidate, which it does not. Prints one JSON line for test_sass.py's
 ``test_serialized_wgmma_read_from_either_source``."""
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="codetta-sass-readings-")
+atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], True)  # (3 MB a run, left behind before)
 
 from codetta import programs  # noqa: E402
 from codetta.kernels.aot import _kept_log, compile_sm90, inspect  # noqa: E402
