@@ -297,8 +297,9 @@ def candidates(program, engine, every: bool = True) -> list:
     cands = engine.candidates(program)
     if every:
         return cands
-    rest = [c for c in cands if not _runs_shipped(program, c)]
-    return [c for c in cands if _runs_shipped(program, c)] + ([max(rest, key=_heaviest)] if rest else [])
+    shipped = [c for c in cands if _runs_shipped(program, c)]
+    rest = [c for c in cands if c not in shipped]
+    return shipped + ([max(rest, key=_heaviest)] if rest else [])
 
 
 def check_all(programs, layouts=((False, False), (True, False), (False, True), (True, True)), workers=None,
