@@ -193,10 +193,11 @@ def test_train_amp(tmp_path, dtype, monkeypatch):
     ours, base = res["codetta"]["losses"], res["no-codetta"]["losses"]
     assert base[-1] < base[0], "training did not lower the loss: the comparison says little"
     assert ours == pytest.approx(base, rel=2e-2)
-    # (and both computed in --dtype: float32 training's losses differ by more than its own noise)
+    # (and both computed in --dtype: float32 training's losses differ by more than its own
+    # noise: fp16's 2.2e-5 to 5.4e-5 at most over the steps, transformers 4.53 and 5.25;
+    # float32 with and without codetta 5e-7)
     exact = res["float32"]["losses"]
-    print("losses", ours, base, exact)
-    assert min(max(abs(a - b) for a, b in zip(run, exact)) for run in (ours, base)) > 3e-5
+    assert min(max(abs(a - b) for a, b in zip(run, exact)) for run in (ours, base)) > 1e-5
     if dtype == "bf16":  # DDP on two processes: the same losses as one process, to bf16 rounding
         ddp, _ = _train(tmp_path, config, "ddp-amp", 2, "--parallel", "ddp", "--dtype", dtype, "--amp")
         assert ddp["world"] == 2 and ddp["amp"] and ddp["losses"] == pytest.approx(ours, rel=2e-3)

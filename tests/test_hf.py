@@ -133,11 +133,24 @@ def test_matches_unpatched(family, tied, mask, dtype):
     _check_matches(family, tied, mask, dtype)
 
 
+def test_transformers_without_the_mask_builders_refused(monkeypatch):
+    """Before 4.53 transformers has no ``masking_utils`` (the mask builders the patched
+    forward calls): patching says which release it needs instead of failing in a forward."""
+    import sys
+
+    model = _model("llama", False)
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)  # (its import fails)
+    with pytest.raises(ImportError, match="drop-in needs transformers >= 4.53"):
+        codetta.apply_codetta(model)
+    assert not hasattr(model, "_codetta_patched")
+
+
 def test_mask_builders_of_transformers_5_0(monkeypatch):
-    """transformers 5.0 (which the `hf` extra allows) names the mask builders' embeddings
-    ``input_embeds`` (5.1 too) and has no ``AttentionInterface.get_interface``; the drop-in
-    failed on both. Checked on the installed version by standing in for both: the patched
-    model's loss bit for bit as without them, and the stand-ins called."""
+    """transformers 5.0 (and 4.53-4.57, which the `hf` extra allows too) names the mask
+    builders' embeddings ``input_embeds`` (5.1 too) and has no
+    ``AttentionInterface.get_interface``; the drop-in failed on both in 5.0. Checked on the
+    installed version by standing in for both: the patched model's loss bit for bit as
+    without them, and the stand-ins called."""
     from transformers import masking_utils, modeling_utils
 
     def as_5_0(fn):
@@ -173,6 +186,18 @@ def test_mask_builders_of_transformers_5_0(monkeypatch):
         assert torch.equal(got, want), family
 
 
+def _rope_fields(rope: dict) -> dict:
+    """A RoPE setting (5.x's ``rope_parameters``) as the installed transformers' config takes
+    it: before 5.0, ``rope_theta`` and ``partial_rotary_factor`` on their own and the rest as
+    ``rope_scaling`` (a type and its factors); 4.x ignores ``rope_parameters`` silently."""
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return {"rope_parameters": rope}
+    rest = {k: v for k, v in rope.items() if k != "original_max_position_embeddings"}
+    kind = rest.pop("rope_type", "default")
+    fields = {k: rest.pop(k) for k in ("rope_theta", "partial_rotary_factor") if k in rest}
+    return fields if kind == "default" else {**fields, "rope_scaling": {"type": kind, **rest}}
+
+
 def test_phi3_partial_rotary():
     """Phi-3 with a partial rotary factor (Phi-4-mini's 0.75; 0.5 of a 32-wide head here, so
     the rotated width, 16, is one a RoPE program has: the partial-rotary guard decides): q
@@ -180,8 +205,8 @@ def test_phi3_partial_rotary():
     each head; the same checks against float64, and the plan shows no RoPE program."""
     from codetta.kernels.launch import recording
 
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-    over = {"head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "rope_parameters": rope}
+    rope = _rope_fields({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    over = {"head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1, **rope}
     _check_matches("phi3", False, "padding", torch.float32, **over)
     model = codetta.apply_codetta(_model("phi3", False, **over))
     with recording(compute=True) as calls:
@@ -205,7 +230,7 @@ def test_phi3_longrope():
         False,
         "padding",
         torch.float32,
-        rope_parameters=rope,
+        **_rope_fields(rope),
         original_max_position_embeddings=8,
         head_dim=hd,
     )
@@ -459,7 +484,7 @@ def test_patched_model_pickles_copies_and_replicates():
     model = _model("llama", False)
     try:
         pickle.dumps(model)
-    except (AttributeError, pickle.PicklingError) as exc:  # (kernels 0.11 under transformers 5.0-5.10)
+    except (AttributeError, pickle.PicklingError) as exc:  # (kernels 0.11 under transformers 4.53-5.10)
         pytest.skip(f"this transformers' own model does not pickle: {exc}")
     signature = inspect.signature(model.forward)  # (Trainer keeps the dataset columns it names)
     codetta.apply_codetta(model)
@@ -1214,6 +1239,8 @@ def test_checkpointing_keeps_the_one_pass_embedding_gradient(monkeypatch):
     emb = model.model.embed_tokens
     assert hf._plain_lookup(emb)
     _enable_hf_checkpointing(model)  # (the hook: on the lookup still)
+    if not emb._forward_hooks:  # (before 5.0 only for PEFT models, which add it this way)
+        model.enable_input_require_grads()
     assert emb._forward_hooks and hf._plain_lookup(emb)
     emb.weight.requires_grad_(False)  # (a frozen table: its output made to require grad)
     ids = _inputs("none")["input_ids"]

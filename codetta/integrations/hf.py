@@ -1,4 +1,5 @@
-"""Hugging Face ``transformers`` (5.x) drop-in: Llama, Qwen2, Qwen3, Mistral and Phi-3 causal LMs on codetta.
+"""Hugging Face ``transformers`` (4.53 on) drop-in: Llama, Qwen2, Qwen3, Mistral and Phi-3
+causal LMs on codetta.
 
 The patched forward moves each RMSNorm to the GEMM that consumes it (docs/design.md,
 "the shifted layer boundary"): the attention output projection adds the residual
@@ -122,13 +123,14 @@ def _causal_lm_class(family: str):
 
     module, name = FAMILIES[family]
     try:
+        importlib.import_module("transformers.masking_utils")  # (4.53 on: the mask builders)
         mod = importlib.import_module(module)
         # looked up here, not in the forward: torch.compile cannot trace an import
         _HELPERS[module] = (mod.apply_rotary_pos_emb, mod.eager_attention_forward)
         return getattr(mod, name)
     except ImportError as exc:
         raise ImportError(
-            f"codetta's {family} drop-in needs transformers 5.x: pip install 'codetta[hf]' ({exc})"
+            f"codetta's {family} drop-in needs transformers >= 4.53: pip install 'codetta[hf]' ({exc})"
         ) from None
 
 
@@ -986,8 +988,8 @@ def _makes_cache(base, use_cache) -> bool:
 
 
 def _hf_checkpointing(base, layers) -> bool:
-    """Hugging Face's gradient checkpointing is on (transformers 5.x: a flag on the base
-    model and one per layer)."""
+    """Hugging Face's gradient checkpointing is on (a flag on the base model and one per
+    layer)."""
     return bool(base.gradient_checkpointing) or any(getattr(layer, "gradient_checkpointing", False)
                                                     for layer in layers)  # fmt: skip
 
