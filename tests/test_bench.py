@@ -4,6 +4,7 @@ import re
 
 import pytest
 import torch
+from util import transformers_4
 
 from codetta.bench.harness import Results, Row, env_info, source_hash
 from codetta.kernels.settings import SETTINGS, override
@@ -642,14 +643,6 @@ def test_ce_cases_reach_the_part_in_the_order_given(monkeypatch, tmp_path):
     assert named and set(named) <= set(CE_CASES_BY_NAME)
 
 
-def _skips_the_causal_mask() -> bool:
-    # transformers 5.x gives a training forward without padding no mask (SDPA's is_causal);
-    # 4.53-4.57 build one from the position ids (their packed-sequence check) in eager too
-    import transformers
-
-    return int(transformers.__version__.split(".")[0]) >= 5
-
-
 def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     """torch.compile:regional compiles each decoder layer and the loss, not the whole
     model: its step matches eager's, and the layers get no materialized mask (Hugging
@@ -682,9 +675,9 @@ def test_regional_compile_variant_keeps_the_causal_path(monkeypatch):
     step()
     assert abs(step.losses[0] - eager.losses[0]) < 1e-4 * abs(eager.losses[0])
     kinds = {type(m) for m in masks}
-    if _skips_the_causal_mask():
+    if not transformers_4():
         assert masks and kinds == {type(None)}, kinds
-    else:  # (transformers 4.x: eager's layers get the same kind of mask)
+    else:  # (4.53-4.57 build a mask from the position ids, their packed-sequence check, in eager too)
         masks.clear()
         mb.variant_step("eager", base, ids, ids)()
         assert masks and {type(m) for m in masks} == kinds

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 from torch.utils._python_dispatch import TorchDispatchMode
-from util import assert_within, error_terms, load_script, recording_backend, within_ratio
+from util import assert_within, error_terms, load_script, recording_backend, transformers_4, within_ratio
 
 import codetta
 
@@ -190,7 +190,7 @@ def _rope_fields(rope: dict) -> dict:
     """A RoPE setting (5.x's ``rope_parameters``) as the installed transformers' config takes
     it: before 5.0, ``rope_theta`` and ``partial_rotary_factor`` on their own and the rest as
     ``rope_scaling`` (a type and its factors); 4.x ignores ``rope_parameters`` silently."""
-    if int(transformers.__version__.split(".")[0]) >= 5:
+    if not transformers_4():
         return {"rope_parameters": rope}
     rest = {k: v for k, v in rope.items() if k != "original_max_position_embeddings"}
     kind = rest.pop("rope_type", "default")

@@ -99,3 +99,11 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def transformers_4() -> bool:
+    """The installed transformers is a 4.x release (the `hf` extra allows 4.53 on): its
+    configs take RoPE settings in their 4.x fields, its training forward builds a mask."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) < 5
