@@ -1211,7 +1211,7 @@ def test_config_flags_and_dtypes_are_honoured():
 
 
 def _enable_hf_checkpointing(model):
-    # (transformers 5.x: one flag on the base model and one per layer)
+    # (one flag on the base model and one per layer; 4.x has only gradient_checkpointing_enable)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
 
 
