@@ -18,6 +18,12 @@ if not ON_GPU:
     import interpreter_speed
 
     interpreter_speed.install()  # (the interpreter's per-helper re-patching skipped: its docstring)
+    # the cores shared out between the test processes: torch's default, a thread per core in
+    # every worker, oversubscribes them, and OpenMP's waiting threads spin (test_hf on 2
+    # workers and 2 cores: 10-15 % less wall and CPU time this way, NOTES.md section "Session 56")
+    torch.set_num_threads(
+        max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    )
 # tests pin configurations where it matters; tuning every test shape would be slow
 os.environ.setdefault("CODETTA_AUTOTUNE", "0")
 
