@@ -142,6 +142,8 @@ class _FakeUtils:
             padding,
         )
 
+    fill_tma_descriptor_tiled = fill_tma_descriptor  # (Triton 3.7's name, the same arguments)
+
 
 class _FakeDriver:
     def __init__(self):
@@ -171,16 +173,25 @@ def test_direct_kernel_encodes_each_descriptor_once(monkeypatch):
     meta = lambda block: {"swizzle": 64, "elem_size": 2, "elem_type": 6, "block_size": block,  # noqa: E731
                           "fp4_padded": False}  # fmt: skip
     calls = []
-    compiled = _Compiled(_Launcher(signature, [meta([64, 32]), meta([32, 32])], calls))
     fn = _FakeJit(list(signature), {})
-    kernel = direct.DirectKernel(fn, compiled, 4, {"C": 5}, grid=3)
-    assert kernel._raw is not None, "Triton's launcher no longer has the layout direct.py unwraps"
+    if direct._RAW_LAYOUT:  # (the fake launcher is Triton 3.6's)
+        compiled = _Compiled(_Launcher(signature, [meta([64, 32]), meta([32, 32])], calls))
+        kernel = direct.DirectKernel(fn, compiled, 4, {"C": 5}, grid=3)
     a, b, p = rand(128, 64).half(), rand(96, 64).half(), torch.empty(8)
     da, db = tma_desc(a, [128, 64], [64, 1], [64, 32]), tma_desc(b, [96, 64], [64, 1], [32, 32])
 
     def triton_path(*args):
         compiled.run(3, 1, 1, 9, "fn", ("meta",), None, None, None, *args, 5)
         return calls.pop()
+
+    if not direct._RAW_LAYOUT:  # (another Triton than 3.6: its launcher's own path, the same arguments)
+        seen = []
+        plain = direct.DirectKernel(fn, _Compiled(lambda *a: seen.append(a)), 4, {"C": 5}, grid=3)
+        assert plain._raw is None
+        plain(9, da, 128, p, db)
+        assert seen == [(3, 1, 1, 9, "fn", ("meta",), None, None, None, da, 128, p, db, 5)]
+        return
+    assert kernel._raw is not None, "Triton's launcher no longer has the layout direct.py unwraps"
 
     def encodes(*args):  # the direct launch: descriptors encoded, what it handed on
         n = fake.utils.encoded

@@ -84,7 +84,8 @@ def test_each_patch_answers_as_the_code_it_replaces():
     assert fast(tl.block_type(tl.pointer_type(tl.int32), [4])) == np.dtype(np.uint64)
     tt = tl.core.tuple_type([tl.float16, tl.core.constexpr_type(3)], ["a", "b"])
     assert tt.name == str(tt) == "[a:fp16,b:constexpr_type[3]]"
-    assert tl.core.tuple_type([tl.int32]).name == "[:int32]"
+    if getattr(tl.core.tuple_type, "codetta_lazy_name", False):  # (Triton 3.7 on names lazily itself)
+        assert tl.core.tuple_type([tl.int32]).name == "[:int32]"
     named = tl.core.tuple([tl.core.constexpr(1), tl.core.constexpr(2)], tt)
     assert named.type is tt and named.a == 1 and named.b == 2
     plain = tl.core.tuple([tl.core.constexpr(1), 2.0])

@@ -192,7 +192,7 @@ def test_sincos_reductions_fused():
             assert instrs == ["fma.rn.f32"], (helper, c, instrs)
 
 
-def test_ci_scope_keeps_shipped_picks_and_the_heaviest_other():
+def test_ci_scope_keeps_shipped_picks_and_the_heaviest_other(shipped_triton):
     """The CPU suite's sm_90a scope (``sm90_check --ci``): of each program's candidates on
     each mainloop, every config a shipped table runs and one other, the most accumulator per
     warp; every candidate without the flag."""

@@ -69,7 +69,7 @@ def test_known_models_hit_the_shipped_table(name, gpu):
     )
 
 
-def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypatch):
+def test_similar_gpu_uses_the_table_and_other_triton_does_not(tmp_path, monkeypatch, shipped_triton):
     """An H100 takes its own table's picks and the H200's (same architecture and SM count)
     for the keys its own lacks, and the H200 the reverse; another H100 kind (PCIe: 114 SMs)
     takes neither; a table tuned under another Triton minor version is not used; a broken
@@ -667,7 +667,7 @@ def test_merge_tuned_from_a_log(tmp_path, capsys):
         mt.main([str(paths[0])])  # (a cache or a log)
 
 
-def test_table_ab_cache_holds_the_differing_picks(monkeypatch):
+def test_table_ab_cache_holds_the_differing_picks(monkeypatch, shipped_triton):
     """scripts/table_ab.py: the earlier table's variant gets a tuning cache of the entries
     that differ from the shipped table's (the cache is asked first, so those keys run the
     earlier picks), and none of those it shares."""
@@ -817,7 +817,7 @@ def test_tune_merge_keeps_the_pending_keys(monkeypatch, tmp_path):
         assert sorted(data["entries"]) == entries and data["pending"] == pending
 
 
-def test_tune_list_names_each_keys_source(capsys):
+def test_tune_list_names_each_keys_source(capsys, shipped_triton):
     """``tune --list --gpu NAME`` says, for each key, whether that GPU's own table has it,
     another GPU's lends it, the program it is tuned like has a pick there, or neither; an
     unknown name lists the GPUs there are."""

@@ -16,6 +16,7 @@ need the full path); ``usable()`` says so per launch.
 from __future__ import annotations
 
 import torch
+import triton
 from triton import knobs
 
 from .memo import Memo
@@ -95,15 +96,23 @@ def _encoded(desc, meta, cache: dict) -> list:
     base address with the shape and strides it was made for."""
     ptr = desc.base.data_ptr()
     hit = cache.get(ptr)
-    if hit is not None and hit[0] == desc.shape and hit[1] == desc.strides and hit[2] == desc.padding:
+    mode = (desc.padding, getattr(desc, "round_f32_to_tf32", False))  # (the second: Triton 3.7 on)
+    if hit is not None and hit[0] == desc.shape and hit[1] == desc.strides and hit[2] == mode:
         return hit[3]
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
     encoded = make_tensordesc_arg(desc, meta)
     if len(cache) >= _MAX_ENCODED:
         cache.clear()
-    cache[ptr] = (desc.shape, desc.strides, desc.padding, encoded)
+    cache[ptr] = (desc.shape, desc.strides, mode, encoded)
     return encoded
+
+
+# Triton 3.6's C launcher takes the kernel's arguments flat after (grid, stream, function,
+# cooperative grid, PDL, scratch, metadata, hooks); 3.7 and 3.8 add arguments before them and
+# take them as one list. The descriptor path hands them on in 3.6's layout only (the layout the
+# GPU runs verified); under another Triton a bound kernel launches through Triton's launcher.
+_RAW_LAYOUT = triton.__version__.split(".")[:2] == ["3", "6"]
 
 
 def _unwrap_descriptors(launcher):
@@ -112,6 +121,8 @@ def _unwrap_descriptors(launcher):
     descriptors its Python wrapper encodes; None where that is not the layout found (another
     Triton, a kernel with no descriptors, one that needs scratch memory allocated per
     launch): the launch then takes Triton's own path."""
+    if not _RAW_LAYOUT:
+        return None
     fn = getattr(launcher, "launch", None)
     code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
     if code is None or not cells or getattr(launcher, "global_scratch_size", 1) or \

@@ -65,6 +65,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import epilogue as E
 from . import primitives as P
 
+# the CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6, ``gl.barrier`` from 3.7 (the same op)
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 
 @gluon.jit
 def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M):
@@ -243,9 +246,15 @@ def _store_tiles(res, ops, OUT_KINDS: gl.constexpr, ring, j: gl.constexpr, off_m
             if desc.dtype != ring.dtype:
                 # a narrower output through a float32 ring slot viewed in its dtype
                 # (FINISH_F32): the view's elements lie in other threads' bytes, which may
-                # still hold the seed they are reading from this slot, so all read first
-                buf = buf._reinterpret(desc.dtype, desc.block_type.shape, desc.layout)
-                gl.thread_barrier()
+                # still hold the seed they are reading from this slot, so all read first. The
+                # view: the slot's bytes as desc.dtype rows, twice (or more) the tile's, of which
+                # the first rows are the tile in its own layout (a row-major swizzle repeats every
+                # 8 rows); Triton 3.8 reinterprets only to the same storage size
+                WIDER: gl.constexpr = ring.dtype.primitive_bitwidth // desc.dtype.primitive_bitwidth
+                ROWS: gl.constexpr = desc.block_type.shape[0]
+                buf = buf._reinterpret(desc.dtype, [WIDER * ROWS, desc.block_type.shape[1]], desc.layout)
+                buf = buf.slice(0, ROWS)
+                _cta_barrier()
             buf.store(res[o].to(desc.dtype))
             fence_async_shared()
             if len(OUT_PARTS) == 0:

@@ -554,6 +554,15 @@ def shipped_gpus() -> dict[str, dict]:
     return {str(ident.get("gpu", "")): ident for _, ident, _ in _shipped_files()}
 
 
+def _series(version) -> str:
+    return ".".join(str(version).split(".")[:2])
+
+
+def triton_series() -> str:
+    """This process's Triton minor series ("3.6"): a table tuned under another is not read."""
+    return _series(triton.__version__)
+
+
 def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
     """Entries of the tables shipped for ``gpu``'s kind (``kernels/tuned/<gpu>.json``) and for
     GPUs of the same architecture and SM count (H100 SXM and H200 share both): the GPU's own
@@ -567,7 +576,7 @@ def shipped_table(gpu: str, capability: tuple, num_sms: int) -> dict:
                and t[1].get("num_sms") == num_sms]  # fmt: skip
     out = ShippedEntries()
     for path, ident, entries in similar + exact:  # (the GPU's own table last: its picks win)
-        if str(ident.get("triton", "")).split(".")[:2] != triton.__version__.split(".")[:2]:
+        if _series(ident.get("triton", "")) != triton_series():
             continue  # tuned under another Triton: its picks may not hold
         for k, v in entries.items():
             try:
