@@ -11,7 +11,7 @@ import torch
 from conftest import ON_GPU
 from util import assert_within, rand, recording_backend
 
-from codetta.nn import RMSNormQKVRoPE, SwiGLUMLP
+from codetta.nn import LinearCrossEntropyLoss, RMSNormQKVRoPE, SwiGLUMLP
 from codetta.ops import RoPE, linear_cross_entropy, rmsnorm_linear, swiglu_mlp
 
 DT = torch.float16 if ON_GPU else torch.float32
@@ -208,7 +208,6 @@ def test_layout_errors_name_the_callers_argument(device):
 def test_negative_padding_idx_and_the_loss_modules_repr(device):
     """embedding's padding_idx counts from the end when negative, as F.embedding's does (the
     padded row gets no gradient); LinearCrossEntropyLoss's repr shows return_lse."""
-    from codetta.nn import LinearCrossEntropyLoss
     from codetta.ops import embedding
 
     w = rand(12, 16, dtype=DT, device=device).requires_grad_()
@@ -431,6 +430,23 @@ def test_modules_under_autocast(device):
     for name, got, ref, ref64 in zip("qkv", outs, refs, refs64):
         assert got.dtype == dt
         assert_within(name, got.double().cpu(), ref64, ref.double().cpu())
+    # the LM head's loss: its product in autocast's dtype, the loss in float32 (it once took the
+    # float32 operands as given: a float32 loss on the CPU, refused on the GPU)
+    head = rand(40, 64, dtype=torch.float32, device=device, scale=0.3).requires_grad_()
+    n = rand(10, 64, dtype=torch.float32, device=device).requires_grad_()
+    target = torch.randint(0, 40, (10,), device=device)
+    with torch.autocast(kind, dtype=dt):
+        loss = LinearCrossEntropyLoss()(n, head, target)
+        ref = F.cross_entropy(F.linear(n, head), target)
+    leaves64 = [t.detach().double().cpu().requires_grad_() for t in (n, head)]
+    ref64 = F.cross_entropy(F.linear(*leaves64), target.cpu())
+    assert loss.dtype == ref.dtype == torch.float32
+    assert_within("loss", loss.double().cpu(), ref64, ref.double().cpu())
+    grads = torch.autograd.grad(loss, [n, head])
+    for name, g, w, w64 in zip(("dx", "dW_head"), grads, torch.autograd.grad(ref, [n, head]),
+                               torch.autograd.grad(ref64, leaves64)):  # fmt: skip
+        assert g.dtype == torch.float32
+        assert_within(name, g.double().cpu(), w64, w.double().cpu())
 
 
 def test_derived_tables_forget_at_shutdown(monkeypatch):

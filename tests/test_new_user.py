@@ -242,7 +242,8 @@ def test_triton_series_check():
 
     assert triton_mismatch("3.6.0") is None and triton_mismatch("3.6.1") is None
     why = triton_mismatch("3.7.0")
-    assert why and "Triton 3.6.x" in why and "Triton 3.7.0" in why
+    assert why and "Triton 3.6.x" in why and "Triton 3.7.0" in why and "no GPU run" in why
+    assert "no GPU run" in triton_mismatch("3.8.1") and "may fail" in triton_mismatch("3.9.0")
     assert triton_mismatch("3.10.0") and triton_mismatch("4.0") and triton_mismatch("nightly")
 
 

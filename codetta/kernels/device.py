@@ -31,11 +31,21 @@ def triton_mismatch(version: str) -> str | None:
     except ValueError:
         pass
     series = ".".join(map(str, TRITON_SERIES))
+    where = (
+        f"PyTorch 2.10 and 2.11 ship with Triton {series}; PyTorch 2.12 pins Triton 3.7 and 2.14 Triton 3.8 "
+        "(docs/install.md)"
+    )
+    if version.split(".")[:2] in (["3", "7"], ["3", "8"]):
+        return (
+            f"codetta's kernels are tuned and GPU-tested with Triton {series}.x, and this is Triton "
+            f"{version}: under it they compile for sm_90a and pass the CPU suite, but no GPU run has tested "
+            f"them, and the shipped tuned tables (Triton {series}'s) are not read, so each GEMM shape takes "
+            "the default rule's config unless `python -m codetta tune` tunes it. " + where
+        )
     return (
         f"codetta's kernels are written and tested for Triton {series}.x, and this is Triton {version} "
         "(the Gluon ping-pong mainloop uses APIs that change between minor versions): they may fail to "
-        f"compile or run. PyTorch 2.10 and 2.11 ship with Triton {series}; PyTorch 2.12 pins Triton 3.7 "
-        "and 2.14 Triton 3.8 (docs/install.md)"
+        "compile or run. " + where
     )
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 from ..ops.cross_entropy import check_options, linear_cross_entropy
+from ._autocast import autocast_dtype, cast
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
     """``loss = LinearCrossEntropyLoss(...)(input, linear_weight, target, linear_bias=None,
     row_scale=None)``: the LM head and its cross-entropy without fp32 logits (options as
-    ``codetta.ops.linear_cross_entropy``; ``weight``: class weights, a buffer)."""
+    ``codetta.ops.linear_cross_entropy``; ``weight``: class weights, a buffer). Under
+    ``torch.autocast`` the input, weight and bias in autocast's dtype and the loss in float32,
+    as ``F.cross_entropy(F.linear(...))`` there."""
 
     def __init__(self, weight=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
                  softcap=None, return_lse=False, vocab_chunk=None):  # fmt: skip
@@ -22,11 +25,17 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.vocab_chunk = vocab_chunk
 
     def forward(self, input, linear_weight, target, linear_bias=None, row_scale=None):
+        loss_dtype = None
+        dtype = autocast_dtype(input)
+        if dtype is not None:  # (under torch.autocast: the head's product in its dtype, as nn.Linear's,
+            # the loss in float32, as autocast's cross_entropy gives it)
+            input, linear_weight, linear_bias = (cast(t, dtype) for t in (input, linear_weight, linear_bias))
+            loss_dtype = torch.float32
         return linear_cross_entropy(
             input, linear_weight, target, linear_bias=linear_bias, row_scale=row_scale, weight=self.weight,
             reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, return_lse=self.return_lse,
-            vocab_chunk=self.vocab_chunk,
+            vocab_chunk=self.vocab_chunk, loss_dtype=loss_dtype,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
