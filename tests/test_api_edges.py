@@ -356,7 +356,7 @@ def test_rmsnorm_linear_names_x_for_its_device():
         rmsnorm_linear(x, gamma, [w, w.to("meta")])
 
 
-def test_modules_under_autocast(device):
+def test_modules_under_autocast(device, monkeypatch):
     """A float32 model's modules under torch.autocast run their GEMMs in autocast's dtype,
     as nn.Linear's do (on the GPU a float32 GEMM was refused: "float32 GEMMs are not
     served"), the residual stream and the norms' weights as they are; the gradients
@@ -435,9 +435,16 @@ def test_modules_under_autocast(device):
     head = rand(40, 64, dtype=torch.float32, device=device, scale=0.3).requires_grad_()
     n = rand(10, 64, dtype=torch.float32, device=device).requires_grad_()
     target = torch.randint(0, 40, (10,), device=device)
+    import codetta.nn.cross_entropy as nn_ce
+
+    seen = []
+    inner = nn_ce.linear_cross_entropy
+    monkeypatch.setattr(nn_ce, "linear_cross_entropy", lambda x, w, *a, **k: seen.append((x.dtype, w.dtype))
+                        or inner(x, w, *a, **k))  # fmt: skip
     with torch.autocast(kind, dtype=dt):
         loss = LinearCrossEntropyLoss()(n, head, target)
         ref = F.cross_entropy(F.linear(n, head), target)
+    assert seen == [(dt, dt)], f"the loss's GEMM operands were {seen}, not in autocast's {dt}"
     leaves64 = [t.detach().double().cpu().requires_grad_() for t in (n, head)]
     ref64 = F.cross_entropy(F.linear(*leaves64), target.cpu())
     assert loss.dtype == ref.dtype == torch.float32
