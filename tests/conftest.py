@@ -83,12 +83,9 @@ def shipped_triton(monkeypatch):
     """The shipped tables read as if this Triton were the series they were tuned under (they
     are skipped under another: tests of what they hold then run under any Triton, as
     scripts/triton_compat.sh does)."""
-    import json
-
     from codetta.kernels import aot, tuning
 
-    tables = tuning.SHIPPED_DIR.glob("*.json")
-    series = {tuning._series(json.loads(f.read_text())["identity"]["triton"]) for f in tables}
+    series = {tuning._series(ident.get("triton", "")) for ident in tuning.shipped_gpus().values()}
     assert len(series) == 1, f"the shipped tables were tuned under several Triton series: {series}"
     monkeypatch.setattr(tuning, "triton_series", lambda: next(iter(series)))
     aot._shipped_picks.cache_clear()  # (kept per process: read again under the patch, and after it)

@@ -19,6 +19,7 @@ import torch
 import triton
 from triton import knobs
 
+from .device import triton_mismatch
 from .memo import Memo
 
 
@@ -111,8 +112,9 @@ def _encoded(desc, meta, cache: dict) -> list:
 # Triton 3.6's C launcher takes the kernel's arguments flat after (grid, stream, function,
 # cooperative grid, PDL, scratch, metadata, hooks); 3.7 and 3.8 add arguments before them and
 # take them as one list. The descriptor path hands them on in 3.6's layout only (the layout the
-# GPU runs verified); under another Triton a bound kernel launches through Triton's launcher.
-_RAW_LAYOUT = triton.__version__.split(".")[:2] == ["3", "6"]
+# GPU runs verified: the tested series, device.py); under another Triton a bound kernel
+# launches through Triton's launcher.
+_RAW_LAYOUT = triton_mismatch(triton.__version__) is None
 
 
 def _unwrap_descriptors(launcher):
